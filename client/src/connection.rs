@@ -1,0 +1,262 @@
+//! One multiplexed connection: the HELLO handshake, then a writer task that
+//! batches every queued call into one frame per write, and a reader task
+//! that routes replies back to their callers by request id.
+
+use std::collections::HashMap;
+use std::net::SocketAddr;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use bytes::BytesMut;
+use sluice_protocol::codec::{FrameDecoder, FrameWriter};
+use sluice_protocol::message::{Hello, HelloOk, Reply, Request, Throttle};
+use sluice_protocol::{Policy, PROTOCOL_VERSION};
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::net::tcp::{OwnedReadHalf, OwnedWriteHalf};
+use tokio::net::TcpStream;
+use tokio::sync::{mpsc, oneshot};
+use tokio_util::codec::Decoder;
+
+use crate::error::Error;
+
+/// Most calls gathered into one frame (the server's default batch limit).
+pub const BATCH_MAX: usize = 4_096;
+
+/// A request owned by the call until the writer encodes it.
+#[derive(Debug)]
+pub(crate) enum Call {
+    Ping,
+    Throttle {
+        key: Box<[u8]>,
+        policy: Policy,
+        cost: u64,
+        peek: bool,
+    },
+}
+
+/// A call on its way to the writer.
+#[derive(Debug)]
+struct Queued {
+    call: Call,
+    reply: oneshot::Sender<Result<Reply, Error>>,
+}
+
+/// Callers waiting for replies, by request id.
+type Pending = Arc<Mutex<HashMap<u32, oneshot::Sender<Result<Reply, Error>>>>>;
+
+/// A live connection's handle. Dropping every clone ends its tasks.
+#[derive(Debug)]
+pub(crate) struct Conn {
+    /// Calls to the writer task.
+    tx: mpsc::UnboundedSender<Queued>,
+    /// What HELLO answered.
+    pub hello: HelloOk,
+}
+
+impl Conn {
+    /// Connects, sends HELLO (binding `shard` if given) and starts the
+    /// writer and reader tasks.
+    pub async fn open(
+        addr: SocketAddr,
+        shard: Option<u16>,
+        token: &[u8],
+        timeout: Duration,
+    ) -> Result<Conn, Error> {
+        let connect_err = |source| Error::Connect {
+            addr: addr.to_string(),
+            source,
+        };
+        let handshake = async {
+            let mut stream = TcpStream::connect(addr).await.map_err(connect_err)?;
+            stream.set_nodelay(true).map_err(connect_err)?;
+            let mut buf = BytesMut::new();
+            let mut w = FrameWriter::new();
+            let hello = Hello {
+                version_min: PROTOCOL_VERSION,
+                version_max: PROTOCOL_VERSION,
+                shard,
+                token,
+            };
+            Request::Hello(hello).encode(&mut w, &mut buf, 1);
+            w.finish(&mut buf);
+            stream
+                .write_all(&buf)
+                .await
+                .map_err(|_| Error::Disconnected)?;
+            let mut rbuf = BytesMut::with_capacity(4096);
+            let mut decoder = FrameDecoder::default();
+            let frame = loop {
+                if let Some(f) = decoder
+                    .decode(&mut rbuf)
+                    .map_err(|e| Error::Protocol(e.to_string()))?
+                {
+                    break f;
+                }
+                if stream
+                    .read_buf(&mut rbuf)
+                    .await
+                    .map_err(|_| Error::Disconnected)?
+                    == 0
+                {
+                    return Err(Error::Disconnected);
+                }
+            };
+            let (h, p) = frame.messages().next().expect("a frame holds a message");
+            let hello = match Reply::parse(h, p) {
+                Some(Reply::HelloOk(ok)) => ok,
+                Some(Reply::Error { code, text }) => return Err(Error::server(code, text)),
+                _ => return Err(Error::Protocol("expected HELLO_OK".into())),
+            };
+            Ok((stream, rbuf, decoder, hello))
+        };
+        let (stream, rbuf, decoder, hello) = tokio::time::timeout(timeout, handshake)
+            .await
+            .map_err(|_| Error::Timeout(timeout))??;
+        let (read, write) = stream.into_split();
+        let pending: Pending = Arc::default();
+        let (tx, rx) = mpsc::unbounded_channel();
+        let (reader_done_tx, reader_done) = oneshot::channel();
+        tokio::spawn(write_loop(write, rx, pending.clone(), reader_done));
+        tokio::spawn(async move {
+            read_loop(read, rbuf, decoder, pending).await;
+            drop(reader_done_tx);
+        });
+        Ok(Conn { tx, hello })
+    }
+
+    /// Whether the connection has ended (its writer is gone).
+    pub fn is_closed(&self) -> bool {
+        self.tx.is_closed()
+    }
+
+    /// Sends `call` and waits for its reply until `deadline`.
+    pub async fn call(&self, call: Call, deadline: Duration) -> Result<Reply, Error> {
+        let (reply, rx) = oneshot::channel();
+        self.tx
+            .send(Queued { call, reply })
+            .map_err(|_| Error::Disconnected)?;
+        match tokio::time::timeout(deadline, rx).await {
+            Ok(Ok(result)) => result,
+            Ok(Err(_)) => Err(Error::Disconnected),
+            Err(_) => Err(Error::Timeout(deadline)),
+        }
+    }
+}
+
+/// Gathers every queued call into one frame per write. Ends when every
+/// handle is gone or the reader has ended (`reader_done` resolves), and
+/// then fails whatever is still waiting.
+async fn write_loop(
+    mut write: OwnedWriteHalf,
+    mut rx: mpsc::UnboundedReceiver<Queued>,
+    pending: Pending,
+    mut reader_done: oneshot::Receiver<()>,
+) {
+    let mut calls = Vec::with_capacity(BATCH_MAX);
+    let mut buf = BytesMut::with_capacity(64 << 10);
+    let mut next_id: u32 = 1;
+    loop {
+        let n = tokio::select! {
+            n = rx.recv_many(&mut calls, BATCH_MAX) => n,
+            _ = &mut reader_done => 0,
+        };
+        if n == 0 {
+            break;
+        }
+        let mut w = FrameWriter::new();
+        {
+            let mut pending = pending.lock().unwrap_or_else(|e| e.into_inner());
+            for q in calls.drain(..) {
+                // Id 0 is reserved for connection-level errors.
+                next_id = next_id.wrapping_add(1).max(1);
+                let request_id = next_id;
+                match &q.call {
+                    Call::Ping => Request::Ping.encode(&mut w, &mut buf, request_id),
+                    Call::Throttle {
+                        key,
+                        policy,
+                        cost,
+                        peek,
+                    } => {
+                        let t = Throttle {
+                            key,
+                            policy: *policy,
+                            cost: *cost,
+                        };
+                        let r = if *peek {
+                            Request::Peek(t)
+                        } else {
+                            Request::Throttle(t)
+                        };
+                        r.encode(&mut w, &mut buf, request_id);
+                    }
+                }
+                pending.insert(request_id, q.reply);
+            }
+        }
+        w.finish(&mut buf);
+        if write.write_all(&buf).await.is_err() {
+            break;
+        }
+        buf.clear();
+    }
+    fail_all(&pending, || Error::Disconnected);
+}
+
+/// Routes each reply to its caller; on the end of the stream (or a
+/// connection-level error) fails every caller still waiting.
+async fn read_loop(
+    mut read: OwnedReadHalf,
+    mut rbuf: BytesMut,
+    mut decoder: FrameDecoder,
+    pending: Pending,
+) {
+    let mut fatal: Option<(u16, String)> = None;
+    'read: loop {
+        loop {
+            let frame = match decoder.decode(&mut rbuf) {
+                Ok(Some(f)) => f,
+                Ok(None) => break,
+                Err(e) => break 'read fatal = Some((0, e.to_string())),
+            };
+            let mut pending = pending.lock().unwrap_or_else(|e| e.into_inner());
+            for (h, p) in frame.messages() {
+                let Some(reply) = Reply::parse(h, p) else {
+                    break 'read fatal = Some((0, format!("unreadable reply op {:#04x}", h.op)));
+                };
+                if h.request_id == 0 {
+                    if let Reply::Error { code, text } = reply {
+                        fatal = Some((code, text));
+                    }
+                    continue;
+                }
+                if let Some(tx) = pending.remove(&h.request_id) {
+                    let _ = tx.send(match reply {
+                        Reply::Error { code, text } => Err(Error::server(code, text)),
+                        other => Ok(other),
+                    });
+                }
+            }
+        }
+        match read.read_buf(&mut rbuf).await {
+            Ok(n) if n > 0 => {}
+            _ => break,
+        }
+    }
+    match fatal {
+        Some((0, text)) => fail_all(&pending, || Error::Protocol(text.clone())),
+        Some((code, text)) => fail_all(&pending, || Error::server(code, text.clone())),
+        None => fail_all(&pending, || Error::Disconnected),
+    }
+}
+
+fn fail_all(pending: &Pending, err: impl Fn() -> Error) {
+    let drained: Vec<_> = pending
+        .lock()
+        .unwrap_or_else(|e| e.into_inner())
+        .drain()
+        .collect();
+    for (_, tx) in drained {
+        let _ = tx.send(Err(err()));
+    }
+}

@@ -1,0 +1,71 @@
+//! Client errors, each with the [`Action`] a caller should take next.
+
+use std::time::Duration;
+
+pub use sluice_protocol::status::Action;
+use sluice_protocol::Status;
+
+/// Why a call did not produce an answer.
+#[derive(Debug, thiserror::Error)]
+pub enum Error {
+    /// No answer within the deadline; the request may or may not have been
+    /// applied.
+    #[error("no answer within the deadline of {0:?}")]
+    Timeout(Duration),
+    /// The connection closed before the answer came.
+    #[error("the connection to the server was lost")]
+    Disconnected,
+    /// A connection could not be opened.
+    #[error("cannot connect to {addr}: {source}")]
+    Connect {
+        addr: String,
+        source: std::io::Error,
+    },
+    /// The server answered with an error.
+    #[error("server said {}: {text}", status.map_or_else(|| format!("unknown code {code}"), |s| s.to_string()))]
+    Server {
+        /// The status, when this client knows the code.
+        status: Option<Status>,
+        /// The numeric code as sent.
+        code: u16,
+        /// The server's human text.
+        text: String,
+    },
+    /// The server sent something this client cannot read.
+    #[error("protocol violation: {0}")]
+    Protocol(String),
+    /// The call's arguments can never succeed (checked before sending).
+    #[error("invalid argument: {0}")]
+    Invalid(String),
+}
+
+impl Error {
+    /// What to do next: retry the call, reconnect (or fail over), or give up.
+    pub fn action(&self) -> Action {
+        match self {
+            Error::Timeout(_) => Action::Retry,
+            Error::Disconnected | Error::Connect { .. } | Error::Protocol(_) => Action::Reconnect,
+            Error::Server {
+                status: Some(s), ..
+            } => s.action(),
+            Error::Server { status: None, .. } => Action::GiveUp,
+            Error::Invalid(_) => Action::GiveUp,
+        }
+    }
+
+    /// The server status, for server errors.
+    pub fn status(&self) -> Option<Status> {
+        match self {
+            Error::Server { status, .. } => *status,
+            _ => None,
+        }
+    }
+
+    pub(crate) fn server(code: u16, text: String) -> Error {
+        Error::Server {
+            status: Status::from_code(code),
+            code,
+            text,
+        }
+    }
+}

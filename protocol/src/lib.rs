@@ -1,0 +1,33 @@
+//! The shared language of Sluice: everything the server and the client must
+//! agree on, and nothing that does I/O.
+//!
+//! - [`status`]: every wire error code, with its meaning and what a client
+//!   should do about it.
+//! - [`codec`]: length-prefixed frames (a tokio-util `Decoder` over
+//!   `BytesMut`) and the message header that every request and reply carries.
+//! - [`message`]: the typed requests and replies of protocol version 1 and
+//!   their byte layouts (PROTOCOL.md beside this crate is the spec).
+//! - [`policy`]: a limit's numbers (rate per period, burst) and their
+//!   validation and human syntax (`10/s`, `100/250ms`).
+//! - [`gcra`]: the pure token-bucket decision, `f(state, policy, cost, now)`.
+//! - [`clock`]: where `now` comes from (a monotonic clock, or a manual one in
+//!   tests); the decision never reads a clock itself.
+//! - [`routing`]: how a routing key maps to its 128-bit hash and its shard.
+
+pub mod clock;
+pub mod codec;
+pub mod gcra;
+pub mod message;
+pub mod policy;
+pub mod routing;
+pub mod status;
+
+pub use clock::{Clock, ManualClock, MonotonicClock};
+pub use codec::{DecodeError, Frame, FrameDecoder, FrameWriter, MessageHeader};
+pub use gcra::{Bucket, Decision, Verdict};
+pub use message::{Hello, HelloOk, Reply, Request, Throttle};
+pub use policy::{Policy, PolicyError};
+pub use status::Status;
+
+/// The protocol version this crate speaks. HELLO negotiates it.
+pub const PROTOCOL_VERSION: u16 = 1;

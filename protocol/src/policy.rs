@@ -1,0 +1,270 @@
+//! A limit's numbers: `count` units per `period_ns`, with a `burst`
+//! capacity, and the human syntax used by the CLI and configs
+//! (`10/s`, `100/250ms`, `5/m`, `1/d`).
+
+use std::fmt;
+
+/// Nanoseconds per unit of the period syntax.
+const NS_PER_MS: u64 = 1_000_000;
+const NS_PER_S: u64 = 1_000 * NS_PER_MS;
+
+/// Shortest period a policy may have: 1 microsecond.
+pub const PERIOD_NS_MIN: u64 = 1_000;
+/// Longest period a policy may have: 366 days.
+pub const PERIOD_NS_MAX: u64 = 366 * 86_400 * NS_PER_S;
+/// Largest count per period (about 1.1e12: 10 M/s over a whole day fits).
+pub const COUNT_MAX: u64 = 1 << 40;
+/// Largest burst.
+pub const BURST_MAX: u64 = 1 << 40;
+/// Longest time a bucket may take to refill from empty (burst x period /
+/// count): 10 years. This keeps every time the decision reports inside a
+/// `u64` of nanoseconds.
+pub const REFILL_NS_MAX: u64 = 10 * 366 * 86_400 * NS_PER_S;
+/// Highest rate, in units per second, for which the decision is exact to
+/// better than one part in a million (see `gcra`): 10 million per second.
+pub const RATE_PER_S_EXACT_MAX: u64 = 10_000_000;
+
+/// A token-bucket policy: `count` units per `period_ns`, up to `burst`
+/// units at once.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub struct Policy {
+    /// Units added per period.
+    pub count: u64,
+    /// The period, in nanoseconds.
+    pub period_ns: u64,
+    /// The bucket's capacity: the most units admitted at once.
+    pub burst: u64,
+}
+
+/// Why a policy or a cost is not acceptable.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, thiserror::Error)]
+pub enum PolicyError {
+    #[error("count must be 1..={COUNT_MAX}")]
+    Count,
+    #[error("period must be {PERIOD_NS_MIN}..={PERIOD_NS_MAX} ns")]
+    Period,
+    #[error("burst must be 1..={BURST_MAX}")]
+    Burst,
+    #[error("burst x period / count must be at most {REFILL_NS_MAX} ns")]
+    RefillTooLong,
+    #[error("cost {cost} exceeds burst {burst}: it could never be admitted")]
+    CostExceedsBurst { cost: u64, burst: u64 },
+}
+
+impl Policy {
+    /// A policy from its three numbers, validated.
+    pub fn new(count: u64, period_ns: u64, burst: u64) -> Result<Policy, PolicyError> {
+        let policy = Policy {
+            count,
+            period_ns,
+            burst,
+        };
+        policy.validate()?;
+        Ok(policy)
+    }
+
+    /// Checks every field against its limit. The decision functions assume
+    /// a validated policy.
+    pub fn validate(&self) -> Result<(), PolicyError> {
+        if !(1..=COUNT_MAX).contains(&self.count) {
+            return Err(PolicyError::Count);
+        }
+        if !(PERIOD_NS_MIN..=PERIOD_NS_MAX).contains(&self.period_ns) {
+            return Err(PolicyError::Period);
+        }
+        if !(1..=BURST_MAX).contains(&self.burst) {
+            return Err(PolicyError::Burst);
+        }
+        let refill_ns =
+            u128::from(self.burst) * u128::from(self.period_ns) / u128::from(self.count);
+        if refill_ns > u128::from(REFILL_NS_MAX) {
+            return Err(PolicyError::RefillTooLong);
+        }
+        Ok(())
+    }
+
+    /// Checks that `cost` could ever be admitted under this policy.
+    pub fn check_cost(&self, cost: u64) -> Result<(), PolicyError> {
+        if cost > self.burst {
+            return Err(PolicyError::CostExceedsBurst {
+                cost,
+                burst: self.burst,
+            });
+        }
+        Ok(())
+    }
+}
+
+/// A rate as written by people: `COUNT/PERIOD`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Rate {
+    /// Units per period.
+    pub count: u64,
+    /// The period, in nanoseconds.
+    pub period_ns: u64,
+}
+
+/// Why a rate or period string does not parse.
+#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
+pub enum ParseError {
+    #[error("expected COUNT/PERIOD, like 10/s or 100/250ms, got {0:?}")]
+    Rate(String),
+    #[error("expected a period like 250ms, s, 10s, m, h or d, got {0:?}")]
+    Period(String),
+    #[error("expected a positive whole number, got {0:?}")]
+    Number(String),
+}
+
+impl std::str::FromStr for Rate {
+    type Err = ParseError;
+
+    fn from_str(s: &str) -> Result<Rate, ParseError> {
+        let (count, period) = s
+            .split_once('/')
+            .ok_or_else(|| ParseError::Rate(s.to_owned()))?;
+        let count = parse_positive(count)?;
+        let period_ns = parse_period_ns(period)?;
+        Ok(Rate { count, period_ns })
+    }
+}
+
+impl fmt::Display for Rate {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "{}/{}", self.count, format_period(self.period_ns))
+    }
+}
+
+fn parse_positive(s: &str) -> Result<u64, ParseError> {
+    match s.trim().parse::<u64>() {
+        Ok(n) if n > 0 => Ok(n),
+        _ => Err(ParseError::Number(s.to_owned())),
+    }
+}
+
+/// Parses a period: an optional positive whole number followed by a unit
+/// (`ns`, `us`, `ms`, `s`, `m`, `h`, `d`): `250ms`, `s`, `10s`, `m`, `1d`.
+pub fn parse_period_ns(s: &str) -> Result<u64, ParseError> {
+    let t = s.trim();
+    let split = t.find(|c: char| !c.is_ascii_digit()).unwrap_or(t.len());
+    let (digits, unit) = t.split_at(split);
+    let n = if digits.is_empty() {
+        1
+    } else {
+        parse_positive(digits)?
+    };
+    let unit_ns = match unit {
+        "ns" => 1,
+        "us" => 1_000,
+        "ms" => NS_PER_MS,
+        "s" => NS_PER_S,
+        "m" => 60 * NS_PER_S,
+        "h" => 3_600 * NS_PER_S,
+        "d" => 86_400 * NS_PER_S,
+        _ => return Err(ParseError::Period(s.to_owned())),
+    };
+    n.checked_mul(unit_ns)
+        .ok_or_else(|| ParseError::Period(s.to_owned()))
+}
+
+/// The shortest exact spelling of a period in the syntax above.
+pub fn format_period(ns: u64) -> String {
+    const UNITS: [(u64, &str); 7] = [
+        (86_400 * NS_PER_S, "d"),
+        (3_600 * NS_PER_S, "h"),
+        (60 * NS_PER_S, "m"),
+        (NS_PER_S, "s"),
+        (NS_PER_MS, "ms"),
+        (1_000, "us"),
+        (1, "ns"),
+    ];
+    for (unit_ns, name) in UNITS {
+        if ns % unit_ns == 0 && ns > 0 {
+            let n = ns / unit_ns;
+            return if n == 1 {
+                name.to_owned()
+            } else {
+                format!("{n}{name}")
+            };
+        }
+    }
+    "0ns".to_owned()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn rates_parse() {
+        let r: Rate = "10/s".parse().unwrap();
+        assert_eq!(
+            r,
+            Rate {
+                count: 10,
+                period_ns: NS_PER_S
+            }
+        );
+        let r: Rate = "100/250ms".parse().unwrap();
+        assert_eq!(
+            r,
+            Rate {
+                count: 100,
+                period_ns: 250 * NS_PER_MS
+            }
+        );
+        let r: Rate = "5/10s".parse().unwrap();
+        assert_eq!(r.period_ns, 10 * NS_PER_S);
+        assert_eq!("1/d".parse::<Rate>().unwrap().period_ns, 86_400 * NS_PER_S);
+        assert_eq!("1/h".parse::<Rate>().unwrap().period_ns, 3_600 * NS_PER_S);
+        assert_eq!("7/m".parse::<Rate>().unwrap().period_ns, 60 * NS_PER_S);
+        for bad in [
+            "10", "0/s", "-1/s", "10/", "10/x", "10/5", "a/s", "10/0s", "10/ms5",
+        ] {
+            assert!(bad.parse::<Rate>().is_err(), "{bad} parsed");
+        }
+    }
+
+    #[test]
+    fn periods_format_back() {
+        for s in ["250ms", "s", "10s", "m", "h", "d", "1500us", "7ns"] {
+            assert_eq!(format_period(parse_period_ns(s).unwrap()), s);
+        }
+    }
+
+    #[test]
+    fn validation_edges() {
+        assert!(Policy::new(1, NS_PER_S, 1).is_ok());
+        assert_eq!(Policy::new(0, NS_PER_S, 1), Err(PolicyError::Count));
+        assert_eq!(
+            Policy::new(COUNT_MAX + 1, NS_PER_S, 1),
+            Err(PolicyError::Count)
+        );
+        assert_eq!(
+            Policy::new(1, PERIOD_NS_MIN - 1, 1),
+            Err(PolicyError::Period)
+        );
+        assert_eq!(
+            Policy::new(1, PERIOD_NS_MAX + 1, 1),
+            Err(PolicyError::Period)
+        );
+        assert_eq!(Policy::new(1, NS_PER_S, 0), Err(PolicyError::Burst));
+        assert_eq!(
+            Policy::new(1, NS_PER_S, BURST_MAX + 1),
+            Err(PolicyError::Burst)
+        );
+        assert!(Policy::new(1, PERIOD_NS_MAX, 10).is_ok());
+        assert_eq!(
+            Policy::new(1, PERIOD_NS_MAX, 11),
+            Err(PolicyError::RefillTooLong)
+        );
+        let p = Policy::new(1, NS_PER_S, 20).unwrap();
+        assert!(p.check_cost(20).is_ok());
+        assert_eq!(
+            p.check_cost(21),
+            Err(PolicyError::CostExceedsBurst {
+                cost: 21,
+                burst: 20
+            })
+        );
+    }
+}

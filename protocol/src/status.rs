@@ -1,0 +1,110 @@
+//! Every error a Sluice server can put on the wire, as one enum with stable
+//! numeric codes. The code is the contract; the text is for humans.
+
+/// What a client should do after receiving a status.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Action {
+    /// The same request may succeed if sent again, on this connection.
+    Retry,
+    /// This connection is finished; open a new one (possibly to another node).
+    Reconnect,
+    /// The request itself is wrong; sending it again gives the same answer.
+    GiveUp,
+}
+
+macro_rules! statuses {
+    ($( $(#[$doc:meta])* $name:ident = $code:literal, $text:literal, $action:ident;)*) => {
+        /// A wire error code (ERROR reply, PROTOCOL.md "Error codes").
+        #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+        #[repr(u16)]
+        pub enum Status {
+            $( $(#[$doc])* $name = $code, )*
+        }
+
+        impl Status {
+            /// Every status, in code order (for tests and documentation).
+            pub const ALL: &'static [Status] = &[$(Status::$name,)*];
+
+            /// The stable numeric code.
+            pub const fn code(self) -> u16 {
+                self as u16
+            }
+
+            /// Looks a code up; `None` for a code this version does not know.
+            pub const fn from_code(code: u16) -> Option<Status> {
+                match code {
+                    $( $code => Some(Status::$name), )*
+                    _ => None,
+                }
+            }
+
+            /// The short human text sent with the code.
+            pub const fn text(self) -> &'static str {
+                match self {
+                    $( Status::$name => $text, )*
+                }
+            }
+
+            /// What a client should do next.
+            pub const fn action(self) -> Action {
+                match self {
+                    $( Status::$name => Action::$action, )*
+                }
+            }
+        }
+    };
+}
+
+statuses! {
+    /// The frame's bytes do not parse; the server closes the connection.
+    Malformed = 1, "malformed frame", Reconnect;
+    /// The frame declares more bytes than the server accepts; the server
+    /// closes the connection without reading them.
+    FrameTooLarge = 2, "frame too large", Reconnect;
+    /// HELLO offered no version the server speaks.
+    UnsupportedVersion = 3, "unsupported protocol version", GiveUp;
+    /// The server has an auth token and this connection has not sent it.
+    AuthRequired = 4, "authentication required", GiveUp;
+    /// HELLO carried a wrong auth token.
+    AuthFailed = 5, "authentication failed", GiveUp;
+    /// The request's op code is not one this version knows.
+    UnknownOp = 6, "unknown op", GiveUp;
+    /// The request's payload does not have the layout its op requires.
+    BadRequest = 7, "bad request", GiveUp;
+    /// The routing key is empty or longer than the protocol allows.
+    BadKey = 8, "bad key", GiveUp;
+    /// The policy's numbers are out of range (see PROTOCOL.md).
+    InvalidPolicy = 9, "invalid policy", GiveUp;
+    /// The cost is larger than the burst: it could never be admitted.
+    CostExceedsBurst = 10, "cost exceeds burst", GiveUp;
+    /// The frame holds more requests than the server accepts in one batch.
+    BatchTooLarge = 11, "batch too large", GiveUp;
+    /// The server is at its connection limit; it closes this connection.
+    TooManyConnections = 12, "too many connections", Reconnect;
+    /// The server is shutting down; try another node or later.
+    ShuttingDown = 13, "shutting down", Reconnect;
+    /// A server fault; the request was not applied.
+    Internal = 14, "internal error", Retry;
+}
+
+impl std::fmt::Display for Status {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "{} ({})", self.text(), self.code())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn codes_round_trip_and_are_unique() {
+        let mut seen = std::collections::HashSet::new();
+        for &s in Status::ALL {
+            assert!(seen.insert(s.code()), "duplicate code {}", s.code());
+            assert_eq!(Status::from_code(s.code()), Some(s));
+        }
+        assert_eq!(Status::from_code(0), None);
+        assert_eq!(Status::from_code(999), None);
+    }
+}

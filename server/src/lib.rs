@@ -1,0 +1,23 @@
+//! `sluiced`, the Sluice daemon: N shard threads, each owning its keys on a
+//! single-threaded loop, behind one TCP listener speaking protocol v1.
+//!
+//! Layout:
+//! - [`config`]: flags, defaults and limits, validated at start-up.
+//! - [`server`]: bind, accept, hand connections to shards, shut down.
+//! - [`shard`]: a shard thread, its messages and its [`shard::Table`].
+//! - [`connection`]: one connection's coordinator task (decode, route,
+//!   decide or forward, reply in order).
+//! - [`inbox`]: the queue other threads use to reach a shard (loom-checked).
+//! - [`sync`]: the shim every sync primitive comes through (std or loom).
+//!
+//! docs/ARCHITECTURE.md walks one request through these.
+
+pub mod config;
+pub mod connection;
+pub mod inbox;
+pub mod server;
+pub mod shard;
+mod sync;
+
+pub use config::Config;
+pub use server::{Server, StartError};

@@ -1,0 +1,56 @@
+//! The `sluiced` binary: parse flags, start the node, run until SIGTERM or
+//! Ctrl-C, drain, exit 0.
+
+use clap::Parser;
+use sluice_server::{Config, Server};
+
+fn main() -> std::process::ExitCode {
+    tracing_subscriber::fmt()
+        .with_env_filter(
+            tracing_subscriber::EnvFilter::try_from_env("SLUICE_LOG")
+                .unwrap_or_else(|_| "info".into()),
+        )
+        .with_writer(std::io::stderr)
+        .init();
+    let config = Config::parse();
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .expect("the main runtime builds");
+    rt.block_on(async {
+        let server = match Server::bind(config) {
+            Ok(s) => s,
+            Err(e) => {
+                eprintln!("sluiced: {e}");
+                return std::process::ExitCode::from(2);
+            }
+        };
+        // Scripts and tests read this line to learn the port.
+        println!(
+            "sluiced listening on {} shards={}",
+            server.local_addr(),
+            server.shard_count()
+        );
+        tracing::info!(addr = %server.local_addr(), shards = server.shard_count(), "serving");
+        server.serve(shutdown_signal()).await;
+        std::process::ExitCode::SUCCESS
+    })
+}
+
+/// Resolves at the first SIGTERM or Ctrl-C (SIGINT).
+async fn shutdown_signal() {
+    let ctrl_c = tokio::signal::ctrl_c();
+    #[cfg(unix)]
+    {
+        let mut term = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())
+            .expect("a SIGTERM handler installs");
+        tokio::select! {
+            _ = ctrl_c => {}
+            _ = term.recv() => {}
+        }
+    }
+    #[cfg(not(unix))]
+    {
+        let _ = ctrl_c.await;
+    }
+}

@@ -1,0 +1,217 @@
+//! Start-up and shutdown: bind the listener, start the shard threads, accept
+//! connections and hand each to a shard (round robin), and on shutdown
+//! drain every shard before stopping any.
+
+use std::future::Future;
+use std::hash::{BuildHasher, Hasher};
+use std::net::SocketAddr;
+use std::time::Duration;
+
+use bytes::BytesMut;
+use sluice_protocol::codec::FrameWriter;
+use sluice_protocol::{message, MonotonicClock, Status};
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::net::{TcpListener, TcpStream};
+use tokio::sync::mpsc;
+
+use crate::config::Config;
+use crate::inbox;
+use crate::shard::{self, Adopt, ConnectionGuard, Node, ShardMsg};
+use crate::sync::{Arc, AtomicUsize};
+
+/// How long a refused connection is given to read its error before close.
+const REFUSAL_LINGER_MS: u64 = 1_000;
+
+/// Why the server could not start.
+#[derive(Debug, thiserror::Error)]
+pub enum StartError {
+    #[error(transparent)]
+    Config(#[from] crate::config::ConfigError),
+    #[error("cannot listen on {addr}: {source}")]
+    Bind {
+        addr: SocketAddr,
+        source: std::io::Error,
+    },
+    #[error("cannot start a shard thread: {0}")]
+    Thread(std::io::Error),
+}
+
+/// A bound, running node whose acceptor has not started yet.
+#[derive(Debug)]
+pub struct Server {
+    /// The listening socket.
+    listener: TcpListener,
+    /// What the shards share.
+    node: Arc<Node>,
+    /// The shard threads, joined at shutdown.
+    threads: Vec<std::thread::JoinHandle<()>>,
+    /// Shards report here once drained.
+    drained_rx: mpsc::UnboundedReceiver<u16>,
+    /// Open connections across the node.
+    open: Arc<AtomicUsize>,
+}
+
+impl Server {
+    /// Validates `config`, binds, and starts the shard threads. Must be
+    /// called inside a tokio runtime (the listener registers with it).
+    pub fn bind(config: Config) -> Result<Server, StartError> {
+        config.validate()?;
+        let addr = SocketAddr::new(config.bind, config.port);
+        let std_listener = std::net::TcpListener::bind(addr)
+            .map_err(|source| StartError::Bind { addr, source })?;
+        std_listener
+            .set_nonblocking(true)
+            .map_err(|source| StartError::Bind { addr, source })?;
+        let listener = TcpListener::from_std(std_listener)
+            .map_err(|source| StartError::Bind { addr, source })?;
+        let shard_count = config.shard_count();
+        let clock = MonotonicClock::new();
+        let (drained_tx, drained_rx) = mpsc::unbounded_channel();
+        let mut senders = Vec::new();
+        let mut node_txs = Vec::new();
+        let mut threads = Vec::new();
+        for id in 0..shard_count {
+            let (tx, rx) = inbox::inbox();
+            let (node_tx, node_rx) = std::sync::mpsc::channel();
+            let thread = shard::spawn(id, rx, node_rx, drained_tx.clone(), clock)
+                .map_err(StartError::Thread)?;
+            senders.push(tx);
+            node_txs.push(node_tx);
+            threads.push(thread);
+        }
+        let node_id = std::collections::hash_map::RandomState::new()
+            .build_hasher()
+            .finish();
+        let node = Arc::new(Node {
+            config,
+            shard_count,
+            node_id,
+            epoch: 0,
+            shards: senders,
+        });
+        for tx in node_txs {
+            tx.send(node.clone())
+                .expect("a shard thread waits for its node");
+        }
+        Ok(Server {
+            listener,
+            node,
+            threads,
+            drained_rx,
+            open: Arc::new(AtomicUsize::new(0)),
+        })
+    }
+
+    /// The address actually bound (the port is real even when 0 was asked).
+    pub fn local_addr(&self) -> SocketAddr {
+        self.listener
+            .local_addr()
+            .expect("a bound listener has an address")
+    }
+
+    /// How many shards serve.
+    pub fn shard_count(&self) -> u16 {
+        self.node.shard_count
+    }
+
+    /// Accepts connections until `shutdown` completes, then drains and
+    /// stops every shard and joins their threads.
+    pub async fn serve(mut self, shutdown: impl Future<Output = ()>) {
+        tokio::pin!(shutdown);
+        let mut next_shard = 0usize;
+        loop {
+            tokio::select! {
+                accepted = self.listener.accept() => match accepted {
+                    Ok((stream, _peer)) => {
+                        self.adopt(stream, next_shard);
+                        next_shard = (next_shard + 1) % self.node.shards.len();
+                    }
+                    Err(e) => {
+                        // Out of descriptors and the like: back off briefly
+                        // rather than spin.
+                        tracing::warn!(error = %e, "accept failed");
+                        tokio::time::sleep(Duration::from_millis(10)).await;
+                    }
+                },
+                () = &mut shutdown => break,
+            }
+        }
+        tracing::info!("shutting down: draining connections");
+        drop(self.listener);
+        for tx in &self.node.shards {
+            let _ = tx.send(ShardMsg::Drain);
+        }
+        let drain = Duration::from_millis(self.node.config.drain_ms);
+        let mut drained = 0;
+        let all_drained = tokio::time::timeout(drain, async {
+            while drained < self.node.shards.len() && self.drained_rx.recv().await.is_some() {
+                drained += 1;
+            }
+        });
+        if all_drained.await.is_err() {
+            tracing::warn!(
+                drain_ms = self.node.config.drain_ms,
+                "drain timed out; closing the rest"
+            );
+        }
+        for tx in &self.node.shards {
+            let _ = tx.send(ShardMsg::Stop);
+        }
+        for t in self.threads.drain(..) {
+            let _ = t.join();
+        }
+        tracing::info!("stopped");
+    }
+
+    fn adopt(&self, stream: TcpStream, shard: usize) {
+        let Some(guard) = ConnectionGuard::try_new(&self.open, self.node.config.connections_max)
+        else {
+            tracing::warn!(
+                connections_max = self.node.config.connections_max,
+                "refusing a connection"
+            );
+            tokio::spawn(refuse(stream));
+            return;
+        };
+        let _ = stream.set_nodelay(true);
+        let stream = match stream.into_std() {
+            Ok(s) => s,
+            Err(e) => return tracing::warn!(error = %e, "could not hand a connection over"),
+        };
+        let adopt = Adopt {
+            stream,
+            read_buf: BytesMut::new(),
+            hello_request_id: None,
+            authed: self.node.config.auth_token.is_none(),
+            guard,
+        };
+        // Refused only while shutting down; the socket then just closes.
+        let _ = self.node.shards[shard].send(ShardMsg::Adopt(adopt));
+    }
+}
+
+/// Tells a connection over the limit why it is closed, then closes it,
+/// reading (and dropping) what it sent meanwhile so the close is clean.
+async fn refuse(mut stream: TcpStream) {
+    let mut buf = BytesMut::new();
+    let mut w = FrameWriter::new();
+    message::put_error(
+        &mut w,
+        &mut buf,
+        0,
+        Status::TooManyConnections,
+        Status::TooManyConnections.text(),
+    );
+    w.finish(&mut buf);
+    let _ = stream.try_write(&buf);
+    let _ = stream.shutdown().await;
+    let mut sink = [0u8; 1024];
+    let linger = tokio::time::sleep(Duration::from_millis(REFUSAL_LINGER_MS));
+    tokio::pin!(linger);
+    loop {
+        tokio::select! {
+            n = stream.read(&mut sink) => if !matches!(n, Ok(n) if n > 0) { break },
+            () = &mut linger => break,
+        }
+    }
+}

@@ -1,0 +1,252 @@
+//! A shard: one thread, one single-threaded tokio runtime, one [`Table`].
+//!
+//! The shard thread runs the connection tasks it was handed (each a
+//! coordinator: parse, validate, route) and executes every decision on the
+//! keys it owns directly on its table. Other threads reach it only through
+//! its [`inbox`](crate::inbox): new connections, forwarded batches of
+//! requests for its keys, and the two steps of shutdown.
+
+pub mod table;
+
+use std::cell::{Cell, RefCell};
+use std::net::TcpStream as StdTcpStream;
+use std::rc::Rc;
+
+use bytes::BytesMut;
+use sluice_protocol::gcra::Verdict;
+use sluice_protocol::{Clock, MonotonicClock, Policy};
+use tokio::sync::{mpsc, watch};
+
+use crate::config::Config;
+use crate::connection;
+use crate::inbox::{Receiver, Sender};
+use crate::sync::{Arc, AtomicUsize, Ordering};
+pub use table::Table;
+
+/// What other threads may ask of a shard.
+#[derive(Debug)]
+pub enum ShardMsg {
+    /// Serve this connection from now on.
+    Adopt(Adopt),
+    /// Decide these requests for keys this shard owns and reply.
+    Batch(Batch),
+    /// Shutdown, step 1: stop reading new requests, finish the ones in
+    /// flight, close connections, then report drained. Keep serving
+    /// batches: other shards' connections may still be finishing.
+    Drain,
+    /// Shutdown, step 2: every shard has drained; stop the thread.
+    Stop,
+}
+
+/// A connection moving to a shard: freshly accepted, or bound to this shard
+/// by its HELLO on another.
+#[derive(Debug)]
+pub struct Adopt {
+    /// The socket, non-blocking, not registered with any runtime.
+    pub stream: StdTcpStream,
+    /// Bytes already read from it and not yet decoded.
+    pub read_buf: BytesMut,
+    /// Set when HELLO moved the connection: the id to answer HELLO_OK to.
+    pub hello_request_id: Option<u32>,
+    /// Whether the connection has authenticated.
+    pub authed: bool,
+    /// Keeps the connection counted while it lives.
+    pub guard: ConnectionGuard,
+}
+
+/// One forwarded request.
+#[derive(Clone, Copy, Debug)]
+pub struct FwdItem {
+    /// The connection's sequence number for ordering the reply.
+    pub seq: u64,
+    /// The key's 128-bit hash.
+    pub key: u128,
+    /// The limit.
+    pub policy: Policy,
+    /// Units to spend (or ask about).
+    pub cost: u64,
+    /// PEEK rather than THROTTLE.
+    pub peek: bool,
+}
+
+/// A connection's requests for one other shard, sent as one message.
+#[derive(Debug)]
+pub struct Batch {
+    /// Where the verdicts go.
+    pub reply_to: Sender<BatchReply>,
+    /// The requests, in the connection's order.
+    pub items: Vec<FwdItem>,
+}
+
+/// The verdicts for one [`Batch`], as `(seq, verdict)`.
+#[derive(Debug)]
+pub struct BatchReply {
+    pub verdicts: Vec<(u64, Verdict)>,
+}
+
+/// Counts open connections across the node; decremented when dropped.
+#[derive(Debug)]
+pub struct ConnectionGuard {
+    /// Shared with the acceptor, which refuses connections at the limit.
+    open: Arc<AtomicUsize>,
+}
+
+impl ConnectionGuard {
+    /// Counts one more connection, unless `max` are already open.
+    pub fn try_new(open: &Arc<AtomicUsize>, max: usize) -> Option<ConnectionGuard> {
+        let mut n = open.load(Ordering::Relaxed);
+        loop {
+            if n >= max {
+                return None;
+            }
+            match open.compare_exchange_weak(n, n + 1, Ordering::AcqRel, Ordering::Relaxed) {
+                Ok(_) => return Some(ConnectionGuard { open: open.clone() }),
+                Err(seen) => n = seen,
+            }
+        }
+    }
+}
+
+impl Drop for ConnectionGuard {
+    fn drop(&mut self) {
+        self.open.fetch_sub(1, Ordering::AcqRel);
+    }
+}
+
+/// What a node's shards share, read-only: who they are and how to reach
+/// each other.
+#[derive(Debug)]
+pub struct Node {
+    /// The validated configuration.
+    pub config: Config,
+    /// Shards on this node.
+    pub shard_count: u16,
+    /// Random identity of this process, announced in HELLO_OK.
+    pub node_id: u64,
+    /// Replication epoch (0 until replication exists).
+    pub epoch: u64,
+    /// Every shard's inbox, by shard id.
+    pub shards: Vec<Sender<ShardMsg>>,
+}
+
+/// Everything a shard thread's tasks share. Lives on that thread only
+/// (`Rc`, `RefCell`): no locks, no atomics.
+#[derive(Debug)]
+pub struct ShardCore {
+    /// This shard's id.
+    pub id: u16,
+    /// The node this shard belongs to.
+    pub node: Arc<Node>,
+    /// The buckets this shard owns.
+    pub table: RefCell<Table>,
+    /// The time authority for decisions.
+    pub clock: MonotonicClock,
+    /// Flips to true at Drain; every connection task watches it.
+    pub draining: watch::Sender<bool>,
+    /// Connection tasks alive on this shard.
+    pub connections: Cell<usize>,
+    /// Told this shard's id once it has drained.
+    drained_tx: mpsc::UnboundedSender<u16>,
+    /// Whether `drained_tx` has been used.
+    drained_sent: Cell<bool>,
+}
+
+impl ShardCore {
+    /// Called by a connection task as it ends.
+    pub fn connection_closed(&self) {
+        self.connections.set(self.connections.get() - 1);
+        self.report_if_drained();
+    }
+
+    fn report_if_drained(&self) {
+        if *self.draining.borrow()
+            && self.connections.get() == 0
+            && !self.drained_sent.replace(true)
+        {
+            let _ = self.drained_tx.send(self.id);
+        }
+    }
+
+    /// Decides a forwarded batch and sends the verdicts back.
+    fn decide_batch(&self, batch: Batch) {
+        let now_ns = self.clock.now_ns();
+        let mut table = self.table.borrow_mut();
+        let verdicts = batch
+            .items
+            .iter()
+            .map(|it| {
+                let v = if it.peek {
+                    table.peek(it.key, &it.policy, it.cost, now_ns)
+                } else {
+                    table.throttle(it.key, &it.policy, it.cost, now_ns)
+                };
+                (it.seq, v)
+            })
+            .collect();
+        // A connection that has gone away no longer needs its answers.
+        let _ = batch.reply_to.send(BatchReply { verdicts });
+    }
+}
+
+/// Starts shard `id`'s thread. Messages reach it through `rx`; it reports
+/// drained on `drained_tx`.
+pub fn spawn(
+    id: u16,
+    rx: Receiver<ShardMsg>,
+    node_rx: std::sync::mpsc::Receiver<Arc<Node>>,
+    drained_tx: mpsc::UnboundedSender<u16>,
+    clock: MonotonicClock,
+) -> std::io::Result<std::thread::JoinHandle<()>> {
+    std::thread::Builder::new()
+        .name(format!("sluice-shard-{id}"))
+        .spawn(move || {
+            // The node (with every shard's inbox) exists only once all shards
+            // have been created, so it arrives after the thread starts.
+            let Ok(node) = node_rx.recv() else { return };
+            let rt = tokio::runtime::Builder::new_current_thread()
+                .enable_all()
+                .build()
+                .expect("a shard's runtime builds");
+            let local = tokio::task::LocalSet::new();
+            let core = Rc::new(ShardCore {
+                id,
+                node,
+                table: RefCell::new(Table::new()),
+                clock,
+                draining: watch::channel(false).0,
+                connections: Cell::new(0),
+                drained_tx,
+                drained_sent: Cell::new(false),
+            });
+            local.block_on(&rt, run(core, rx));
+        })
+}
+
+/// The shard's loop: take every queued message, act on each, repeat.
+async fn run(core: Rc<ShardCore>, mut rx: Receiver<ShardMsg>) {
+    let mut msgs = Vec::new();
+    while rx.recv_many(&mut msgs).await {
+        for msg in msgs.drain(..) {
+            match msg {
+                ShardMsg::Batch(b) => core.decide_batch(b),
+                ShardMsg::Adopt(a) => {
+                    core.connections.set(core.connections.get() + 1);
+                    tokio::task::spawn_local(connection::run(core.clone(), a));
+                }
+                ShardMsg::Drain => {
+                    core.draining.send_replace(true);
+                    core.report_if_drained();
+                }
+                ShardMsg::Stop => {
+                    rx.close();
+                    tracing::debug!(
+                        shard = core.id,
+                        buckets = core.table.borrow().len(),
+                        "shard stopped"
+                    );
+                    return;
+                }
+            }
+        }
+    }
+}

@@ -1,0 +1,163 @@
+//! A shard's buckets: a hashbrown table from a key's 128-bit hash to its
+//! GCRA bucket. Only the owning shard thread touches it.
+//!
+//! Memory stays bounded by the buckets that are *not* full: a bucket that
+//! has refilled completely is the same as no bucket, so a decision that
+//! leaves a bucket full removes it, and before the table grows it first
+//! drops every full bucket (an O(n) pass that costs no more than the
+//! rehash it may avoid).
+
+use std::hash::{BuildHasher, Hasher};
+
+use hashbrown::HashMap;
+use sluice_protocol::gcra::{self, Bucket, Verdict};
+use sluice_protocol::Policy;
+
+/// Keys are already uniform 128-bit hashes; folding them to 64 bits is all
+/// the hashing the table needs.
+#[derive(Clone, Copy, Debug, Default)]
+pub(crate) struct FoldHasher(u64);
+
+impl Hasher for FoldHasher {
+    fn finish(&self) -> u64 {
+        self.0
+    }
+
+    fn write(&mut self, bytes: &[u8]) {
+        // Only reached if a non-u128 key is ever hashed; keep it correct.
+        for chunk in bytes.chunks(8) {
+            let mut a = [0u8; 8];
+            a[..chunk.len()].copy_from_slice(chunk);
+            self.0 = (self.0 ^ u64::from_le_bytes(a)).wrapping_mul(0x9e37_79b9_7f4a_7c15);
+        }
+    }
+
+    fn write_u128(&mut self, k: u128) {
+        self.0 = (k as u64) ^ ((k >> 64) as u64);
+    }
+}
+
+#[derive(Clone, Copy, Debug, Default)]
+pub(crate) struct FoldState;
+
+impl BuildHasher for FoldState {
+    type Hasher = FoldHasher;
+
+    fn build_hasher(&self) -> FoldHasher {
+        FoldHasher(0)
+    }
+}
+
+/// The buckets of one shard.
+#[derive(Debug, Default)]
+pub struct Table {
+    /// Key hash to bucket. Absent means full.
+    buckets: HashMap<u128, Bucket, FoldState>,
+    /// Full buckets dropped by sweeps (not counting drops by decisions).
+    swept_total: u64,
+}
+
+impl Table {
+    /// An empty table.
+    pub fn new() -> Table {
+        Table::default()
+    }
+
+    /// Buckets held (all of them not full when last touched).
+    pub fn len(&self) -> usize {
+        self.buckets.len()
+    }
+
+    /// Whether no bucket is held.
+    pub fn is_empty(&self) -> bool {
+        self.buckets.is_empty()
+    }
+
+    /// Full buckets dropped by sweeps so far.
+    pub fn swept_total(&self) -> u64 {
+        self.swept_total
+    }
+
+    /// Spends `cost` from `key`'s bucket (see `gcra::throttle`).
+    #[inline]
+    pub fn throttle(&mut self, key: u128, policy: &Policy, cost: u64, now_ns: u64) -> Verdict {
+        match self.buckets.get_mut(&key) {
+            Some(b) => {
+                let d = gcra::throttle(Some(*b), policy, cost, now_ns);
+                match d.bucket {
+                    Some(nb) => *b = nb,
+                    None => {
+                        self.buckets.remove(&key);
+                    }
+                }
+                d.verdict
+            }
+            None => {
+                let d = gcra::throttle(None, policy, cost, now_ns);
+                if let Some(nb) = d.bucket {
+                    if self.buckets.len() == self.buckets.capacity() {
+                        self.sweep(now_ns);
+                    }
+                    self.buckets.insert(key, nb);
+                }
+                d.verdict
+            }
+        }
+    }
+
+    /// Answers as `throttle` would; creates and changes nothing.
+    #[inline]
+    pub fn peek(&self, key: u128, policy: &Policy, cost: u64, now_ns: u64) -> Verdict {
+        gcra::peek(self.buckets.get(&key).copied(), policy, cost, now_ns)
+    }
+
+    /// Drops every bucket that is full at `now_ns`.
+    pub fn sweep(&mut self, now_ns: u64) {
+        let before = self.buckets.len();
+        self.buckets.retain(|_, b| !b.is_full(now_ns));
+        self.swept_total += (before - self.buckets.len()) as u64;
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const S: u64 = 1_000_000_000;
+
+    #[test]
+    fn full_buckets_do_not_accumulate() {
+        let p = Policy::new(1000, S, 1).unwrap();
+        let mut t = Table::new();
+        // 100k distinct keys, each spent once, 1 ms apart: each refills in
+        // 1 ms, so at most a handful are ever not full.
+        for i in 0..100_000u128 {
+            let now = 1_000 * S + (i as u64) * 1_000_000;
+            assert!(
+                t.throttle(
+                    i.wrapping_mul(0x9e37_79b9_7f4a_7c15_f39c_c060_5ced_c834),
+                    &p,
+                    1,
+                    now
+                )
+                .allowed
+            );
+        }
+        assert!(t.len() < 64, "table kept {} buckets", t.len());
+        assert!(t.swept_total() > 99_000);
+    }
+
+    #[test]
+    fn peek_creates_nothing_and_refill_removes() {
+        let p = Policy::new(1, S, 2).unwrap();
+        let mut t = Table::new();
+        assert!(t.peek(7, &p, 1, S).allowed);
+        assert!(t.is_empty());
+        assert!(t.throttle(7, &p, 1, S).allowed);
+        assert_eq!(t.len(), 1);
+        assert_eq!(t.peek(7, &p, 1, S).remaining, 0);
+        // Cost 0 two seconds later: the bucket is full again, so it goes.
+        assert!(t.throttle(7, &p, 0, 3 * S).allowed);
+        assert!(t.is_empty());
+    }
+}
