@@ -80,7 +80,7 @@ fn ceil_ns(fp: u128) -> u64 {
 #[inline]
 fn emission_fp(policy: &Policy) -> u128 {
     let count = u128::from(policy.count);
-    (to_fp(policy.period_ns) + count - 1) / count
+    to_fp(policy.period_ns).div_ceil(count)
 }
 
 /// Spends `cost` units from `bucket` (absent = full) at `now_ns`.

@@ -292,7 +292,7 @@ impl Reply {
 
 fn parse_verdict(p: &[u8]) -> Verdict {
     Verdict {
-        allowed: p[0] != 0,
+        allowed: u64_at(p, 0) != 0,
         limit: u64_at(p, 8),
         remaining: u64_at(p, 16),
         retry_after_ns: u64_at(p, 24),

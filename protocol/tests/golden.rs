@@ -1,0 +1,564 @@
+//! PROTOCOL.md checked against the code. Every fenced block tagged
+//! `hex golden=NAME` is one complete frame: decoding it must give exactly the
+//! typed messages listed here, and encoding those messages with the crate's
+//! encoders must give exactly its bytes. The `text golden=routing` and
+//! `text golden=limits` blocks, the worked routing example and the error-code
+//! table are checked the same way, so the spec cannot drift from the code
+//! without a test failing.
+
+use std::collections::BTreeMap;
+use std::path::Path;
+
+use bytes::BytesMut;
+use sluice_protocol::codec::{self, FrameDecoder, FrameWriter};
+use sluice_protocol::gcra::{self, Bucket, Verdict};
+use sluice_protocol::message::{self, Hello, HelloOk, Reply, Request, Throttle};
+use sluice_protocol::policy::{self, Policy};
+use sluice_protocol::routing::{self, key_hash, shard_of};
+use sluice_protocol::status::{Action, Status};
+use tokio_util::codec::Decoder;
+
+const SECOND_NS: u64 = 1_000_000_000;
+/// The instant the example conversation happens at; any value gives the
+/// same verdicts, since the server sends no absolute times.
+const T0_NS: u64 = 1_700_000_000 * SECOND_NS;
+
+fn doc() -> String {
+    let path = Path::new(env!("CARGO_MANIFEST_DIR")).join("PROTOCOL.md");
+    std::fs::read_to_string(&path).unwrap_or_else(|e| panic!("read {}: {e}", path.display()))
+}
+
+/// A fenced block tagged `golden=NAME`.
+#[derive(Debug)]
+struct Block {
+    /// The info string's first word (`hex`, `text`).
+    lang: String,
+    /// The lines between the fences.
+    body: String,
+}
+
+/// Every `golden=NAME` block in `doc`, by name; panics on a duplicate name
+/// or an unterminated fence.
+fn golden_blocks(doc: &str) -> BTreeMap<String, Block> {
+    let mut blocks = BTreeMap::new();
+    let mut lines = doc.lines();
+    while let Some(line) = lines.next() {
+        let Some(info) = line.trim_start().strip_prefix("```") else {
+            continue;
+        };
+        let mut body = String::new();
+        let mut closed = false;
+        for inner in lines.by_ref() {
+            if inner.trim_start().starts_with("```") {
+                closed = true;
+                break;
+            }
+            body.push_str(inner);
+            body.push('\n');
+        }
+        assert!(closed, "unterminated code block `{line}`");
+        let mut words = info.split_whitespace();
+        let lang = words.next().unwrap_or_default().to_owned();
+        if let Some(name) = words.find_map(|w| w.strip_prefix("golden=")) {
+            let old = blocks.insert(name.to_owned(), Block { lang, body });
+            assert!(old.is_none(), "two blocks are named golden={name}");
+        }
+    }
+    blocks
+}
+
+/// Hex pairs separated by white space; `#` starts a comment.
+fn parse_hex(name: &str, body: &str) -> Vec<u8> {
+    let mut bytes = Vec::new();
+    for line in body.lines() {
+        let data = line.split('#').next().unwrap_or_default();
+        for tok in data.split_whitespace() {
+            assert!(tok.len() == 2, "golden={name}: `{tok}` is not a hex byte");
+            let b = u8::from_str_radix(tok, 16)
+                .unwrap_or_else(|_| panic!("golden={name}: `{tok}` is not a hex byte"));
+            bytes.push(b);
+        }
+    }
+    bytes
+}
+
+/// One message of a golden frame.
+#[derive(Debug)]
+enum Msg {
+    Request(Request<'static>),
+    Reply(Reply),
+}
+
+fn ten_per_second() -> Policy {
+    Policy::new(10, SECOND_NS, 20).expect("a valid policy")
+}
+
+fn throttle(key: &'static [u8], cost: u64) -> Throttle<'static> {
+    Throttle {
+        key,
+        policy: ten_per_second(),
+        cost,
+    }
+}
+
+fn verdict(allowed: bool, remaining: u64, retry_after_ns: u64, reset_after_ns: u64) -> Verdict {
+    Verdict {
+        allowed,
+        limit: 20,
+        remaining,
+        retry_after_ns,
+        reset_after_ns,
+    }
+}
+
+const HELLO_OK: HelloOk = HelloOk {
+    version: 1,
+    shard_count: 4,
+    shard: Some(2),
+    routing: routing::ROUTING_XXH3_128_MULSHIFT,
+    node_id: 0x0123_4567_89ab_cdef,
+    epoch: 7,
+};
+
+const COST_EXCEEDS_BURST_TEXT: &str =
+    "cost exceeds burst: cost 21 exceeds burst 20: it could never be admitted";
+
+/// What each golden frame holds: `(request id, message)` in order.
+fn expected_frames() -> Vec<(&'static str, Vec<(u32, Msg)>)> {
+    use Msg::{Reply as Rep, Request as Req};
+    vec![
+        ("ping_request", vec![(1, Req(Request::Ping))]),
+        ("pong_reply", vec![(1, Rep(Reply::Pong))]),
+        (
+            "hello_request",
+            vec![(
+                1,
+                Req(Request::Hello(Hello {
+                    version_min: 1,
+                    version_max: 1,
+                    shard: Some(2),
+                    token: b"secret",
+                })),
+            )],
+        ),
+        ("hello_ok_reply", vec![(1, Rep(Reply::HelloOk(HELLO_OK)))]),
+        (
+            "hello_request_unbound",
+            vec![(
+                1,
+                Req(Request::Hello(Hello {
+                    version_min: 1,
+                    version_max: 1,
+                    shard: None,
+                    token: b"",
+                })),
+            )],
+        ),
+        (
+            "hello_ok_reply_unbound",
+            vec![(
+                1,
+                Rep(Reply::HelloOk(HelloOk {
+                    shard: None,
+                    ..HELLO_OK
+                })),
+            )],
+        ),
+        (
+            "throttle_request",
+            vec![(7, Req(Request::Throttle(throttle(b"user:42", 1))))],
+        ),
+        (
+            "throttle_ok_reply",
+            vec![(7, Rep(Reply::Throttle(verdict(true, 19, 0, 100_000_000))))],
+        ),
+        (
+            "peek_request",
+            vec![(8, Req(Request::Peek(throttle(b"user:42", 1))))],
+        ),
+        (
+            "peek_ok_reply",
+            vec![(8, Rep(Reply::Peek(verdict(true, 18, 0, 200_000_000))))],
+        ),
+        (
+            "error_cost_exceeds_burst_reply",
+            vec![(
+                9,
+                Rep(Reply::Error {
+                    code: 10,
+                    text: COST_EXCEEDS_BURST_TEXT.to_owned(),
+                }),
+            )],
+        ),
+        (
+            "error_too_many_connections_reply",
+            vec![(
+                0,
+                Rep(Reply::Error {
+                    code: 12,
+                    text: "too many connections".to_owned(),
+                }),
+            )],
+        ),
+        (
+            "batch_request",
+            vec![
+                (10, Req(Request::Throttle(throttle(b"user:42", 1)))),
+                (11, Req(Request::Throttle(throttle(b"user:7", 2)))),
+            ],
+        ),
+        (
+            "batch_reply",
+            vec![
+                (10, Rep(Reply::Throttle(verdict(true, 18, 0, 200_000_000)))),
+                (11, Rep(Reply::Throttle(verdict(true, 18, 0, 200_000_000)))),
+            ],
+        ),
+        (
+            "throttle_denied_reply",
+            vec![(
+                12,
+                Rep(Reply::Throttle(verdict(
+                    false,
+                    0,
+                    100_000_000,
+                    2_000_000_000,
+                ))),
+            )],
+        ),
+    ]
+}
+
+fn encode_reply(w: &mut FrameWriter, buf: &mut BytesMut, request_id: u32, reply: &Reply) {
+    match reply {
+        Reply::HelloOk(h) => message::put_hello_ok(w, buf, request_id, h),
+        Reply::Pong => message::put_pong(w, buf, request_id),
+        Reply::Throttle(v) => message::put_verdict(w, buf, request_id, false, v),
+        Reply::Peek(v) => message::put_verdict(w, buf, request_id, true, v),
+        Reply::Error { code, text } => {
+            let status = Status::from_code(*code).expect("golden errors use known codes");
+            message::put_error(w, buf, request_id, status, text);
+        }
+    }
+}
+
+fn encode(messages: &[(u32, Msg)]) -> Vec<u8> {
+    let mut buf = BytesMut::new();
+    let mut w = FrameWriter::new();
+    for (request_id, m) in messages {
+        match m {
+            Msg::Request(r) => r.encode(&mut w, &mut buf, *request_id),
+            Msg::Reply(r) => encode_reply(&mut w, &mut buf, *request_id, r),
+        }
+    }
+    w.finish(&mut buf);
+    buf.to_vec()
+}
+
+fn assert_decodes_to(name: &str, bytes: &[u8], expected: &[(u32, Msg)]) {
+    let mut src = BytesMut::from(bytes);
+    let frame = FrameDecoder::default()
+        .decode(&mut src)
+        .unwrap_or_else(|e| panic!("golden={name} does not decode: {e}"))
+        .unwrap_or_else(|| panic!("golden={name} is not a whole frame"));
+    assert!(src.is_empty(), "golden={name} has bytes after its frame");
+    assert_eq!(frame.len(), expected.len(), "golden={name}: message count");
+    for (i, ((h, p), (request_id, m))) in frame.messages().zip(expected).enumerate() {
+        assert_eq!(h.request_id, *request_id, "golden={name} message {i}");
+        assert_eq!(h.flags, 0, "golden={name} message {i}");
+        match m {
+            Msg::Request(r) => {
+                let got = Request::parse(h, p)
+                    .unwrap_or_else(|e| panic!("golden={name} message {i}: {e}"));
+                assert_eq!(got, *r, "golden={name} message {i}");
+            }
+            Msg::Reply(r) => {
+                assert_eq!(
+                    Reply::parse(h, p).as_ref(),
+                    Some(r),
+                    "golden={name} message {i}"
+                );
+            }
+        }
+    }
+}
+
+#[test]
+fn golden_frames_decode_and_encode_exactly() {
+    let doc = doc();
+    let blocks = golden_blocks(&doc);
+    let expected = expected_frames();
+    let hex_names: Vec<&str> = blocks
+        .iter()
+        .filter(|(_, b)| b.lang == "hex")
+        .map(|(n, _)| n.as_str())
+        .collect();
+    for name in &hex_names {
+        assert!(
+            expected.iter().any(|(n, _)| n == name),
+            "PROTOCOL.md has golden={name}, which this test does not know"
+        );
+    }
+    for (name, messages) in &expected {
+        let block = blocks
+            .get(*name)
+            .unwrap_or_else(|| panic!("PROTOCOL.md lacks the block golden={name}"));
+        assert_eq!(block.lang, "hex", "golden={name} must be a hex block");
+        let bytes = parse_hex(name, &block.body);
+        assert_decodes_to(name, &bytes, messages);
+        assert_eq!(
+            encode(messages),
+            bytes,
+            "golden={name}: the encoder's bytes differ from PROTOCOL.md"
+        );
+    }
+}
+
+/// Looks up the verdict of message `index` of golden frame `name`.
+fn golden_verdict(name: &str, index: usize) -> Verdict {
+    let frames = expected_frames();
+    let (_, messages) = frames.iter().find(|(n, _)| *n == name).expect("a golden");
+    match &messages[index].1 {
+        Msg::Reply(Reply::Throttle(v) | Reply::Peek(v)) => *v,
+        other => panic!("golden={name} message {index} is not a verdict: {other:?}"),
+    }
+}
+
+/// The verdict goldens are the ones the decision gives for the example
+/// conversation in PROTOCOL.md (every request at one instant, fresh buckets).
+#[test]
+fn golden_verdicts_are_the_decision() {
+    let p = ten_per_second();
+    let d7 = gcra::throttle(None, &p, 1, T0_NS);
+    assert_eq!(d7.verdict, golden_verdict("throttle_ok_reply", 0));
+    let user42 = d7.bucket;
+    let v8 = gcra::peek(user42, &p, 1, T0_NS);
+    assert_eq!(v8, golden_verdict("peek_ok_reply", 0));
+    let d10 = gcra::throttle(user42, &p, 1, T0_NS);
+    assert_eq!(d10.verdict, golden_verdict("batch_reply", 0));
+    let d11 = gcra::throttle(None, &p, 2, T0_NS);
+    assert_eq!(d11.verdict, golden_verdict("batch_reply", 1));
+    // A bucket whose 20 units were all spent at this instant.
+    let mut spent: Option<Bucket> = None;
+    for _ in 0..20 {
+        let d = gcra::throttle(spent, &p, 1, T0_NS);
+        assert!(d.verdict.allowed);
+        spent = d.bucket;
+    }
+    let d12 = gcra::throttle(spent, &p, 1, T0_NS);
+    assert_eq!(d12.verdict, golden_verdict("throttle_denied_reply", 0));
+    // Retrying exactly retry_after_ns later is admitted.
+    let later = T0_NS + d12.verdict.retry_after_ns;
+    assert!(gcra::throttle(spent, &p, 1, later).verdict.allowed);
+}
+
+/// The golden error texts are what the server sends for those errors.
+#[test]
+fn golden_error_texts_are_the_servers() {
+    let mut buf = BytesMut::new();
+    let mut w = FrameWriter::new();
+    Request::Throttle(throttle(b"user:42", 21)).encode(&mut w, &mut buf, 9);
+    w.finish(&mut buf);
+    let frame = FrameDecoder::default().decode(&mut buf).unwrap().unwrap();
+    let (h, p) = frame.messages().next().unwrap();
+    let err = Request::parse(h, p).unwrap_err();
+    assert_eq!(err.status, Status::CostExceedsBurst);
+    assert_eq!(err.to_string(), COST_EXCEEDS_BURST_TEXT);
+    assert_eq!(
+        Status::TooManyConnections.text(),
+        "too many connections",
+        "server.rs refuses a connection with exactly this text"
+    );
+}
+
+#[test]
+fn golden_routing_block_is_the_code() {
+    let blocks = golden_blocks(&doc());
+    let block = blocks
+        .get("routing")
+        .expect("PROTOCOL.md lacks the block golden=routing");
+    let mut keys = 0;
+    for line in block.body.lines() {
+        let line = line.trim();
+        if line.is_empty() || line.starts_with('#') {
+            continue;
+        }
+        let mut words = line.split_whitespace();
+        let key = words
+            .next()
+            .and_then(|k| k.strip_prefix('"'))
+            .and_then(|k| k.strip_suffix('"'))
+            .unwrap_or_else(|| panic!("routing line `{line}`: the key must be quoted"));
+        let hash = words
+            .next()
+            .and_then(|h| h.strip_prefix("0x"))
+            .and_then(|h| u128::from_str_radix(h, 16).ok())
+            .unwrap_or_else(|| panic!("routing line `{line}`: expected a 0x hash"));
+        assert_eq!(key_hash(key.as_bytes()), hash, "key_hash({key:?})");
+        let mut counts = 0;
+        for pair in words {
+            let (n, s) = pair
+                .split_once(':')
+                .unwrap_or_else(|| panic!("routing line `{line}`: `{pair}` is not COUNT:SHARD"));
+            let n: u16 = n.parse().expect("a shard count");
+            let s: u16 = s.parse().expect("a shard");
+            assert_eq!(shard_of(hash, n), s, "shard_of({key:?}, {n})");
+            counts += 1;
+        }
+        assert!(
+            counts >= 2,
+            "routing line `{line}`: give several shard counts"
+        );
+        keys += 1;
+    }
+    assert!(keys >= 2, "the routing block must give several keys");
+}
+
+/// The worked example in PROTOCOL.md, "Routing", hard-coded here.
+#[test]
+fn routing_worked_example() {
+    let hash = key_hash(b"user:42");
+    assert_eq!(hash, 0x8763cfe7e8dd227b_54c6a0eba0ce373f);
+    let high64 = (hash >> 64) as u64;
+    assert_eq!(high64, 9_755_869_812_765_827_707);
+    let product = u128::from(high64) * 4;
+    assert_eq!(product, 39_023_479_251_063_310_828);
+    assert_eq!(product >> 64, 2);
+    assert_eq!(shard_of(hash, 4), 2);
+}
+
+#[test]
+fn golden_limits_block_is_the_code() {
+    let constants: &[(&str, u64)] = &[
+        (
+            "PROTOCOL_VERSION",
+            u64::from(sluice_protocol::PROTOCOL_VERSION),
+        ),
+        ("FRAME_PREFIX_BYTES", codec::FRAME_PREFIX_BYTES as u64),
+        ("HEADER_BYTES", codec::HEADER_BYTES as u64),
+        (
+            "FRAME_BYTES_MAX_DEFAULT",
+            u64::from(codec::FRAME_BYTES_MAX_DEFAULT),
+        ),
+        (
+            "FRAME_BYTES_MAX_LIMIT",
+            u64::from(codec::FRAME_BYTES_MAX_LIMIT),
+        ),
+        (
+            "WRITER_FRAME_BYTES_SOFT",
+            codec::WRITER_FRAME_BYTES_SOFT as u64,
+        ),
+        ("KEY_BYTES_MAX", message::KEY_BYTES_MAX as u64),
+        ("TOKEN_BYTES_MAX", message::TOKEN_BYTES_MAX as u64),
+        ("ERROR_TEXT_BYTES_MAX", message::ERROR_TEXT_BYTES_MAX as u64),
+        ("SHARD_ANY", u64::from(message::SHARD_ANY)),
+        (
+            "ROUTING_XXH3_128_MULSHIFT",
+            u64::from(routing::ROUTING_XXH3_128_MULSHIFT),
+        ),
+        ("COUNT_MAX", policy::COUNT_MAX),
+        ("PERIOD_NS_MIN", policy::PERIOD_NS_MIN),
+        ("PERIOD_NS_MAX", policy::PERIOD_NS_MAX),
+        ("BURST_MAX", policy::BURST_MAX),
+        ("REFILL_NS_MAX", policy::REFILL_NS_MAX),
+    ];
+    let blocks = golden_blocks(&doc());
+    let block = blocks
+        .get("limits")
+        .expect("PROTOCOL.md lacks the block golden=limits");
+    let mut seen = BTreeMap::new();
+    for line in block.body.lines() {
+        let data = line.split('#').next().unwrap_or_default().trim();
+        if data.is_empty() {
+            continue;
+        }
+        let (name, value) = data
+            .split_once(char::is_whitespace)
+            .unwrap_or_else(|| panic!("limits line `{line}`: expected NAME VALUE"));
+        let value: u64 = value
+            .trim()
+            .replace('_', "")
+            .parse()
+            .unwrap_or_else(|_| panic!("limits line `{line}`: the value is not a number"));
+        seen.insert(name.to_owned(), value);
+    }
+    for (name, value) in constants {
+        assert_eq!(
+            seen.remove(*name),
+            Some(*value),
+            "limit {name} in PROTOCOL.md"
+        );
+    }
+    assert!(
+        seen.is_empty(),
+        "limits PROTOCOL.md lists but this test does not check: {seen:?}"
+    );
+}
+
+/// `CostExceedsBurst` to `COST_EXCEEDS_BURST`.
+fn wire_name(status: Status) -> String {
+    let mut name = String::new();
+    for (i, c) in format!("{status:?}").chars().enumerate() {
+        if c.is_ascii_uppercase() && i > 0 {
+            name.push('_');
+        }
+        name.push(c.to_ascii_uppercase());
+    }
+    name
+}
+
+fn action_word(action: Action) -> &'static str {
+    match action {
+        Action::Retry => "retry",
+        Action::Reconnect => "reconnect",
+        Action::GiveUp => "give up",
+    }
+}
+
+/// The table in "Error codes": one row per status, with its code, name,
+/// text and the action `Status::action` gives.
+#[test]
+fn error_code_table_is_the_code() {
+    let doc = doc();
+    let section = doc
+        .split("\n## Error codes")
+        .nth(1)
+        .expect("PROTOCOL.md has a section `## Error codes`");
+    let section = section.split("\n## ").next().unwrap_or_default();
+    let mut rows = BTreeMap::new();
+    for line in section.lines() {
+        let cells: Vec<&str> = line.split('|').map(str::trim).collect();
+        if cells.len() < 6 {
+            continue;
+        }
+        let Ok(code) = cells[1].parse::<u16>() else {
+            continue;
+        };
+        let old = rows.insert(
+            code,
+            cells[2..6]
+                .iter()
+                .map(|c| c.replace('`', ""))
+                .collect::<Vec<_>>(),
+        );
+        assert!(old.is_none(), "code {code} appears twice");
+    }
+    for &status in Status::ALL {
+        let row = rows
+            .remove(&status.code())
+            .unwrap_or_else(|| panic!("the error table lacks code {}", status.code()));
+        assert_eq!(row[0], wire_name(status), "name of code {}", status.code());
+        assert_eq!(row[1], status.text(), "text of code {}", status.code());
+        let action = action_word(status.action());
+        assert!(
+            row[3].to_lowercase().starts_with(action),
+            "code {}: the action column must start with `{action}`, got `{}`",
+            status.code(),
+            row[3]
+        );
+    }
+    assert!(
+        rows.is_empty(),
+        "the error table has codes the code does not: {rows:?}"
+    );
+}
