@@ -1,1 +1,30 @@
-//! wip
+//! Loom models of the structures the server shares between threads.
+//!
+//! The server's own files are compiled here, not copies: `#[path]` pulls in
+//! `server/src/sync.rs` (which, under `--cfg sluice_loom`, hands out loom's
+//! `Arc` and `Mutex`) and `server/src/inbox.rs` (which takes them from
+//! `crate::sync`). The models live in `tests/` and run only under that cfg:
+//!
+//! ```text
+//! RUSTFLAGS="--cfg sluice_loom" LOOM_MAX_PREEMPTIONS=2 \
+//!     cargo test -p sluice-loom-tests --release --target-dir target/loom
+//! ```
+//!
+//! Without the cfg this crate is empty, so `cargo build --workspace` does not
+//! compile loom.
+//!
+//! Layout:
+//! - [`inbox`]: the server's MPSC inbox, as is.
+//! - `tests/handoff.rs`: connection to shard and back, several producers,
+//!   shutdown racing with sends, end of stream.
+
+// The shim also re-exports atomics the inbox does not use; they are used by
+// the server, so the warning here says nothing about the shim.
+#[cfg(sluice_loom)]
+#[allow(unused_imports)]
+#[path = "../../server/src/sync.rs"]
+mod sync;
+
+#[cfg(sluice_loom)]
+#[path = "../../server/src/inbox.rs"]
+pub mod inbox;
