@@ -233,14 +233,19 @@ impl Connection {
         }
         let now_ns = self.core.clock.now_ns();
         for (h, payload) in frame.messages() {
+            if self.closing {
+                // AUTH_FAILED: nothing after it in the frame is served.
+                break;
+            }
+            if !self.authed && h.op != message::op::HELLO {
+                self.push(h.request_id, error(Status::AuthRequired.into()));
+                continue;
+            }
             match Request::parse(h, payload) {
-                Ok(Request::Throttle(t)) if self.authed => {
-                    self.decide(h.request_id, &t, false, now_ns)
-                }
-                Ok(Request::Peek(t)) if self.authed => self.decide(h.request_id, &t, true, now_ns),
-                Ok(Request::Ping) if self.authed => self.push(h.request_id, Local::Pong),
+                Ok(Request::Throttle(t)) => self.decide(h.request_id, &t, false, now_ns),
+                Ok(Request::Peek(t)) => self.decide(h.request_id, &t, true, now_ns),
+                Ok(Request::Ping) => self.push(h.request_id, Local::Pong),
                 Ok(Request::Hello(hello)) => self.hello(h.request_id, &hello, frame.len()),
-                Ok(_) => self.push(h.request_id, error(Status::AuthRequired.into())),
                 Err(e) => self.push(h.request_id, error(e)),
             }
         }
@@ -294,8 +299,8 @@ impl Connection {
                 return self.push(request_id, error(Status::AuthFailed.into()));
             }
         }
-        self.authed = true;
         let Some(shard) = hello.shard else {
+            self.authed = true;
             let hello_ok = self.hello_ok(None);
             return self.push(request_id, Local::HelloOk(hello_ok));
         };
@@ -306,6 +311,8 @@ impl Connection {
             );
             return self.push(request_id, Local::Error(Status::BadRequest, text));
         }
+        // Authenticated only by a HELLO that succeeds as a whole.
+        self.authed = true;
         if shard == self.core.id {
             let hello_ok = self.hello_ok(Some(shard));
             return self.push(request_id, Local::HelloOk(hello_ok));

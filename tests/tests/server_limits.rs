@@ -1,0 +1,326 @@
+//! Every limit at its edge, bad input, and shutdown, against real `sluiced`
+//! processes: a bad connection is answered and closed and nobody else
+//! notices; the server never crashes.
+
+use std::time::Duration;
+
+use sluice_client::{Action, Client, ClientConfig, Error};
+use sluice_protocol::message::{Hello, Reply, Request, Throttle};
+use sluice_protocol::{Policy, Status};
+use sluice_tests::raw::{frame, Raw};
+use sluice_tests::support::Sluiced;
+
+fn policy() -> Policy {
+    Policy::new(100, 1_000_000_000, 100).unwrap()
+}
+
+fn throttle(key: &str) -> Request<'_> {
+    Request::Throttle(Throttle {
+        key: key.as_bytes(),
+        policy: policy(),
+        cost: 1,
+    })
+}
+
+async fn assert_serves(raw: &mut Raw, id: u32) {
+    raw.send_frame(&[(id, throttle("healthy"))]).await;
+    let (rid, reply) = raw.next_reply().await.expect("still connected");
+    assert_eq!(rid, id);
+    assert!(
+        matches!(reply, Reply::Throttle(v) if v.allowed),
+        "{reply:?}"
+    );
+}
+
+#[tokio::test]
+async fn malformed_frame_closes_only_that_connection() {
+    let server = Sluiced::start(&["--shards", "2"]);
+    let mut good = Raw::connect(server.addr).await;
+    let mut bad = Raw::connect(server.addr).await;
+    assert_serves(&mut good, 1).await;
+    // A well-formed request, then a frame whose message overruns its body.
+    bad.send_frame(&[(5, Request::Ping)]).await;
+    bad.send_bytes(&[8, 0, 0, 0, 0x02, 0, 9, 0, 6, 0, 0, 0])
+        .await;
+    assert_eq!(
+        bad.next_reply().await,
+        Some((5, Reply::Pong)),
+        "replies before the bad frame still arrive"
+    );
+    let (id, reply) = bad.next_reply().await.expect("an error before the close");
+    assert_eq!((id, reply.status()), (0, Some(Status::Malformed)));
+    assert!(bad.closed_by_server().await);
+    assert_serves(&mut good, 2).await;
+}
+
+#[tokio::test]
+async fn bad_requests_are_answered_and_the_connection_continues() {
+    let server = Sluiced::start(&[]);
+    let mut raw = Raw::connect(server.addr).await;
+    // Unknown op 0x42 with a 3-byte payload, then a THROTTLE with a zero
+    // rate, then an empty key, then a good request.
+    let mut bytes = vec![11 + 8, 0, 0, 0, 0x42, 0, 3, 0, 1, 0, 0, 0, 1, 2, 3];
+    bytes.extend_from_slice(&[0x02, 0, 0, 0, 2, 0, 0, 0]);
+    bytes[0] = (bytes.len() - 4) as u8;
+    raw.send_bytes(&bytes).await;
+    let zero = Policy {
+        count: 0,
+        ..policy()
+    };
+    raw.send_frame(&[
+        (
+            3,
+            Request::Throttle(Throttle {
+                key: b"k",
+                policy: zero,
+                cost: 1,
+            }),
+        ),
+        (
+            4,
+            Request::Throttle(Throttle {
+                key: b"",
+                policy: policy(),
+                cost: 1,
+            }),
+        ),
+    ])
+    .await;
+    let replies = raw.replies(4).await;
+    assert_eq!(
+        (replies[0].0, replies[0].1.status()),
+        (1, Some(Status::UnknownOp))
+    );
+    assert_eq!(replies[1], (2, Reply::Pong));
+    assert_eq!(
+        (replies[2].0, replies[2].1.status()),
+        (3, Some(Status::InvalidPolicy))
+    );
+    assert_eq!(
+        (replies[3].0, replies[3].1.status()),
+        (4, Some(Status::BadKey))
+    );
+    assert_serves(&mut raw, 5).await;
+}
+
+#[tokio::test]
+async fn frame_size_limit_at_its_edge() {
+    let server = Sluiced::start(&["--frame-bytes-max", "1024"]);
+    // A frame of exactly 1024 body bytes: two THROTTLEs (8-byte header and
+    // 34 fixed payload bytes each) with keys sized to fill it.
+    let (k1, k2) = ("k".repeat(500), "j".repeat(1024 - 2 * (8 + 34) - 500));
+    let exact = frame(&[(1, throttle(&k1)), (3, throttle(&k2))]);
+    assert_eq!(exact.len(), 4 + 1024);
+    let mut raw = Raw::connect(server.addr).await;
+    raw.send_bytes(&exact).await;
+    assert!(matches!(
+        raw.next_reply().await,
+        Some((1, Reply::Throttle(_)))
+    ));
+    assert!(matches!(
+        raw.next_reply().await,
+        Some((3, Reply::Throttle(_)))
+    ));
+    // One byte more is refused before it is read, and the connection ends.
+    let mut over = Raw::connect(server.addr).await;
+    over.send_bytes(&1025u32.to_le_bytes()).await;
+    let (id, reply) = over.next_reply().await.expect("an error before the close");
+    assert_eq!((id, reply.status()), (0, Some(Status::FrameTooLarge)));
+    assert!(over.closed_by_server().await);
+    assert_serves(&mut raw, 2).await;
+}
+
+#[tokio::test]
+async fn batch_limit_at_its_edge() {
+    let server = Sluiced::start(&["--batch-max", "4", "--inflight-max", "4"]);
+    let mut raw = Raw::connect(server.addr).await;
+    let four: Vec<_> = (1..=4).map(|i| (i, Request::Ping)).collect();
+    raw.send_frame(&four).await;
+    assert!(raw.replies(4).await.iter().all(|(_, r)| *r == Reply::Pong));
+    let five: Vec<_> = (11..=15).map(|i| (i, Request::Ping)).collect();
+    raw.send_frame(&five).await;
+    let replies = raw.replies(5).await;
+    for (i, (id, r)) in replies.iter().enumerate() {
+        assert_eq!(
+            (*id, r.status()),
+            (11 + i as u32, Some(Status::BatchTooLarge))
+        );
+    }
+    // In-flight 4: 200 pipelined frames of 4 are all answered (back-pressure,
+    // not errors).
+    let mut bytes = Vec::new();
+    for f in 0..200u32 {
+        let reqs: Vec<_> = (0..4)
+            .map(|r| (100 + f * 4 + r, throttle("inflight")))
+            .collect();
+        bytes.extend(frame(&reqs));
+    }
+    raw.send_bytes(&bytes).await;
+    let replies = raw.replies(800).await;
+    for (i, (id, r)) in replies.iter().enumerate() {
+        assert_eq!(*id, 100 + i as u32);
+        assert!(matches!(r, Reply::Throttle(_)), "{r:?}");
+    }
+}
+
+#[tokio::test]
+async fn connection_limit_at_its_edge() {
+    let server = Sluiced::start(&["--connections-max", "2"]);
+    let mut first = Raw::connect(server.addr).await;
+    let mut second = Raw::connect(server.addr).await;
+    assert_serves(&mut first, 1).await;
+    assert_serves(&mut second, 1).await;
+    let mut third = Raw::connect(server.addr).await;
+    let (id, reply) = third.next_reply().await.expect("told why");
+    assert_eq!((id, reply.status()), (0, Some(Status::TooManyConnections)));
+    assert!(third.closed_by_server().await);
+    drop(first);
+    // The slot frees once the server sees the close; retry briefly.
+    let mut served = false;
+    for attempt in 0..100 {
+        let mut again = Raw::connect(server.addr).await;
+        again.send_frame(&[(9, Request::Ping)]).await;
+        match again.next_reply().await {
+            Some((9, Reply::Pong)) => {
+                served = true;
+                break;
+            }
+            Some((0, r)) if r.status() == Some(Status::TooManyConnections) => {
+                tokio::time::sleep(Duration::from_millis(10 * attempt)).await;
+            }
+            other => panic!("{other:?}"),
+        }
+    }
+    assert!(served, "a freed slot is reused");
+    assert_serves(&mut second, 2).await;
+}
+
+#[tokio::test]
+async fn clients_that_vanish_mid_frame_do_not_hurt_the_server() {
+    let mut server = Sluiced::start(&["--shards", "2"]);
+    let mut good = Raw::connect(server.addr).await;
+    let whole = frame(&[(1, throttle("half")), (2, throttle("half"))]);
+    for cut in [1, 3, 4, 9, whole.len() / 2, whole.len() - 1] {
+        let mut quitter = Raw::connect(server.addr).await;
+        quitter.send_bytes(&whole[..cut]).await;
+        drop(quitter);
+    }
+    // A client that disconnects with requests in flight.
+    let mut rude = Raw::connect(server.addr).await;
+    let many: Vec<_> = (0..1_000).map(|i| (i, throttle("rude"))).collect();
+    rude.send_frame(&many).await;
+    drop(rude);
+    assert_serves(&mut good, 7).await;
+    assert!(server.is_running());
+}
+
+#[tokio::test]
+async fn auth_token_is_required_and_checked() {
+    let server = Sluiced::start(&["--auth-token", "s3cret"]);
+    let mut raw = Raw::connect(server.addr).await;
+    raw.send_frame(&[(1, Request::Ping), (2, throttle("k"))])
+        .await;
+    let replies = raw.replies(2).await;
+    assert_eq!(replies[0].1.status(), Some(Status::AuthRequired));
+    assert_eq!(replies[1].1.status(), Some(Status::AuthRequired));
+    let hello = |token: &'static [u8]| {
+        Request::Hello(Hello {
+            version_min: 1,
+            version_max: 1,
+            shard: None,
+            token,
+        })
+    };
+    raw.send_frame(&[(3, hello(b"s3cret")), (4, Request::Ping)])
+        .await;
+    let replies = raw.replies(2).await;
+    assert!(matches!(replies[0], (3, Reply::HelloOk(_))));
+    assert_eq!(replies[1], (4, Reply::Pong));
+
+    // Before HELLO, even an invalid request is told AUTH_REQUIRED; a HELLO
+    // with the right token whose shard binding fails does not authenticate.
+    let mut raw = Raw::connect(server.addr).await;
+    let bad_bind = Request::Hello(Hello {
+        version_min: 1,
+        version_max: 1,
+        shard: Some(99),
+        token: b"s3cret",
+    });
+    raw.send_frame(&[
+        (
+            1,
+            Request::Throttle(Throttle {
+                key: b"",
+                policy: policy(),
+                cost: 1,
+            }),
+        ),
+        (2, bad_bind),
+        (3, Request::Ping),
+    ])
+    .await;
+    let replies = raw.replies(3).await;
+    assert_eq!(replies[0].1.status(), Some(Status::AuthRequired));
+    assert_eq!(replies[1].1.status(), Some(Status::BadRequest));
+    assert_eq!(replies[2].1.status(), Some(Status::AuthRequired));
+
+    // A wrong token: nothing after it in the frame is served, and it closes.
+    let mut wrong = Raw::connect(server.addr).await;
+    wrong
+        .send_frame(&[(1, hello(b"guess")), (2, Request::Ping)])
+        .await;
+    assert_eq!(
+        wrong.next_reply().await.unwrap().1.status(),
+        Some(Status::AuthFailed)
+    );
+    assert!(wrong.closed_by_server().await);
+
+    let err = Client::connect(server.addr).await.expect_err("no token");
+    assert!(
+        matches!(err, Error::Timeout(_) | Error::Server { .. }),
+        "{err:?}"
+    );
+    let config = ClientConfig {
+        auth_token: Some("s3cret".into()),
+        deadline: Duration::from_secs(10),
+        ..Default::default()
+    };
+    let client = Client::connect_with(server.addr, config)
+        .await
+        .expect("token accepted");
+    assert!(client.throttle(b"k", policy(), 1).await.unwrap().allowed);
+    let config = ClientConfig {
+        auth_token: Some("nope".into()),
+        ..Default::default()
+    };
+    let err = Client::connect_with(server.addr, config)
+        .await
+        .expect_err("wrong token");
+    assert_eq!(err.status(), Some(Status::AuthFailed));
+    assert_eq!(err.action(), Action::GiveUp);
+}
+
+#[tokio::test]
+async fn sigterm_drains_and_exits_zero() {
+    let server = Sluiced::start(&["--shards", "2"]);
+    let config = ClientConfig {
+        deadline: Duration::from_secs(10),
+        ..Default::default()
+    };
+    let client = Client::connect_with(server.addr, config).await.unwrap();
+    assert!(client.throttle(b"k", policy(), 1).await.unwrap().allowed);
+    let addr = server.addr;
+    let status = tokio::task::spawn_blocking(move || server.terminate())
+        .await
+        .unwrap();
+    assert!(status.success(), "exit status {status:?}");
+    let err = client
+        .throttle(b"k", policy(), 1)
+        .await
+        .expect_err("the server is gone");
+    assert_eq!(err.action(), Action::Reconnect, "{err:?}");
+    assert!(
+        tokio::net::TcpStream::connect(addr).await.is_err(),
+        "nothing listens any more"
+    );
+}
