@@ -69,45 +69,8 @@ impl Conn {
         let handshake = async {
             let mut stream = TcpStream::connect(addr).await.map_err(connect_err)?;
             stream.set_nodelay(true).map_err(connect_err)?;
-            let mut buf = BytesMut::new();
-            let mut w = FrameWriter::new();
-            let hello = Hello {
-                version_min: PROTOCOL_VERSION,
-                version_max: PROTOCOL_VERSION,
-                shard,
-                token,
-            };
-            Request::Hello(hello).encode(&mut w, &mut buf, 1);
-            w.finish(&mut buf);
-            stream
-                .write_all(&buf)
-                .await
-                .map_err(|_| Error::Disconnected)?;
-            let mut rbuf = BytesMut::with_capacity(4096);
-            let mut decoder = FrameDecoder::default();
-            let frame = loop {
-                if let Some(f) = decoder
-                    .decode(&mut rbuf)
-                    .map_err(|e| Error::Protocol(e.to_string()))?
-                {
-                    break f;
-                }
-                if stream
-                    .read_buf(&mut rbuf)
-                    .await
-                    .map_err(|_| Error::Disconnected)?
-                    == 0
-                {
-                    return Err(Error::Disconnected);
-                }
-            };
-            let (h, p) = frame.messages().next().expect("a frame holds a message");
-            let hello = match Reply::parse(h, p) {
-                Some(Reply::HelloOk(ok)) => ok,
-                Some(Reply::Error { code, text }) => return Err(Error::server(code, text)),
-                _ => return Err(Error::Protocol("expected HELLO_OK".into())),
-            };
-            Ok((stream, rbuf, decoder, hello))
+            let (hello, rbuf) = handshake(&mut stream, shard, token).await?;
+            Ok::<_, Error>((stream, rbuf, FrameDecoder::default(), hello))
         };
         let (stream, rbuf, decoder, hello) = tokio::time::timeout(timeout, handshake)
             .await
@@ -140,6 +103,53 @@ impl Conn {
             Ok(Err(_)) => Err(Error::Disconnected),
             Err(_) => Err(Error::Timeout(deadline)),
         }
+    }
+}
+
+/// Sends HELLO on a fresh connection (binding `shard` if given) and reads
+/// HELLO_OK. Returns it with any bytes read past it.
+pub async fn handshake(
+    stream: &mut TcpStream,
+    shard: Option<u16>,
+    token: &[u8],
+) -> Result<(HelloOk, BytesMut), Error> {
+    let mut buf = BytesMut::new();
+    let mut w = FrameWriter::new();
+    let hello = Hello {
+        version_min: PROTOCOL_VERSION,
+        version_max: PROTOCOL_VERSION,
+        shard,
+        token,
+    };
+    Request::Hello(hello).encode(&mut w, &mut buf, 1);
+    w.finish(&mut buf);
+    stream
+        .write_all(&buf)
+        .await
+        .map_err(|_| Error::Disconnected)?;
+    let mut rbuf = BytesMut::with_capacity(4096);
+    let mut decoder = FrameDecoder::default();
+    let frame = loop {
+        if let Some(f) = decoder
+            .decode(&mut rbuf)
+            .map_err(|e| Error::Protocol(e.to_string()))?
+        {
+            break f;
+        }
+        if stream
+            .read_buf(&mut rbuf)
+            .await
+            .map_err(|_| Error::Disconnected)?
+            == 0
+        {
+            return Err(Error::Disconnected);
+        }
+    };
+    let (h, p) = frame.messages().next().expect("a frame holds a message");
+    match Reply::parse(h, p) {
+        Some(Reply::HelloOk(ok)) => Ok((ok, rbuf)),
+        Some(Reply::Error { code, text }) => Err(Error::server(code, text)),
+        _ => Err(Error::Protocol("expected HELLO_OK".into())),
     }
 }
 

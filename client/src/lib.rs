@@ -16,6 +16,7 @@
 //! - [`connection`]: one multiplexed connection (handshake, writer, reader).
 //! - [`error`]: errors that say what to do next.
 
+pub mod bench;
 pub mod client;
 pub mod connection;
 pub mod error;

@@ -6,6 +6,7 @@ use std::process::ExitCode;
 use std::time::Duration;
 
 use clap::{Args, Parser, Subcommand};
+use sluice_client::bench::{BenchConfig, Target};
 use sluice_client::{Client, ClientConfig, Error};
 use sluice_protocol::policy::Rate;
 use sluice_protocol::{Policy, Verdict};
@@ -38,6 +39,67 @@ enum Command {
     Throttle(Decide),
     /// Ask what a throttle would answer, spending and creating nothing.
     Peek(Decide),
+    /// Load generator: drive a Sluice node (or Redis + Lua) and print
+    /// ops/s and latency percentiles.
+    Bench(BenchArgs),
+}
+
+#[derive(Debug, Clone, Copy, clap::ValueEnum)]
+enum BenchTarget {
+    /// The node at --addr, over protocol v1.
+    Sluice,
+    /// Redis at --redis-addr, with the token-bucket Lua script (EVALSHA).
+    RedisLua,
+}
+
+#[derive(Debug, Clone, Copy, clap::ValueEnum)]
+enum LimitKind {
+    /// Token bucket (GCRA).
+    TokenBucket,
+}
+
+#[derive(Debug, Args)]
+struct BenchArgs {
+    /// What to drive.
+    #[arg(long, value_enum, default_value = "sluice")]
+    target: BenchTarget,
+    /// Redis address, for --target redis-lua.
+    #[arg(long, default_value = "127.0.0.1:6379")]
+    redis_addr: String,
+    /// Concurrent connections.
+    #[arg(long, default_value_t = 50)]
+    connections: usize,
+    /// Requests per write on each connection (pipeline depth / batch size).
+    #[arg(long, default_value_t = 1)]
+    pipeline: usize,
+    /// Keyspace: keys key:0 .. key:N-1, picked uniformly at random.
+    #[arg(long, default_value_t = 100_000)]
+    keys: u64,
+    /// Stop after this many requests...
+    #[arg(long, default_value_t = 1_000_000)]
+    requests: u64,
+    /// ... or after this many seconds, whichever comes first.
+    #[arg(long, default_value_t = 30.0)]
+    duration_s: f64,
+    /// The limit kind every request uses.
+    #[arg(long, value_enum, default_value = "token-bucket")]
+    kind: LimitKind,
+    /// The limit's rate.
+    #[arg(long, default_value = "1000/s")]
+    rate: Rate,
+    /// The limit's burst; default: the rate's count.
+    #[arg(long)]
+    burst: Option<u64>,
+    /// Send every key on one connection's shard regardless of owner (the
+    /// server forwards), instead of a connection per shard.
+    #[arg(long)]
+    no_shard_aware: bool,
+    /// Generator threads.
+    #[arg(long, default_value_t = 1)]
+    threads: usize,
+    /// Print exactly one JSON object.
+    #[arg(long)]
+    json: bool,
 }
 
 #[derive(Debug, Args)]
@@ -74,6 +136,9 @@ fn main() -> ExitCode {
 }
 
 async fn run(cli: Cli) -> Result<ExitCode, Error> {
+    if let Command::Bench(b) = cli.command {
+        return bench(&cli.addr, cli.auth_token, b).await;
+    }
     let config = ClientConfig {
         deadline: Duration::from_millis(cli.timeout_ms),
         connect_timeout: Duration::from_millis(cli.timeout_ms),
@@ -98,7 +163,49 @@ async fn run(cli: Cli) -> Result<ExitCode, Error> {
         }
         Command::Throttle(d) => decide(&client, d, false).await,
         Command::Peek(d) => decide(&client, d, true).await,
+        Command::Bench(_) => unreachable!("handled above"),
     }
+}
+
+async fn bench(addr: &str, auth_token: Option<String>, b: BenchArgs) -> Result<ExitCode, Error> {
+    let (target, addr) = match b.target {
+        BenchTarget::Sluice => (Target::Sluice, addr),
+        BenchTarget::RedisLua => (Target::RedisLua, b.redis_addr.as_str()),
+    };
+    let LimitKind::TokenBucket = b.kind;
+    let addr = tokio::net::lookup_host(addr)
+        .await
+        .ok()
+        .and_then(|mut a| a.next())
+        .ok_or_else(|| Error::Invalid(format!("cannot resolve {addr}")))?;
+    let burst = b.burst.unwrap_or(b.rate.count);
+    let policy = Policy::new(b.rate.count, b.rate.period_ns, burst)
+        .map_err(|e| Error::Invalid(e.to_string()))?;
+    if !(b.duration_s > 0.0 && b.duration_s <= 3_600.0) {
+        return Err(Error::Invalid("--duration-s must be in (0, 3600]".into()));
+    }
+    let config = BenchConfig {
+        target,
+        addr,
+        connections: b.connections,
+        pipeline: b.pipeline,
+        keys: b.keys,
+        requests: b.requests,
+        duration: Duration::from_secs_f64(b.duration_s),
+        policy,
+        shard_aware: !b.no_shard_aware,
+        auth_token,
+    };
+    let report = sluice_client::bench::run(config).await?;
+    if b.json {
+        println!(
+            "{}",
+            serde_json::to_string(&report).expect("a report serializes")
+        );
+    } else {
+        println!("{report}");
+    }
+    Ok(ExitCode::SUCCESS)
 }
 
 async fn decide(client: &Client, d: Decide, peek: bool) -> Result<ExitCode, Error> {

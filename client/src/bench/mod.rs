@@ -1,0 +1,281 @@
+//! `sluice bench`: a closed-loop load generator. Each connection sends
+//! `pipeline` requests (one frame for Sluice, one write for Redis), waits
+//! for all their replies, records the round trip of each in an HDR
+//! histogram, and repeats, until the request budget or the time bound runs
+//! out. The same generator drives Sluice (protocol v1, shard-aware by
+//! default) and Redis running the usual token-bucket Lua script, so both
+//! sides of a comparison are measured the same way.
+//!
+//! Layout: [`keys`] picks keys, [`sluice`] and [`redis`] drive one
+//! connection each, [`resp`] reads Redis replies.
+
+pub mod keys;
+pub mod redis;
+pub mod resp;
+pub mod sluice;
+
+use std::net::SocketAddr;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use hdrhistogram::Histogram;
+use serde::Serialize;
+use sluice_protocol::Policy;
+
+use crate::error::Error;
+
+/// Highest latency the histogram records: 60 s, in nanoseconds.
+const LATENCY_NS_MAX: u64 = 60_000_000_000;
+/// Most connections one run may open.
+pub const CONNECTIONS_MAX: usize = 4_096;
+/// Deepest pipeline one connection may use.
+pub const PIPELINE_MAX: usize = 4_096;
+
+/// What to drive.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum Target {
+    /// A `sluiced`, over protocol v1.
+    Sluice,
+    /// A Redis server running the token-bucket Lua script via EVALSHA.
+    RedisLua,
+}
+
+/// One benchmark run's settings.
+#[derive(Clone, Debug)]
+pub struct BenchConfig {
+    /// What to drive.
+    pub target: Target,
+    /// Where it listens.
+    pub addr: SocketAddr,
+    /// Concurrent connections.
+    pub connections: usize,
+    /// Requests per write on each connection.
+    pub pipeline: usize,
+    /// Keys are `key:0` .. `key:{keys-1}`, picked uniformly at random.
+    pub keys: u64,
+    /// Stop after this many requests in all...
+    pub requests: u64,
+    /// ... or after this long, whichever comes first.
+    pub duration: Duration,
+    /// The limit every request spends one unit of.
+    pub policy: Policy,
+    /// Sluice only: send each key on a connection bound to its shard.
+    pub shard_aware: bool,
+    /// Sluice only: the auth token, if the node needs one.
+    pub auth_token: Option<String>,
+}
+
+/// What one connection counted.
+#[derive(Debug)]
+pub struct Tally {
+    /// Round trip of every request, in nanoseconds.
+    pub latency_ns: Histogram<u64>,
+    /// Requests admitted.
+    pub allowed: u64,
+    /// Requests denied.
+    pub denied: u64,
+    /// Requests answered with an error.
+    pub errors: u64,
+}
+
+impl Tally {
+    fn new() -> Tally {
+        Tally {
+            latency_ns: Histogram::new_with_bounds(1, LATENCY_NS_MAX, 3)
+                .expect("valid histogram bounds"),
+            allowed: 0,
+            denied: 0,
+            errors: 0,
+        }
+    }
+
+    /// Records `n` requests that took `rtt` each.
+    fn record(&mut self, rtt: Duration, n: usize) {
+        let ns = u64::try_from(rtt.as_nanos())
+            .unwrap_or(u64::MAX)
+            .clamp(1, LATENCY_NS_MAX);
+        self.latency_ns
+            .record_n(ns, n as u64)
+            .expect("clamped into bounds");
+    }
+
+    fn merge(&mut self, other: Tally) {
+        self.latency_ns.add(other.latency_ns).expect("same bounds");
+        self.allowed += other.allowed;
+        self.denied += other.denied;
+        self.errors += other.errors;
+    }
+}
+
+/// Latency percentiles, in microseconds.
+#[derive(Clone, Copy, Debug, Serialize)]
+pub struct Latency {
+    pub p50: f64,
+    pub p99: f64,
+    pub p999: f64,
+    pub max: f64,
+}
+
+/// A run's result; `--json` prints it as one object.
+#[derive(Clone, Debug, Serialize)]
+pub struct Report {
+    pub target: Target,
+    pub addr: String,
+    pub connections: usize,
+    pub pipeline: usize,
+    pub keys: u64,
+    pub kind: &'static str,
+    pub requests: u64,
+    pub seconds: f64,
+    pub ops_per_s: f64,
+    pub allowed: u64,
+    pub denied: u64,
+    pub errors: u64,
+    pub latency_us: Latency,
+}
+
+/// Requests not yet claimed by any connection, and the time bound.
+#[derive(Debug)]
+pub struct Budget {
+    /// Requests left to hand out.
+    left: AtomicU64,
+    /// No request is handed out after this.
+    stop_at: Instant,
+}
+
+impl Budget {
+    /// Claims up to `n` requests; 0 when the budget or the time is spent.
+    pub fn claim(&self, n: usize) -> usize {
+        if Instant::now() >= self.stop_at {
+            return 0;
+        }
+        let mut left = self.left.load(Ordering::Relaxed);
+        loop {
+            let take = left.min(n as u64);
+            if take == 0 {
+                return 0;
+            }
+            match self.left.compare_exchange_weak(
+                left,
+                left - take,
+                Ordering::Relaxed,
+                Ordering::Relaxed,
+            ) {
+                Ok(_) => return take as usize,
+                Err(seen) => left = seen,
+            }
+        }
+    }
+}
+
+impl BenchConfig {
+    /// Checks the settings against their limits.
+    pub fn validate(&self) -> Result<(), Error> {
+        let bad = |m: String| Err(Error::Invalid(m));
+        if !(1..=CONNECTIONS_MAX).contains(&self.connections) {
+            return bad(format!("connections must be 1..={CONNECTIONS_MAX}"));
+        }
+        if !(1..=PIPELINE_MAX).contains(&self.pipeline) {
+            return bad(format!("pipeline must be 1..={PIPELINE_MAX}"));
+        }
+        if !(1..=u64::from(u32::MAX)).contains(&self.keys) {
+            return bad(format!("keys must be 1..={}", u32::MAX));
+        }
+        if self.requests == 0 || self.duration.is_zero() {
+            return bad("requests and duration must be positive".into());
+        }
+        Ok(())
+    }
+}
+
+/// Runs one benchmark and reports it.
+pub async fn run(config: BenchConfig) -> Result<Report, Error> {
+    config.validate()?;
+    let drivers = match config.target {
+        Target::Sluice => sluice::prepare(&config).await?,
+        Target::RedisLua => redis::prepare(&config).await?,
+    };
+    let start = Instant::now();
+    let budget = Arc::new(Budget {
+        left: AtomicU64::new(config.requests),
+        stop_at: start + config.duration,
+    });
+    let mut tasks = tokio::task::JoinSet::new();
+    for driver in drivers {
+        let budget = budget.clone();
+        tasks.spawn(async move { driver.run(&budget).await });
+    }
+    let mut total = Tally::new();
+    let mut first_error = None;
+    while let Some(done) = tasks.join_next().await {
+        match done.expect("a driver task does not panic") {
+            Ok(t) => total.merge(t),
+            Err(e) => first_error = first_error.or(Some(e)),
+        }
+    }
+    let seconds = start.elapsed().as_secs_f64();
+    if let Some(e) = first_error {
+        return Err(e);
+    }
+    let requests = total.allowed + total.denied + total.errors;
+    let h = &total.latency_ns;
+    let us = |ns: u64| ns as f64 / 1e3;
+    Ok(Report {
+        target: config.target,
+        addr: config.addr.to_string(),
+        connections: config.connections,
+        pipeline: config.pipeline,
+        keys: config.keys,
+        kind: "token-bucket",
+        requests,
+        seconds,
+        ops_per_s: requests as f64 / seconds,
+        allowed: total.allowed,
+        denied: total.denied,
+        errors: total.errors,
+        latency_us: Latency {
+            p50: us(h.value_at_quantile(0.5)),
+            p99: us(h.value_at_quantile(0.99)),
+            p999: us(h.value_at_quantile(0.999)),
+            max: us(h.max()),
+        },
+    })
+}
+
+/// One connection's load loop, for either target.
+#[derive(Debug)]
+pub(crate) enum Driver {
+    Sluice(sluice::Driver),
+    Redis(redis::Driver),
+}
+
+impl Driver {
+    async fn run(self, budget: &Budget) -> Result<Tally, Error> {
+        match self {
+            Driver::Sluice(d) => d.run(budget).await,
+            Driver::Redis(d) => d.run(budget).await,
+        }
+    }
+}
+
+impl std::fmt::Display for Report {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        writeln!(
+            f,
+            "{:?} at {}: {} connections x pipeline {}, {} keys, {}",
+            self.target, self.addr, self.connections, self.pipeline, self.keys, self.kind
+        )?;
+        writeln!(
+            f,
+            "  {} requests in {:.2} s = {:.0} ops/s  (allowed {}, denied {}, errors {})",
+            self.requests, self.seconds, self.ops_per_s, self.allowed, self.denied, self.errors
+        )?;
+        write!(
+            f,
+            "  latency us: p50 {:.1}  p99 {:.1}  p99.9 {:.1}  max {:.1}",
+            self.latency_us.p50, self.latency_us.p99, self.latency_us.p999, self.latency_us.max
+        )
+    }
+}

@@ -1,0 +1,144 @@
+//! Drives a `sluiced` over protocol v1: each connection writes one frame
+//! of `pipeline` THROTTLEs and reads their verdicts. Shard-aware (the
+//! default) binds connection `i` to shard `i mod shards` and draws keys
+//! only from that shard's share, as a gateway using the client would.
+
+use std::sync::Arc;
+use std::time::Instant;
+
+use bytes::BytesMut;
+use sluice_protocol::codec::{FrameDecoder, FrameWriter};
+use sluice_protocol::message::{Reply, Request, Throttle};
+use sluice_protocol::routing::{key_hash, shard_of};
+use sluice_protocol::Policy;
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::net::TcpStream;
+use tokio_util::codec::Decoder;
+
+use super::keys::{format_key, Keys, Rng, KEY_BYTES_MAX};
+use super::{BenchConfig, Budget, Tally};
+use crate::connection::handshake;
+use crate::error::Error;
+
+/// One connection's load loop.
+#[derive(Debug)]
+pub struct Driver {
+    stream: TcpStream,
+    rbuf: BytesMut,
+    keys: Keys,
+    rng: Rng,
+    pipeline: usize,
+    policy: Policy,
+}
+
+/// Opens every connection (so that connecting is not timed) and splits the
+/// keyspace by shard when shard-aware.
+pub(crate) async fn prepare(config: &BenchConfig) -> Result<Vec<super::Driver>, Error> {
+    let token = config.auth_token.clone().unwrap_or_default();
+    let (_, first) = connect(config, None, token.as_bytes()).await?;
+    let shards = first.shard_count;
+    let per_shard: Option<Vec<Arc<Vec<u32>>>> = (config.shard_aware && shards > 1).then(|| {
+        let mut split = vec![Vec::new(); usize::from(shards)];
+        let mut buf = [0u8; KEY_BYTES_MAX];
+        for n in 0..config.keys {
+            let s = shard_of(key_hash(format_key(&mut buf, n)), shards);
+            split[usize::from(s)].push(n as u32);
+        }
+        split.into_iter().map(Arc::new).collect()
+    });
+    let mut drivers = Vec::with_capacity(config.connections);
+    for i in 0..config.connections {
+        let (shard, keys) = match &per_shard {
+            Some(split) => {
+                let s = (i % usize::from(shards)) as u16;
+                (Some(s), Keys::Subset(split[usize::from(s)].clone()))
+            }
+            None => (None, Keys::All(config.keys)),
+        };
+        let ((stream, rbuf), _) = connect(config, shard, token.as_bytes()).await?;
+        drivers.push(super::Driver::Sluice(Driver {
+            stream,
+            rbuf,
+            keys,
+            rng: Rng::new(i as u64 + 1),
+            pipeline: config.pipeline,
+            policy: config.policy,
+        }));
+    }
+    Ok(drivers)
+}
+
+async fn connect(
+    config: &BenchConfig,
+    shard: Option<u16>,
+    token: &[u8],
+) -> Result<((TcpStream, BytesMut), sluice_protocol::message::HelloOk), Error> {
+    let connect_err = |source| Error::Connect {
+        addr: config.addr.to_string(),
+        source,
+    };
+    let mut stream = TcpStream::connect(config.addr).await.map_err(connect_err)?;
+    stream.set_nodelay(true).map_err(connect_err)?;
+    let (hello, rbuf) = handshake(&mut stream, shard, token).await?;
+    Ok(((stream, rbuf), hello))
+}
+
+impl Driver {
+    /// Sends batches until the budget is spent.
+    pub async fn run(mut self, budget: &Budget) -> Result<Tally, Error> {
+        let mut tally = Tally::new();
+        let mut wbuf = BytesMut::with_capacity(self.pipeline * 64);
+        let mut decoder = FrameDecoder::default();
+        let mut key = [0u8; KEY_BYTES_MAX];
+        loop {
+            let n = budget.claim(self.pipeline);
+            if n == 0 {
+                return Ok(tally);
+            }
+            let mut w = FrameWriter::new();
+            for i in 0..n {
+                let k = self.keys.pick(&mut self.rng);
+                let t = Throttle {
+                    key: format_key(&mut key, k),
+                    policy: self.policy,
+                    cost: 1,
+                };
+                Request::Throttle(t).encode(&mut w, &mut wbuf, i as u32 + 1);
+            }
+            w.finish(&mut wbuf);
+            let sent = Instant::now();
+            self.stream
+                .write_all(&wbuf)
+                .await
+                .map_err(|_| Error::Disconnected)?;
+            wbuf.clear();
+            let mut got = 0;
+            while got < n {
+                while let Some(frame) = decoder
+                    .decode(&mut self.rbuf)
+                    .map_err(|e| Error::Protocol(e.to_string()))?
+                {
+                    for (h, p) in frame.messages() {
+                        match Reply::parse(h, p) {
+                            Some(Reply::Throttle(v)) if v.allowed => tally.allowed += 1,
+                            Some(Reply::Throttle(_)) => tally.denied += 1,
+                            _ => tally.errors += 1,
+                        }
+                        got += 1;
+                    }
+                }
+                if got < n
+                    && self
+                        .stream
+                        .read_buf(&mut self.rbuf)
+                        .await
+                        .map_err(|_| Error::Disconnected)?
+                        == 0
+                {
+                    return Err(Error::Disconnected);
+                }
+            }
+            tally.record(sent.elapsed(), n);
+        }
+    }
+}
