@@ -38,6 +38,22 @@ impl Bucket {
     pub fn is_full(&self, now_ns: u64) -> bool {
         self.tat_fp <= to_fp(now_ns)
     }
+
+    /// The bucket whose TAT is `tat_ns` whole nanoseconds: how a shard
+    /// stores a redis-cell bucket (see `cell`), so that a key is one bucket
+    /// whichever protocol spends from it.
+    #[inline]
+    pub fn from_tat_ns(tat_ns: u64) -> Bucket {
+        Bucket {
+            tat_fp: to_fp(tat_ns),
+        }
+    }
+
+    /// The TAT in whole nanoseconds, rounded up (never earlier than stored).
+    #[inline]
+    pub fn tat_ns(&self) -> u64 {
+        ceil_ns(self.tat_fp)
+    }
 }
 
 /// What the caller is told.
@@ -128,6 +144,28 @@ pub fn throttle(bucket: Option<Bucket>, policy: &Policy, cost: u64, now_ns: u64)
 #[inline]
 pub fn peek(bucket: Option<Bucket>, policy: &Policy, cost: u64, now_ns: u64) -> Verdict {
     throttle(bucket, policy, cost, now_ns).verdict
+}
+
+/// Gives `units` back to `bucket` at `now_ns` (the upstream failed, the work
+/// was not done): the TAT moves back by `units x I`, but never before now,
+/// so a refund can fill a bucket but never beyond its burst, and never banks
+/// units for later. Refunding more than was spent is harmless (it saturates).
+///
+/// The verdict is what a cost-0 [`peek`] says afterwards; a bucket that the
+/// refund fills is `None` (drop it).
+#[inline]
+pub fn refund(bucket: Option<Bucket>, policy: &Policy, units: u64, now_ns: u64) -> Decision {
+    let now = to_fp(now_ns);
+    let tat = bucket.map_or(now, |b| b.tat_fp);
+    // Saturating: `units` is not bounded by the burst, and a refund of more
+    // than the bucket holds simply fills it.
+    let back = emission_fp(policy).saturating_mul(u128::from(units));
+    let new_tat = tat.saturating_sub(back).max(now);
+    let bucket = (new_tat > now).then_some(Bucket { tat_fp: new_tat });
+    Decision {
+        verdict: peek(bucket, policy, 0, now_ns),
+        bucket,
+    }
 }
 
 #[inline]
@@ -247,6 +285,27 @@ mod tests {
         assert!(throttle(d.bucket, &p, 1, T0 + 333_333_334).verdict.allowed);
     }
 
+    #[test]
+    fn refund_gives_back_but_never_beyond_burst() {
+        let p = policy(10, S, 20);
+        let d = throttle(None, &p, 20, T0);
+        let r = refund(d.bucket, &p, 5, T0);
+        assert_eq!(r.verdict.remaining, 5);
+        assert_eq!(r.verdict.reset_after_ns, 3 * S / 2);
+        assert!(throttle(r.bucket, &p, 5, T0).verdict.allowed);
+        assert!(!throttle(r.bucket, &p, 6, T0).verdict.allowed);
+        // Refunding more than was spent fills the bucket: no state.
+        let r = refund(d.bucket, &p, 1_000, T0);
+        assert_eq!((r.bucket, r.verdict.remaining), (None, 20));
+        assert_eq!(refund(None, &p, u64::MAX, T0).bucket, None);
+        // A refund never banks units: 1 s later the bucket refilled 10 of
+        // the 20 on its own, and a refund of 15 only fills it.
+        let r = refund(d.bucket, &p, 15, T0 + S);
+        assert_eq!((r.bucket, r.verdict.remaining), (None, 20));
+        let max = policy(crate::policy::COUNT_MAX, crate::policy::PERIOD_NS_MAX, 1);
+        let _ = refund(Some(Bucket { tat_fp: u128::MAX }), &max, u64::MAX, u64::MAX);
+    }
+
     /// A policy strategy over the whole supported range, kept to policies
     /// that refill within a few simulated hours so arrival sequences matter.
     fn policies() -> impl Strategy<Value = Policy> {
@@ -320,6 +379,44 @@ mod tests {
                 }
                 prop_assert_eq!(peek(b, &p, cost, now), d.verdict);
                 b = d.bucket;
+            }
+        }
+
+        /// Refunds count as units not spent: net of refunds, admitted units
+        /// in any window of length T never exceed burst + rate x T, and no
+        /// refund lifts `remaining` above the burst.
+        #[test]
+        fn refunds_never_exceed_promise(p in policies(), gaps in prop::collection::vec((0u64..500_000_000, 1u64..=8, prop::bool::weighted(0.2)), 1..200)) {
+            let mut b = None;
+            let mut now = T0;
+            // (time, units): positive admitted, negative refunded.
+            let mut events: Vec<(u64, i128)> = Vec::new();
+            for (gap, units, is_refund) in gaps {
+                now += gap;
+                let units = units.min(p.burst);
+                if is_refund {
+                    let d = refund(b, &p, units, now);
+                    prop_assert!(d.verdict.remaining <= p.burst);
+                    prop_assert!(d.bucket.map_or(true, |nb| b.is_some_and(|ob| nb.tat_fp < ob.tat_fp)));
+                    events.push((now, -i128::from(units)));
+                    b = d.bucket;
+                    continue;
+                }
+                let d = throttle(b, &p, units, now);
+                if d.verdict.allowed {
+                    events.push((now, i128::from(units)));
+                }
+                b = d.bucket;
+            }
+            for (i, &(start, _)) in events.iter().enumerate() {
+                let mut units = 0i128;
+                for &(t, n) in &events[i..] {
+                    units += n;
+                    let window_ns = i128::from(t - start);
+                    let bound = i128::from(p.burst) * i128::from(p.period_ns) + i128::from(p.count) * window_ns;
+                    prop_assert!(units * i128::from(p.period_ns) <= bound,
+                        "{} net units in {} ns under {:?}", units, window_ns, p);
+                }
             }
         }
 

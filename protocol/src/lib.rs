@@ -10,21 +10,30 @@
 //! - [`policy`]: a limit's numbers (rate per period, burst) and their
 //!   validation and human syntax (`10/s`, `100/250ms`).
 //! - [`gcra`]: the pure token-bucket decision, `f(state, policy, cost, now)`.
+//! - [`limit`]: every limit kind (token bucket, fixed window, sliding log,
+//!   sliding counter, concurrency), its spec syntax (`sliding-log:100/1m`),
+//!   and the pure decision of each, with what each promises.
+//! - [`cell`]: redis-cell's `CL.THROTTLE` decision, argument rules and reply,
+//!   exactly, for the server's RESP listener.
 //! - [`clock`]: where `now` comes from (a monotonic clock, or a manual one in
 //!   tests); the decision never reads a clock itself.
 //! - [`routing`]: how a routing key maps to its 128-bit hash and its shard.
 
+pub mod cell;
 pub mod clock;
 pub mod codec;
 pub mod gcra;
+pub mod limit;
 pub mod message;
 pub mod policy;
 pub mod routing;
 pub mod status;
 
+pub use cell::{CellPolicy, CellVerdict};
 pub use clock::{Clock, ManualClock, MonotonicClock};
 pub use codec::{DecodeError, Frame, FrameDecoder, FrameWriter, MessageHeader};
 pub use gcra::{Bucket, Decision, Verdict};
+pub use limit::{Concurrency, Kind, Limit, SpecError, Window};
 pub use message::{Hello, HelloOk, Reply, Request, Throttle};
 pub use policy::{Policy, PolicyError};
 pub use status::Status;

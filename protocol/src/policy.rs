@@ -47,8 +47,35 @@ pub enum PolicyError {
     Burst,
     #[error("burst x period / count must be at most {REFILL_NS_MAX} ns")]
     RefillTooLong,
+    /// Also the error of every other limit kind (`limit::Limit::check_cost`),
+    /// with `burst` = the most units that kind ever admits at once, so that
+    /// every kind maps to the one wire status `COST_EXCEEDS_BURST`.
     #[error("cost {cost} exceeds burst {burst}: it could never be admitted")]
     CostExceedsBurst { cost: u64, burst: u64 },
+    #[error("window limit must be 1..={}", crate::limit::WINDOW_LIMIT_MAX)]
+    WindowLimit,
+    #[error(
+        "sliding-log limit must be 1..={} (it bounds the log's memory per key)",
+        crate::limit::SLIDING_LOG_LIMIT_MAX
+    )]
+    SlidingLogLimit,
+    #[error(
+        "window must be {}..={} ns",
+        crate::limit::WINDOW_NS_MIN,
+        crate::limit::WINDOW_NS_MAX
+    )]
+    Window,
+    #[error(
+        "concurrency limit must be 1..={}",
+        crate::limit::CONCURRENCY_LIMIT_MAX
+    )]
+    ConcurrencyLimit,
+    #[error(
+        "lease must be {}..={} ns",
+        crate::limit::LEASE_NS_MIN,
+        crate::limit::LEASE_NS_MAX
+    )]
+    Lease,
 }
 
 impl Policy {
@@ -134,7 +161,8 @@ impl fmt::Display for Rate {
     }
 }
 
-fn parse_positive(s: &str) -> Result<u64, ParseError> {
+/// Parses a positive whole number (surrounding spaces allowed).
+pub(crate) fn parse_positive(s: &str) -> Result<u64, ParseError> {
     match s.trim().parse::<u64>() {
         Ok(n) if n > 0 => Ok(n),
         _ => Err(ParseError::Number(s.to_owned())),
