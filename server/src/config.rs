@@ -39,17 +39,26 @@ pub struct Config {
     #[arg(long, default_value_t = PORT_DEFAULT)]
     pub port: u16,
 
+    /// Also serve RESP2 (redis-cli, redis-benchmark, redis-cell's
+    /// CL.THROTTLE) on this port of --bind; 0 picks a free one (printed on
+    /// the second line of stdout). Off unless given.
+    #[arg(long, value_name = "PORT")]
+    pub resp_port: Option<u16>,
+
     /// Shard threads; default one per core.
     #[arg(long)]
     pub shards: Option<u16>,
 
-    /// Most open client connections; past it a new connection is told
-    /// TOO_MANY_CONNECTIONS and closed.
+    /// Most open client connections, both listeners together; past it a new
+    /// connection is told TOO_MANY_CONNECTIONS (RESP: `-ERR max number of
+    /// clients reached`) and closed.
     #[arg(long, default_value_t = CONNECTIONS_MAX_DEFAULT)]
     pub connections_max: usize,
 
     /// Largest frame body accepted, in bytes; a larger one closes the
-    /// connection with FRAME_TOO_LARGE.
+    /// connection with FRAME_TOO_LARGE. Also the largest RESP command (a
+    /// whole array, or an inline line) accepted; a larger one is a protocol
+    /// error that closes the connection.
     #[arg(long, default_value_t = FRAME_BYTES_MAX_DEFAULT)]
     pub frame_bytes_max: u32,
 
@@ -67,7 +76,8 @@ pub struct Config {
     #[arg(long, default_value_t = DRAIN_MS_DEFAULT)]
     pub drain_ms: u64,
 
-    /// When set, every connection must send it in HELLO before anything else.
+    /// When set, every connection must send it in HELLO before anything else
+    /// (RESP connections: AUTH).
     #[arg(long, env = "SLUICE_AUTH_TOKEN", hide_env_values = true)]
     pub auth_token: Option<String>,
 }
@@ -127,6 +137,15 @@ impl Config {
         check("batch-max", self.batch_max, 1, self.inflight_max.max(1))?;
         check("inflight-max", self.inflight_max, 1, 1 << 20)?;
         check("drain-ms", self.drain_ms, 0, 600_000)?;
+        if let Some(resp_port) = self.resp_port {
+            if resp_port != 0 && resp_port == self.port {
+                return Err(ConfigError {
+                    field: "resp-port",
+                    range: "0 or a port other than --port".to_owned(),
+                    got: resp_port.to_string(),
+                });
+            }
+        }
         if let Some(t) = &self.auth_token {
             check("auth-token length", t.len(), 1, TOKEN_BYTES_MAX)?;
         }
@@ -156,5 +175,15 @@ mod tests {
         assert_eq!(c.validate().unwrap_err().field, "shards");
         let c = Config::parse_from(["sluiced", "--frame-bytes-max", "7"]);
         assert_eq!(c.validate().unwrap_err().field, "frame-bytes-max");
+    }
+
+    #[test]
+    fn resp_is_off_by_default_and_needs_its_own_port() {
+        assert_eq!(Config::defaults().resp_port, None);
+        let c = Config::parse_from(["sluiced", "--resp-port", "0"]);
+        assert_eq!(c.resp_port, Some(0));
+        c.validate().unwrap();
+        let c = Config::parse_from(["sluiced", "--port", "7000", "--resp-port", "7000"]);
+        assert_eq!(c.validate().unwrap_err().field, "resp-port");
     }
 }

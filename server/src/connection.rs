@@ -4,10 +4,9 @@
 //! owners in one batch per shard, and writes every reply in request order,
 //! as many as are ready in one write.
 //!
-//! Ordering: each request gets a sequence number. While nothing forwarded
-//! is outstanding, replies are encoded straight into the write buffer;
-//! otherwise they wait in `pending` (a slot per request, oldest first) until
-//! every reply before them is in.
+//! Ordering and forwarding are the [`Pipeline`]'s (shared with the RESP
+//! connection): while nothing forwarded is outstanding, replies are encoded
+//! straight into the write buffer; otherwise they wait their turn there.
 //!
 //! Limits: a frame larger than `frame_bytes_max` or one that does not parse
 //! ends the connection after an error reply (the stream can't be trusted);
@@ -15,7 +14,6 @@
 //! request by request; with `inflight_max` requests unanswered the task
 //! stops reading until replies drain.
 
-use std::collections::VecDeque;
 use std::rc::Rc;
 
 use bytes::BytesMut;
@@ -28,25 +26,68 @@ use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::TcpStream;
 use tokio_util::codec::Decoder;
 
-use crate::inbox::{self, Receiver, Sender};
-use crate::shard::{Adopt, Batch, BatchReply, ConnectionGuard, FwdItem, ShardCore, ShardMsg};
+use crate::pipeline::{Pipeline, Protocol};
+use crate::shard::{Adopt, ConnectionGuard, Op, Outcome, ShardCore, ShardMsg};
 
 /// Spare read-buffer capacity kept before each read.
 const READ_CHUNK_BYTES: usize = 16 << 10;
 
-/// A reply that is ready but must wait for an earlier one.
+/// A reply ready to be encoded.
 #[derive(Debug)]
-enum Slot {
-    /// Forwarded; its verdict has not come back.
-    Waiting { request_id: u32, peek: bool },
-    /// A verdict, ready.
+enum Reply {
+    /// A THROTTLE or PEEK verdict.
     Verdict {
+        /// The id to answer to.
         request_id: u32,
+        /// PEEK rather than THROTTLE (the reply types differ).
         peek: bool,
+        /// The decision.
         verdict: Verdict,
     },
-    /// Anything else, ready.
-    Other { request_id: u32, reply: Local },
+    /// Anything else.
+    Other {
+        /// The id to answer to.
+        request_id: u32,
+        /// The reply.
+        reply: Local,
+    },
+}
+
+/// What a forwarded request's slot keeps until its verdict comes back.
+#[derive(Clone, Copy, Debug)]
+struct Tag {
+    /// The id to answer to.
+    request_id: u32,
+    /// PEEK rather than THROTTLE (the reply types differ).
+    peek: bool,
+}
+
+/// Protocol v1's use of the [`Pipeline`].
+#[derive(Debug)]
+struct V1;
+
+impl Protocol for V1 {
+    type Tag = Tag;
+    type Reply = Reply;
+
+    fn answered(tag: Tag, outcome: Outcome) -> Reply {
+        let Outcome::Verdict(verdict) = outcome else {
+            unreachable!("protocol v1 forwards only THROTTLE and PEEK");
+        };
+        Reply::Verdict {
+            request_id: tag.request_id,
+            peek: tag.peek,
+            verdict,
+        }
+    }
+
+    fn refused(tag: Tag) -> Reply {
+        let reply = Local::Error(Status::ShuttingDown, Status::ShuttingDown.text().to_owned());
+        Reply::Other {
+            request_id: tag.request_id,
+            reply,
+        }
+    }
 }
 
 /// A reply decided on this thread that is not a verdict.
@@ -79,18 +120,8 @@ struct Connection {
     writer: FrameWriter,
     /// Splits `rbuf` into frames, enforcing `frame_bytes_max`.
     decoder: FrameDecoder,
-    /// Replies held for order; `pending[0]` has sequence `head_seq`.
-    pending: VecDeque<Slot>,
-    /// Sequence number of `pending[0]` (or of the next request when empty).
-    head_seq: u64,
-    /// Requests forwarded per shard, gathered while decoding one read.
-    fwd: Vec<Vec<FwdItem>>,
-    /// Where other shards send verdicts for this connection.
-    replies_tx: Sender<BatchReply>,
-    /// ... and where this task reads them.
-    replies_rx: Receiver<BatchReply>,
-    /// Batches forwarded and not yet answered.
-    batches_out: usize,
+    /// Replies in request order, and requests out at other shards.
+    pipe: Pipeline<V1>,
     /// Whether HELLO carried the right token (or none is needed).
     authed: bool,
     /// Stop reading; close once every pending reply is written.
@@ -118,8 +149,6 @@ pub async fn run(core: Rc<ShardCore>, adopt: Adopt) {
             return;
         }
     };
-    let (replies_tx, replies_rx) = inbox::inbox();
-    let shard_count = usize::from(core.node.shard_count);
     let frame_bytes_max = core.node.config.frame_bytes_max;
     let mut conn = Connection {
         core: core.clone(),
@@ -128,12 +157,7 @@ pub async fn run(core: Rc<ShardCore>, adopt: Adopt) {
         wbuf: BytesMut::with_capacity(READ_CHUNK_BYTES),
         writer: FrameWriter::new(),
         decoder: FrameDecoder::new(frame_bytes_max),
-        pending: VecDeque::new(),
-        head_seq: 0,
-        fwd: vec![Vec::new(); shard_count],
-        replies_tx,
-        replies_rx,
-        batches_out: 0,
+        pipe: Pipeline::new(core.node.shard_count),
         authed,
         closing: false,
         migrate: None,
@@ -168,21 +192,19 @@ impl Connection {
             if *draining.borrow() {
                 self.closing = true;
             }
-            if self.closing && self.pending.is_empty() {
+            if self.closing && self.pipe.is_empty() {
                 let _ = self.stream.shutdown().await;
                 return Ok(None);
             }
-            let can_read = !self.closing && self.pending.len() < self.core.node.config.inflight_max;
+            let can_read = !self.closing && self.pipe.len() < self.core.node.config.inflight_max;
             if self.rbuf.capacity() - self.rbuf.len() < READ_CHUNK_BYTES {
                 self.rbuf.reserve(READ_CHUNK_BYTES);
             }
             tokio::select! {
                 biased;
-                more = self.replies_rx.recv_many(&mut replies), if self.batches_out > 0 => {
-                    assert!(more, "the connection holds a sender of its own reply inbox");
+                () = self.pipe.recv(&mut replies), if self.pipe.awaiting() => {
                     for reply in replies.drain(..) {
-                        self.batches_out -= 1;
-                        self.fill(reply);
+                        self.pipe.fill(reply, |r| encode(&mut self.writer, &mut self.wbuf, r));
                     }
                 }
                 read = self.stream.read_buf(&mut self.rbuf), if can_read => {
@@ -264,26 +286,23 @@ impl Connection {
                 table.throttle(key, &t.policy, t.cost, now_ns)
             };
             drop(table);
-            if self.pending.is_empty() {
+            if self.pipe.take_turn() {
                 message::put_verdict(&mut self.writer, &mut self.wbuf, request_id, peek, &verdict);
-                self.head_seq += 1;
             } else {
-                self.pending.push_back(Slot::Verdict {
+                self.pipe.queue(Reply::Verdict {
                     request_id,
                     peek,
                     verdict,
                 });
             }
         } else {
-            let seq = self.head_seq + self.pending.len() as u64;
-            self.pending.push_back(Slot::Waiting { request_id, peek });
-            self.fwd[usize::from(shard)].push(FwdItem {
-                seq,
-                key,
-                policy: t.policy,
-                cost: t.cost,
-                peek,
-            });
+            let (policy, cost) = (t.policy, t.cost);
+            let op = if peek {
+                Op::Peek { policy, cost }
+            } else {
+                Op::Throttle { policy, cost }
+            };
+            self.pipe.forward(shard, Tag { request_id, peek }, key, op);
         }
     }
 
@@ -317,7 +336,7 @@ impl Connection {
             let hello_ok = self.hello_ok(Some(shard));
             return self.push(request_id, Local::HelloOk(hello_ok));
         }
-        if frame_len != 1 || !self.pending.is_empty() || self.fwd.iter().any(|f| !f.is_empty()) {
+        if frame_len != 1 || !self.pipe.is_empty() || self.pipe.has_unsent() {
             let text =
                 "a HELLO that binds a shard must be alone in its frame with nothing in flight"
                     .to_owned();
@@ -339,89 +358,16 @@ impl Connection {
 
     /// Queues a non-verdict reply behind everything before it.
     fn push(&mut self, request_id: u32, reply: Local) {
-        if self.pending.is_empty() {
-            encode_local(&mut self.writer, &mut self.wbuf, request_id, &reply);
-            self.head_seq += 1;
-        } else {
-            self.pending.push_back(Slot::Other { request_id, reply });
+        if let Some(r) = self.pipe.ready(Reply::Other { request_id, reply }) {
+            encode(&mut self.writer, &mut self.wbuf, &r);
         }
     }
 
-    /// Sends each shard its batch; a shard that no longer accepts work
-    /// (shutting down) gets its requests answered SHUTTING_DOWN.
+    /// Sends each shard its batch (see [`Pipeline::send_forwards`]).
     fn send_forwards(&mut self) {
-        for shard in 0..self.fwd.len() {
-            if self.fwd[shard].is_empty() {
-                continue;
-            }
-            let items = std::mem::take(&mut self.fwd[shard]);
-            let batch = Batch {
-                reply_to: self.replies_tx.clone(),
-                items,
-            };
-            match self.core.node.shards[shard].send(ShardMsg::Batch(batch)) {
-                Ok(()) => self.batches_out += 1,
-                Err(ShardMsg::Batch(b)) => {
-                    for it in b.items {
-                        let reply = Local::Error(
-                            Status::ShuttingDown,
-                            Status::ShuttingDown.text().to_owned(),
-                        );
-                        self.set_slot(it.seq, |request_id, _| Slot::Other { request_id, reply });
-                    }
-                }
-                Err(_) => unreachable!("send returns the message it was given"),
-            }
-        }
-        self.drain_ready();
-    }
-
-    /// Files a batch's verdicts into their slots.
-    fn fill(&mut self, reply: BatchReply) {
-        for (seq, verdict) in reply.verdicts {
-            self.set_slot(seq, |request_id, peek| Slot::Verdict {
-                request_id,
-                peek,
-                verdict,
-            });
-        }
-        self.drain_ready();
-    }
-
-    fn set_slot(&mut self, seq: u64, make: impl FnOnce(u32, bool) -> Slot) {
-        let index = usize::try_from(seq - self.head_seq).expect("pending index fits usize");
-        let slot = &mut self.pending[index];
-        let Slot::Waiting { request_id, peek } = *slot else {
-            panic!("reply for sequence {seq} arrived twice");
-        };
-        *slot = make(request_id, peek);
-    }
-
-    /// Encodes every ready reply at the head of `pending`.
-    fn drain_ready(&mut self) {
-        while let Some(slot) = self.pending.front() {
-            match slot {
-                Slot::Waiting { .. } => break,
-                Slot::Verdict {
-                    request_id,
-                    peek,
-                    verdict,
-                } => {
-                    message::put_verdict(
-                        &mut self.writer,
-                        &mut self.wbuf,
-                        *request_id,
-                        *peek,
-                        verdict,
-                    );
-                }
-                Slot::Other { request_id, reply } => {
-                    encode_local(&mut self.writer, &mut self.wbuf, *request_id, reply)
-                }
-            }
-            self.pending.pop_front();
-            self.head_seq += 1;
-        }
+        let (writer, wbuf) = (&mut self.writer, &mut self.wbuf);
+        self.pipe
+            .send_forwards(&self.core.node, |r| encode(writer, wbuf, r));
     }
 
     /// Writes every encoded reply in one write.
@@ -457,6 +403,17 @@ fn error(e: RequestError) -> Local {
     Local::Error(e.status, e.to_string())
 }
 
+fn encode(w: &mut FrameWriter, buf: &mut BytesMut, reply: &Reply) {
+    match reply {
+        Reply::Verdict {
+            request_id,
+            peek,
+            verdict,
+        } => message::put_verdict(w, buf, *request_id, *peek, verdict),
+        Reply::Other { request_id, reply } => encode_local(w, buf, *request_id, reply),
+    }
+}
+
 fn encode_local(w: &mut FrameWriter, buf: &mut BytesMut, request_id: u32, reply: &Local) {
     match reply {
         Local::Pong => message::put_pong(w, buf, request_id),
@@ -466,7 +423,7 @@ fn encode_local(w: &mut FrameWriter, buf: &mut BytesMut, request_id: u32, reply:
 }
 
 /// Compares secrets in time that does not depend on where they differ.
-fn constant_time_eq(a: &[u8], b: &[u8]) -> bool {
+pub(crate) fn constant_time_eq(a: &[u8], b: &[u8]) -> bool {
     if a.len() != b.len() {
         return false;
     }

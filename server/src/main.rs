@@ -31,7 +31,11 @@ fn main() -> std::process::ExitCode {
             server.local_addr(),
             server.shard_count()
         );
-        tracing::info!(addr = %server.local_addr(), shards = server.shard_count(), "serving");
+        // Only with --resp-port: a second line, so the first keeps its form.
+        if let Some(resp_addr) = server.resp_addr() {
+            println!("sluiced resp listening on {resp_addr}");
+        }
+        tracing::info!(addr = %server.local_addr(), resp_addr = ?server.resp_addr(), shards = server.shard_count(), "serving");
         server.serve(shutdown_signal()).await;
         std::process::ExitCode::SUCCESS
     })

@@ -1,11 +1,13 @@
-//! Start-up and shutdown: bind the listener, start the shard threads, accept
-//! connections and hand each to a shard (round robin), and on shutdown
-//! drain every shard before stopping any.
+//! Start-up and shutdown: bind the listeners (protocol v1, and RESP when
+//! `--resp-port` is given), start the shard threads, accept connections
+//! and hand each to a shard (round robin across both listeners, each
+//! counted against `connections_max`), and on shutdown drain every shard
+//! (connections of both kinds) before stopping any.
 
 use std::future::Future;
 use std::hash::{BuildHasher, Hasher};
 use std::net::SocketAddr;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use bytes::BytesMut;
 use sluice_protocol::codec::FrameWriter;
@@ -16,11 +18,22 @@ use tokio::sync::mpsc;
 
 use crate::config::Config;
 use crate::inbox;
-use crate::shard::{self, Adopt, ConnectionGuard, Node, ShardMsg};
+use crate::shard::{self, Adopt, AdoptResp, ConnectionGuard, Node, ShardMsg};
 use crate::sync::{Arc, AtomicUsize};
 
 /// How long a refused connection is given to read its error before close.
 const REFUSAL_LINGER_MS: u64 = 1_000;
+/// What a RESP connection over `connections_max` is told (Redis's words).
+const RESP_REFUSAL: &[u8] = b"-ERR max number of clients reached\r\n";
+
+/// Which listener a connection came in on.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Listener {
+    /// Protocol v1.
+    V1,
+    /// RESP2.
+    Resp,
+}
 
 /// Why the server could not start.
 #[derive(Debug, thiserror::Error)]
@@ -39,8 +52,10 @@ pub enum StartError {
 /// A bound, running node whose acceptor has not started yet.
 #[derive(Debug)]
 pub struct Server {
-    /// The listening socket.
+    /// The protocol v1 listening socket.
     listener: TcpListener,
+    /// The RESP listening socket, when `--resp-port` enabled it.
+    resp_listener: Option<TcpListener>,
     /// What the shards share.
     node: Arc<Node>,
     /// The shard threads, joined at shutdown.
@@ -56,14 +71,12 @@ impl Server {
     /// called inside a tokio runtime (the listener registers with it).
     pub fn bind(config: Config) -> Result<Server, StartError> {
         config.validate()?;
-        let addr = SocketAddr::new(config.bind, config.port);
-        let std_listener = std::net::TcpListener::bind(addr)
-            .map_err(|source| StartError::Bind { addr, source })?;
-        std_listener
-            .set_nonblocking(true)
-            .map_err(|source| StartError::Bind { addr, source })?;
-        let listener = TcpListener::from_std(std_listener)
-            .map_err(|source| StartError::Bind { addr, source })?;
+        let started = Instant::now();
+        let listener = listen(SocketAddr::new(config.bind, config.port))?;
+        let resp_listener = match config.resp_port {
+            Some(port) => Some(listen(SocketAddr::new(config.bind, port))?),
+            None => None,
+        };
         let shard_count = config.shard_count();
         let clock = MonotonicClock::new();
         let (drained_tx, drained_rx) = mpsc::unbounded_channel();
@@ -88,6 +101,9 @@ impl Server {
             node_id,
             epoch: 0,
             shards: senders,
+            addr: bound_addr(&listener),
+            resp_addr: resp_listener.as_ref().map(bound_addr),
+            started,
         });
         for tx in node_txs {
             tx.send(node.clone())
@@ -95,6 +111,7 @@ impl Server {
         }
         Ok(Server {
             listener,
+            resp_listener,
             node,
             threads,
             drained_rx,
@@ -104,9 +121,12 @@ impl Server {
 
     /// The address actually bound (the port is real even when 0 was asked).
     pub fn local_addr(&self) -> SocketAddr {
-        self.listener
-            .local_addr()
-            .expect("a bound listener has an address")
+        self.node.addr
+    }
+
+    /// The RESP listener's address, when `--resp-port` enabled it.
+    pub fn resp_addr(&self) -> Option<SocketAddr> {
+        self.node.resp_addr
     }
 
     /// How many shards serve.
@@ -120,24 +140,27 @@ impl Server {
         tokio::pin!(shutdown);
         let mut next_shard = 0usize;
         loop {
-            tokio::select! {
-                accepted = self.listener.accept() => match accepted {
-                    Ok((stream, _peer)) => {
-                        self.adopt(stream, next_shard);
-                        next_shard = (next_shard + 1) % self.node.shards.len();
-                    }
-                    Err(e) => {
-                        // Out of descriptors and the like: back off briefly
-                        // rather than spin.
-                        tracing::warn!(error = %e, "accept failed");
-                        tokio::time::sleep(Duration::from_millis(10)).await;
-                    }
-                },
+            let accepted = tokio::select! {
+                accepted = self.listener.accept() => (Listener::V1, accepted),
+                accepted = accept(self.resp_listener.as_ref()) => (Listener::Resp, accepted),
                 () = &mut shutdown => break,
+            };
+            match accepted {
+                (kind, Ok((stream, _peer))) => {
+                    self.adopt(kind, stream, next_shard);
+                    next_shard = (next_shard + 1) % self.node.shards.len();
+                }
+                (_, Err(e)) => {
+                    // Out of descriptors and the like: back off briefly
+                    // rather than spin.
+                    tracing::warn!(error = %e, "accept failed");
+                    tokio::time::sleep(Duration::from_millis(10)).await;
+                }
             }
         }
         tracing::info!("shutting down: draining connections");
         drop(self.listener);
+        drop(self.resp_listener);
         for tx in &self.node.shards {
             let _ = tx.send(ShardMsg::Drain);
         }
@@ -163,14 +186,15 @@ impl Server {
         tracing::info!("stopped");
     }
 
-    fn adopt(&self, stream: TcpStream, shard: usize) {
+    fn adopt(&self, kind: Listener, stream: TcpStream, shard: usize) {
         let Some(guard) = ConnectionGuard::try_new(&self.open, self.node.config.connections_max)
         else {
             tracing::warn!(
                 connections_max = self.node.config.connections_max,
+                ?kind,
                 "refusing a connection"
             );
-            tokio::spawn(refuse(stream));
+            tokio::spawn(refuse(stream, kind));
             return;
         };
         let _ = stream.set_nodelay(true);
@@ -178,31 +202,68 @@ impl Server {
             Ok(s) => s,
             Err(e) => return tracing::warn!(error = %e, "could not hand a connection over"),
         };
-        let adopt = Adopt {
-            stream,
-            read_buf: BytesMut::new(),
-            hello_request_id: None,
-            authed: self.node.config.auth_token.is_none(),
-            guard,
+        let msg = match kind {
+            Listener::V1 => ShardMsg::Adopt(Adopt {
+                stream,
+                read_buf: BytesMut::new(),
+                hello_request_id: None,
+                authed: self.node.config.auth_token.is_none(),
+                guard,
+            }),
+            Listener::Resp => ShardMsg::AdoptResp(AdoptResp { stream, guard }),
         };
         // Refused only while shutting down; the socket then just closes.
-        let _ = self.node.shards[shard].send(ShardMsg::Adopt(adopt));
+        let _ = self.node.shards[shard].send(msg);
     }
 }
 
-/// Tells a connection over the limit why it is closed, then closes it,
-/// reading (and dropping) what it sent meanwhile so the close is clean.
-async fn refuse(mut stream: TcpStream) {
+/// Binds a non-blocking listener on `addr` (inside the runtime).
+fn listen(addr: SocketAddr) -> Result<TcpListener, StartError> {
+    let std_listener =
+        std::net::TcpListener::bind(addr).map_err(|source| StartError::Bind { addr, source })?;
+    std_listener
+        .set_nonblocking(true)
+        .map_err(|source| StartError::Bind { addr, source })?;
+    TcpListener::from_std(std_listener).map_err(|source| StartError::Bind { addr, source })
+}
+
+/// The address a listener actually bound (the port is real even when 0 was
+/// asked).
+fn bound_addr(listener: &TcpListener) -> SocketAddr {
+    listener
+        .local_addr()
+        .expect("a bound listener has an address")
+}
+
+/// Accepts on `listener`; never resolves when there is none.
+async fn accept(
+    listener: Option<&TcpListener>,
+) -> std::io::Result<(TcpStream, std::net::SocketAddr)> {
+    match listener {
+        Some(l) => l.accept().await,
+        None => std::future::pending().await,
+    }
+}
+
+/// Tells a connection over the limit why it is closed, in its listener's
+/// protocol, then closes it, reading (and dropping) what it sent meanwhile
+/// so the close is clean.
+async fn refuse(mut stream: TcpStream, kind: Listener) {
     let mut buf = BytesMut::new();
-    let mut w = FrameWriter::new();
-    message::put_error(
-        &mut w,
-        &mut buf,
-        0,
-        Status::TooManyConnections,
-        Status::TooManyConnections.text(),
-    );
-    w.finish(&mut buf);
+    match kind {
+        Listener::V1 => {
+            let mut w = FrameWriter::new();
+            message::put_error(
+                &mut w,
+                &mut buf,
+                0,
+                Status::TooManyConnections,
+                Status::TooManyConnections.text(),
+            );
+            w.finish(&mut buf);
+        }
+        Listener::Resp => buf.extend_from_slice(RESP_REFUSAL),
+    }
     let _ = stream.try_write(&buf);
     let _ = stream.shutdown().await;
     let mut sink = [0u8; 1024];

@@ -1,5 +1,6 @@
 //! Real processes: build (once) and locate the workspace's binaries, start
-//! `sluiced` on port 0 and learn its port from its first stdout line.
+//! `sluiced` on port 0 and learn its port from its first stdout line (and,
+//! with `--resp-port`, its RESP address from the second).
 
 use std::io::{BufRead, BufReader};
 use std::net::SocketAddr;
@@ -69,12 +70,16 @@ pub struct Sluiced {
     child: Child,
     /// Where it listens.
     pub addr: SocketAddr,
+    /// Where its RESP listener is, when started with `--resp-port`.
+    pub resp_addr: Option<SocketAddr>,
     /// How many shards it runs.
     pub shards: u16,
 }
 
 impl Sluiced {
-    /// Starts `sluiced --port 0` on 127.0.0.1 with `args` added.
+    /// Starts `sluiced --port 0` on 127.0.0.1 with `args` added. With
+    /// `--resp-port` among them, also learns the RESP address from the
+    /// second line.
     pub fn start(args: &[&str]) -> Sluiced {
         let mut child = Command::new(binary("sluiced"))
             .args(["--bind", "127.0.0.1", "--port", "0"])
@@ -87,12 +92,11 @@ impl Sluiced {
         let stdout = child.stdout.take().expect("piped stdout");
         let (tx, rx) = std::sync::mpsc::channel();
         std::thread::spawn(move || {
-            let mut lines = BufReader::new(stdout).lines();
-            if let Some(Ok(line)) = lines.next() {
+            // Hand over the listening lines, and keep draining so the
+            // server never blocks on a full pipe.
+            for line in BufReader::new(stdout).lines().map_while(Result::ok) {
                 let _ = tx.send(line);
             }
-            // Keep draining so the server never blocks on a full pipe.
-            for _ in lines {}
         });
         let line = rx
             .recv_timeout(START_TIMEOUT)
@@ -108,9 +112,19 @@ impl Sluiced {
             .and_then(|s| s.strip_prefix("shards="))
             .and_then(|s| s.parse().ok())
             .unwrap_or_else(|| panic!("bad line {line:?}"));
+        let resp_addr = args.contains(&"--resp-port").then(|| {
+            let line = rx
+                .recv_timeout(START_TIMEOUT)
+                .expect("sluiced printed its RESP listening line");
+            // "sluiced resp listening on 127.0.0.1:PORT"
+            line.strip_prefix("sluiced resp listening on ")
+                .and_then(|a| a.parse().ok())
+                .unwrap_or_else(|| panic!("bad line {line:?}"))
+        });
         Sluiced {
             child,
             addr,
+            resp_addr,
             shards,
         }
     }

@@ -1,18 +1,21 @@
 //! A shard: one thread, one single-threaded tokio runtime, one [`Table`].
 //!
 //! The shard thread runs the connection tasks it was handed (each a
-//! coordinator: parse, validate, route) and executes every decision on the
-//! keys it owns directly on its table. Other threads reach it only through
-//! its [`inbox`](crate::inbox): new connections, forwarded batches of
-//! requests for its keys, and the two steps of shutdown.
+//! coordinator: parse, validate, route), protocol v1 and RESP alike, and
+//! executes every decision on the keys it owns directly on its table. Other
+//! threads reach it only through its [`inbox`](crate::inbox): new
+//! connections, forwarded batches of requests for its keys, and the two
+//! steps of shutdown.
 
 pub mod table;
 
 use std::cell::{Cell, RefCell};
-use std::net::TcpStream as StdTcpStream;
+use std::net::{SocketAddr, TcpStream as StdTcpStream};
 use std::rc::Rc;
+use std::time::Instant;
 
 use bytes::BytesMut;
+use sluice_protocol::cell::{CellPolicy, CellVerdict};
 use sluice_protocol::gcra::Verdict;
 use sluice_protocol::{Clock, MonotonicClock, Policy};
 use tokio::sync::{mpsc, watch};
@@ -20,6 +23,7 @@ use tokio::sync::{mpsc, watch};
 use crate::config::Config;
 use crate::connection;
 use crate::inbox::{Receiver, Sender};
+use crate::resp;
 use crate::sync::{Arc, AtomicUsize, Ordering};
 pub use table::Table;
 
@@ -28,6 +32,8 @@ pub use table::Table;
 pub enum ShardMsg {
     /// Serve this connection from now on.
     Adopt(Adopt),
+    /// Serve this RESP connection from now on.
+    AdoptResp(AdoptResp),
     /// Decide these requests for keys this shard owns and reply.
     Batch(Batch),
     /// Shutdown, step 1: stop reading new requests, finish the ones in
@@ -54,6 +60,50 @@ pub struct Adopt {
     pub guard: ConnectionGuard,
 }
 
+/// A freshly accepted RESP connection (it never moves between shards).
+#[derive(Debug)]
+pub struct AdoptResp {
+    /// The socket, non-blocking, not registered with any runtime.
+    pub stream: StdTcpStream,
+    /// Keeps the connection counted while it lives.
+    pub guard: ConnectionGuard,
+}
+
+/// What a request asks of the shard that owns its key.
+#[derive(Clone, Copy, Debug)]
+pub enum Op {
+    /// Protocol v1 THROTTLE: spend `cost` units.
+    Throttle {
+        /// The limit.
+        policy: Policy,
+        /// Units to spend.
+        cost: u64,
+    },
+    /// Protocol v1 PEEK: answer as THROTTLE would, change nothing.
+    Peek {
+        /// The limit.
+        policy: Policy,
+        /// Units to ask about.
+        cost: u64,
+    },
+    /// redis-cell's CL.THROTTLE: spend `quantity` units (0 peeks).
+    Cell {
+        /// The limit, in redis-cell's terms.
+        policy: CellPolicy,
+        /// Units to spend.
+        quantity: u64,
+    },
+}
+
+/// The owning shard's answer to an [`Op`].
+#[derive(Clone, Copy, Debug)]
+pub enum Outcome {
+    /// For THROTTLE and PEEK.
+    Verdict(Verdict),
+    /// For CL.THROTTLE.
+    Cell(CellVerdict),
+}
+
 /// One forwarded request.
 #[derive(Clone, Copy, Debug)]
 pub struct FwdItem {
@@ -61,12 +111,8 @@ pub struct FwdItem {
     pub seq: u64,
     /// The key's 128-bit hash.
     pub key: u128,
-    /// The limit.
-    pub policy: Policy,
-    /// Units to spend (or ask about).
-    pub cost: u64,
-    /// PEEK rather than THROTTLE.
-    pub peek: bool,
+    /// What to do with the key's bucket.
+    pub op: Op,
 }
 
 /// A connection's requests for one other shard, sent as one message.
@@ -78,10 +124,11 @@ pub struct Batch {
     pub items: Vec<FwdItem>,
 }
 
-/// The verdicts for one [`Batch`], as `(seq, verdict)`.
+/// The answers to one [`Batch`], as `(seq, outcome)`, in the batch's order.
 #[derive(Debug)]
 pub struct BatchReply {
-    pub verdicts: Vec<(u64, Verdict)>,
+    /// One per forwarded request.
+    pub outcomes: Vec<(u64, Outcome)>,
 }
 
 /// Counts open connections across the node; decremented when dropped.
@@ -105,6 +152,11 @@ impl ConnectionGuard {
             }
         }
     }
+
+    /// Connections open across the node right now (for INFO).
+    pub fn open_count(&self) -> usize {
+        self.open.load(Ordering::Relaxed)
+    }
 }
 
 impl Drop for ConnectionGuard {
@@ -127,6 +179,12 @@ pub struct Node {
     pub epoch: u64,
     /// Every shard's inbox, by shard id.
     pub shards: Vec<Sender<ShardMsg>>,
+    /// The protocol v1 listener's address.
+    pub addr: SocketAddr,
+    /// The RESP listener's address, when `--resp-port` enabled it.
+    pub resp_addr: Option<SocketAddr>,
+    /// When the node started (INFO's uptime).
+    pub started: Instant,
 }
 
 /// Everything a shard thread's tasks share. Lives on that thread only
@@ -167,24 +225,17 @@ impl ShardCore {
         }
     }
 
-    /// Decides a forwarded batch and sends the verdicts back.
+    /// Decides a forwarded batch and sends the outcomes back.
     fn decide_batch(&self, batch: Batch) {
         let now_ns = self.clock.now_ns();
         let mut table = self.table.borrow_mut();
-        let verdicts = batch
+        let outcomes = batch
             .items
             .iter()
-            .map(|it| {
-                let v = if it.peek {
-                    table.peek(it.key, &it.policy, it.cost, now_ns)
-                } else {
-                    table.throttle(it.key, &it.policy, it.cost, now_ns)
-                };
-                (it.seq, v)
-            })
+            .map(|it| (it.seq, table.decide(it.key, &it.op, now_ns)))
             .collect();
         // A connection that has gone away no longer needs its answers.
-        let _ = batch.reply_to.send(BatchReply { verdicts });
+        let _ = batch.reply_to.send(BatchReply { outcomes });
     }
 }
 
@@ -232,6 +283,10 @@ async fn run(core: Rc<ShardCore>, mut rx: Receiver<ShardMsg>) {
                 ShardMsg::Adopt(a) => {
                     core.connections.set(core.connections.get() + 1);
                     tokio::task::spawn_local(connection::run(core.clone(), a));
+                }
+                ShardMsg::AdoptResp(a) => {
+                    core.connections.set(core.connections.get() + 1);
+                    tokio::task::spawn_local(resp::connection::run(core.clone(), a));
                 }
                 ShardMsg::Drain => {
                     core.draining.send_replace(true);

@@ -1,6 +1,10 @@
 //! A shard's buckets: a hashbrown table from a key's 128-bit hash to its
 //! GCRA bucket. Only the owning shard thread touches it.
 //!
+//! Protocol v1 and redis-cell's CL.THROTTLE share the table and the record:
+//! both keep a bucket's theoretical arrival time, so a key is one bucket
+//! whichever protocol spends from it (each with its own arithmetic).
+//!
 //! Memory stays bounded by the buckets that are *not* full: a bucket that
 //! has refilled completely is the same as no bucket, so a decision that
 //! leaves a bucket full removes it, and before the table grows it first
@@ -10,8 +14,11 @@
 use std::hash::{BuildHasher, Hasher};
 
 use hashbrown::HashMap;
+use sluice_protocol::cell::{self, CellPolicy, CellVerdict};
 use sluice_protocol::gcra::{self, Bucket, Verdict};
 use sluice_protocol::Policy;
+
+use super::{Op, Outcome};
 
 /// Keys are already uniform 128-bit hashes; folding them to 64 bits is all
 /// the hashing the table needs.
@@ -95,12 +102,60 @@ impl Table {
             None => {
                 let d = gcra::throttle(None, policy, cost, now_ns);
                 if let Some(nb) = d.bucket {
-                    if self.buckets.len() == self.buckets.capacity() {
-                        self.sweep(now_ns);
-                    }
-                    self.buckets.insert(key, nb);
+                    self.insert_new(key, nb, now_ns);
                 }
                 d.verdict
+            }
+        }
+    }
+
+    /// Inserts a bucket for a key that has none, first sweeping out full
+    /// buckets if the table would otherwise grow.
+    #[inline]
+    fn insert_new(&mut self, key: u128, bucket: Bucket, now_ns: u64) {
+        if self.buckets.len() == self.buckets.capacity() {
+            self.sweep(now_ns);
+        }
+        self.buckets.insert(key, bucket);
+    }
+
+    /// redis-cell's CL.THROTTLE on `key`'s bucket (see `cell::throttle`).
+    #[inline]
+    pub fn cell_throttle(
+        &mut self,
+        key: u128,
+        policy: &CellPolicy,
+        quantity: u64,
+        now_ns: u64,
+    ) -> CellVerdict {
+        let stored = self.buckets.get(&key).map(Bucket::tat_ns);
+        let d = cell::throttle(stored, policy, quantity, now_ns);
+        if d.verdict.limited {
+            // Limited changes nothing (not even a v1 bucket's fraction).
+            return d.verdict;
+        }
+        match d.tat_ns.filter(|&tat_ns| tat_ns > now_ns) {
+            Some(tat_ns) => match self.buckets.get_mut(&key) {
+                Some(b) => *b = Bucket::from_tat_ns(tat_ns),
+                None => self.insert_new(key, Bucket::from_tat_ns(tat_ns), now_ns),
+            },
+            None => {
+                self.buckets.remove(&key);
+            }
+        }
+        d.verdict
+    }
+
+    /// Carries out a forwarded [`Op`].
+    #[inline]
+    pub fn decide(&mut self, key: u128, op: &Op, now_ns: u64) -> Outcome {
+        match *op {
+            Op::Throttle { policy, cost } => {
+                Outcome::Verdict(self.throttle(key, &policy, cost, now_ns))
+            }
+            Op::Peek { policy, cost } => Outcome::Verdict(self.peek(key, &policy, cost, now_ns)),
+            Op::Cell { policy, quantity } => {
+                Outcome::Cell(self.cell_throttle(key, &policy, quantity, now_ns))
             }
         }
     }
@@ -159,5 +214,27 @@ mod tests {
         // Cost 0 two seconds later: the bucket is full again, so it goes.
         assert!(t.throttle(7, &p, 0, 3 * S).allowed);
         assert!(t.is_empty());
+    }
+
+    #[test]
+    fn cell_buckets_live_in_the_same_table() {
+        // redis-cell's README example, then the bucket refills and goes.
+        let p = CellPolicy::new(15, 30, 60).unwrap();
+        let mut t = Table::new();
+        let v = t.cell_throttle(9, &p, 1, 100 * S);
+        assert_eq!(v.reply(), [0, 16, 15, -1, 2]);
+        assert_eq!(t.len(), 1);
+        // Over the limit: limited, nothing stored or changed.
+        assert!(t.cell_throttle(9, &p, 17, 100 * S).limited);
+        assert_eq!(t.cell_throttle(9, &p, 0, 100 * S).remaining, 15);
+        assert!(t.cell_throttle(9, &p, 0, 102 * S).remaining == 16);
+        assert!(t.is_empty(), "a peek at a full bucket drops it");
+        // A v1 bucket and a CL.THROTTLE on the same key see one TAT.
+        let v1 = Policy::new(1, S, 2).unwrap();
+        assert!(t.throttle(5, &v1, 2, 100 * S).allowed);
+        let one_per_s = CellPolicy::new(1, 1, 1).unwrap();
+        let v = t.cell_throttle(5, &one_per_s, 1, 100 * S);
+        assert!(v.limited);
+        assert_eq!(v.reset_after_s(), 2);
     }
 }

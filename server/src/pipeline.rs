@@ -1,0 +1,284 @@
+//! The ordering and forwarding machinery every connection coordinator
+//! shares, whatever protocol it speaks (protocol v1 in
+//! [`connection`](crate::connection), RESP in [`resp`](crate::resp)).
+//!
+//! Each request gets a sequence number. A reply decided on this thread
+//! while nothing is outstanding is handed straight back to the caller to
+//! encode ([`Pipeline::ready`] returns it): the common, shard-aware case
+//! costs no queueing. Otherwise replies wait in `pending`, one slot per
+//! request, oldest first. A request for a key another shard owns takes a
+//! `Waiting` slot and joins that shard's batch ([`Pipeline::forward`]);
+//! after a whole read has been handled, [`Pipeline::send_forwards`] sends
+//! one [`Batch`] per shard. The owners' [`BatchReply`]s come back through
+//! this pipeline's own reply inbox and fill their slots
+//! ([`Pipeline::fill`]); every time, the ready prefix is drained to the
+//! caller's encoder, in order.
+//!
+//! The protocol decides only what a slot remembers of a forwarded request
+//! ([`Protocol::Tag`]), what a ready reply is ([`Protocol::Reply`]), and how
+//! to turn an owner's [`Outcome`] (or its refusal) into a reply.
+
+use std::collections::VecDeque;
+use std::fmt::Debug;
+
+use crate::inbox::{self, Receiver, Sender};
+use crate::shard::{Batch, BatchReply, FwdItem, Node, Op, Outcome, ShardMsg};
+
+/// What a connection's protocol tells the pipeline.
+pub trait Protocol {
+    /// What a `Waiting` slot keeps of its request (a request id, say).
+    type Tag: Copy + Debug;
+    /// A reply ready to be encoded.
+    type Reply: Debug;
+    /// The reply to a forwarded request, from its owner's outcome.
+    fn answered(tag: Self::Tag, outcome: Outcome) -> Self::Reply;
+    /// The reply to a forwarded request its owner no longer accepts
+    /// (the node is shutting down).
+    fn refused(tag: Self::Tag) -> Self::Reply;
+}
+
+/// One request's place in the reply order.
+#[derive(Debug)]
+enum Slot<P: Protocol> {
+    /// Forwarded; its owner has not answered.
+    Waiting(P::Tag),
+    /// Ready, behind an earlier reply that is not.
+    Ready(P::Reply),
+}
+
+/// A connection's replies in request order, and its requests in flight to
+/// other shards.
+#[derive(Debug)]
+pub struct Pipeline<P: Protocol> {
+    /// Replies held for order; `pending[0]` has sequence `head_seq`.
+    pending: VecDeque<Slot<P>>,
+    /// Sequence number of `pending[0]` (or of the next request when empty).
+    head_seq: u64,
+    /// Requests forwarded per shard, gathered while handling one read.
+    fwd: Vec<Vec<FwdItem>>,
+    /// Where other shards send outcomes for this connection.
+    replies_tx: Sender<BatchReply>,
+    /// ... and where the connection reads them.
+    replies_rx: Receiver<BatchReply>,
+    /// Batches sent and not yet answered.
+    batches_out: usize,
+}
+
+impl<P: Protocol> Pipeline<P> {
+    /// An empty pipeline for a node of `shard_count` shards.
+    pub fn new(shard_count: u16) -> Pipeline<P> {
+        let (replies_tx, replies_rx) = inbox::inbox();
+        Pipeline {
+            pending: VecDeque::new(),
+            head_seq: 0,
+            fwd: (0..shard_count).map(|_| Vec::new()).collect(),
+            replies_tx,
+            replies_rx,
+            batches_out: 0,
+        }
+    }
+
+    /// Requests read and not yet handed back for encoding.
+    #[inline]
+    pub fn len(&self) -> usize {
+        self.pending.len()
+    }
+
+    /// Whether every request read so far has been handed back.
+    #[inline]
+    pub fn is_empty(&self) -> bool {
+        self.pending.is_empty()
+    }
+
+    /// Whether requests gathered for other shards have not been sent yet.
+    pub fn has_unsent(&self) -> bool {
+        self.fwd.iter().any(|f| !f.is_empty())
+    }
+
+    /// Whether batches are out, so that [`Pipeline::recv`] will yield.
+    #[inline]
+    pub fn awaiting(&self) -> bool {
+        self.batches_out > 0
+    }
+
+    /// Takes the next request's reply, decided here. `Some(reply)`: encode
+    /// it now, nothing is ahead of it; `None`: it waits its turn.
+    #[inline]
+    pub fn ready(&mut self, reply: P::Reply) -> Option<P::Reply> {
+        if self.take_turn() {
+            Some(reply)
+        } else {
+            self.queue(reply);
+            None
+        }
+    }
+
+    /// The hot path of [`Pipeline::ready`], for a caller that encodes
+    /// without building a `Reply` first: `true` when nothing is ahead of
+    /// the next request's reply, which then counts as answered and must be
+    /// encoded now; `false` when it must be [`Pipeline::queue`]d.
+    #[inline]
+    pub fn take_turn(&mut self) -> bool {
+        if self.pending.is_empty() {
+            self.head_seq += 1;
+            true
+        } else {
+            false
+        }
+    }
+
+    /// Queues the next request's reply behind earlier ones (after
+    /// [`Pipeline::take_turn`] said `false`).
+    #[inline]
+    pub fn queue(&mut self, reply: P::Reply) {
+        assert!(
+            !self.pending.is_empty(),
+            "a reply with its turn is encoded, not queued"
+        );
+        self.pending.push_back(Slot::Ready(reply));
+    }
+
+    /// Takes the next request, for `shard` to decide: its reply waits for
+    /// the owner, and the request joins that shard's next batch.
+    #[inline]
+    pub fn forward(&mut self, shard: u16, tag: P::Tag, key: u128, op: Op) {
+        let seq = self.head_seq + self.pending.len() as u64;
+        self.pending.push_back(Slot::Waiting(tag));
+        self.fwd[usize::from(shard)].push(FwdItem { seq, key, op });
+    }
+
+    /// Sends each shard its batch; requests a shard no longer accepts
+    /// (shutting down) are answered [`Protocol::refused`]. Then hands the
+    /// ready prefix to `emit`.
+    pub fn send_forwards(&mut self, node: &Node, emit: impl FnMut(&P::Reply)) {
+        for shard in 0..self.fwd.len() {
+            if self.fwd[shard].is_empty() {
+                continue;
+            }
+            let items = std::mem::take(&mut self.fwd[shard]);
+            let batch = Batch {
+                reply_to: self.replies_tx.clone(),
+                items,
+            };
+            match node.shards[shard].send(ShardMsg::Batch(batch)) {
+                Ok(()) => self.batches_out += 1,
+                Err(ShardMsg::Batch(b)) => {
+                    for it in b.items {
+                        self.set_slot(it.seq, |tag| P::refused(tag));
+                    }
+                }
+                Err(_) => unreachable!("send returns the message it was given"),
+            }
+        }
+        self.drain_ready(emit);
+    }
+
+    /// Waits for answered batches and moves them into `out`. Only call
+    /// while [`Pipeline::awaiting`].
+    pub async fn recv(&mut self, out: &mut Vec<BatchReply>) {
+        let more = self.replies_rx.recv_many(out).await;
+        assert!(more, "the pipeline holds a sender of its own reply inbox");
+    }
+
+    /// Files a batch's outcomes into their slots, then hands the ready
+    /// prefix to `emit`.
+    pub fn fill(&mut self, reply: BatchReply, emit: impl FnMut(&P::Reply)) {
+        assert!(self.batches_out > 0, "a reply to a batch never sent");
+        self.batches_out -= 1;
+        for (seq, outcome) in reply.outcomes {
+            self.set_slot(seq, |tag| P::answered(tag, outcome));
+        }
+        self.drain_ready(emit);
+    }
+
+    fn set_slot(&mut self, seq: u64, make: impl FnOnce(P::Tag) -> P::Reply) {
+        let index = usize::try_from(seq - self.head_seq).expect("pending index fits usize");
+        let slot = &mut self.pending[index];
+        let Slot::Waiting(tag) = *slot else {
+            panic!("reply for sequence {seq} arrived twice");
+        };
+        *slot = Slot::Ready(make(tag));
+    }
+
+    /// Hands every ready reply at the head of `pending` to `emit`, in order.
+    fn drain_ready(&mut self, mut emit: impl FnMut(&P::Reply)) {
+        while let Some(Slot::Ready(reply)) = self.pending.front() {
+            emit(reply);
+            self.pending.pop_front();
+            self.head_seq += 1;
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Replies are strings; a tag is the request's number.
+    #[derive(Debug)]
+    struct Test;
+
+    impl Protocol for Test {
+        type Tag = u32;
+        type Reply = String;
+        fn answered(tag: u32, outcome: Outcome) -> String {
+            match outcome {
+                Outcome::Verdict(v) => format!("{tag}:{}", v.remaining),
+                Outcome::Cell(v) => format!("{tag}:cell{}", v.remaining),
+            }
+        }
+        fn refused(tag: u32) -> String {
+            format!("{tag}:refused")
+        }
+    }
+
+    fn verdict(remaining: u64) -> Outcome {
+        Outcome::Verdict(sluice_protocol::Verdict {
+            remaining,
+            ..Default::default()
+        })
+    }
+
+    #[test]
+    fn replies_leave_in_request_order() {
+        let mut p = Pipeline::<Test>::new(2);
+        let mut out = Vec::new();
+        // Nothing outstanding: handed straight back.
+        assert_eq!(p.ready("0:local".into()).as_deref(), Some("0:local"));
+        // A forward, then a local reply that must wait behind it.
+        let op = Op::Throttle {
+            policy: sluice_protocol::Policy::new(1, 1_000_000_000, 1).unwrap(),
+            cost: 1,
+        };
+        p.forward(1, 1, 42, op);
+        assert!(p.ready("2:local".into()).is_none());
+        p.forward(1, 3, 43, op);
+        assert_eq!(p.len(), 3);
+        assert!(p.has_unsent());
+        // Pretend the batch went out and came back in one reply.
+        let items = std::mem::take(&mut p.fwd[1]);
+        assert_eq!(items.iter().map(|it| it.seq).collect::<Vec<_>>(), [1, 3]);
+        p.batches_out += 1;
+        let reply = BatchReply {
+            outcomes: vec![(1, verdict(7)), (3, verdict(8))],
+        };
+        p.fill(reply, |r| out.push(r.clone()));
+        assert_eq!(out, ["1:7", "2:local", "3:8"]);
+        assert!(p.is_empty());
+        assert!(!p.awaiting());
+        assert_eq!(p.ready("4:local".into()).as_deref(), Some("4:local"));
+    }
+
+    #[test]
+    #[should_panic(expected = "arrived twice")]
+    fn a_slot_is_filled_once() {
+        let mut p = Pipeline::<Test>::new(1);
+        let op = Op::Throttle {
+            policy: sluice_protocol::Policy::new(1, 1_000_000_000, 1).unwrap(),
+            cost: 1,
+        };
+        p.forward(0, 0, 1, op);
+        p.set_slot(0, |t| t.to_string());
+        p.set_slot(0, |t| t.to_string());
+    }
+}

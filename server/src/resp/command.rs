@@ -1,0 +1,412 @@
+//! The commands the RESP listener answers, and its replies.
+//!
+//! This is the coordinator part of each command: recognise it (names are
+//! case-insensitive), check its arity and arguments, and say what to do
+//! ([`Command`]) or what to answer ([`Reply`]). The connection carries a
+//! [`Command`] out; `CL.THROTTLE`'s shard part is `Table::cell_throttle` on
+//! the shard that owns the key.
+//!
+//! | command | reply |
+//! |---|---|
+//! | `PING [message]` | `+PONG`, or the message as a bulk string |
+//! | `ECHO message` | the message |
+//! | `QUIT` | `+OK`, then the connection closes |
+//! | `INFO [section ...]` | server, clients and shard facts |
+//! | `AUTH [default] token` | `+OK` when it matches `--auth-token` |
+//! | `CONFIG GET name ...` | pairs for the few settings tools ask about |
+//! | `CL.THROTTLE key max_burst count period [quantity]` | redis-cell's five integers |
+//!
+//! Anything else is `-ERR unknown command ...`, word for word as Redis
+//! says it. With `--auth-token` set, every command but AUTH and QUIT needs
+//! AUTH first (`-NOAUTH`), checked after the name and arity as in Redis.
+
+use bytes::{BufMut, BytesMut};
+use sluice_protocol::cell::{self, CellRequest, CellVerdict};
+
+use super::parser::Args;
+
+/// Bytes of the command name and of its arguments quoted back in
+/// "unknown command" (Redis's limit).
+const UNKNOWN_ECHO_BYTES_MAX: usize = 128;
+
+/// A recognised, well-formed command.
+#[derive(Debug)]
+pub enum Command<'a> {
+    /// PING, with an optional message to echo.
+    Ping(Option<&'a [u8]>),
+    /// ECHO message.
+    Echo(&'a [u8]),
+    /// QUIT.
+    Quit,
+    /// INFO, with the section names asked for (none: all).
+    Info(Args<'a>),
+    /// AUTH.
+    Auth {
+        /// The user name, if given (only `default` exists).
+        user: Option<&'a [u8]>,
+        /// The token to check against `--auth-token`.
+        token: &'a [u8],
+    },
+    /// CONFIG GET with the parameter names.
+    ConfigGet(Args<'a>),
+    /// CL.THROTTLE.
+    Throttle(CellRequest<'a>),
+}
+
+impl Command<'_> {
+    /// Whether the command needs an authenticated connection.
+    pub fn needs_auth(&self) -> bool {
+        !matches!(self, Command::Auth { .. } | Command::Quit)
+    }
+}
+
+/// One reply, in RESP2.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Reply {
+    /// CL.THROTTLE's array of five integers.
+    Cell(CellVerdict),
+    /// A simple string (`+OK`, `+PONG`).
+    Simple(&'static str),
+    /// A bulk string.
+    Bulk(Vec<u8>),
+    /// An array of bulk strings.
+    Array(Vec<Vec<u8>>),
+    /// An error: the code and text after the `-`.
+    Error(String),
+}
+
+impl Reply {
+    /// `-NOAUTH`, for a command before AUTH.
+    pub fn no_auth() -> Reply {
+        Reply::Error("NOAUTH Authentication required.".to_owned())
+    }
+
+    /// `-WRONGPASS`, for an AUTH with the wrong token.
+    pub fn wrong_pass() -> Reply {
+        Reply::Error("WRONGPASS invalid username-password pair or user is disabled.".to_owned())
+    }
+
+    /// `-ERR text`.
+    pub fn err(text: impl std::fmt::Display) -> Reply {
+        Reply::Error(format!("ERR {text}"))
+    }
+}
+
+/// Recognises and checks a command. `Ok(None)` for an empty one (skipped,
+/// no reply); `Err(reply)` answers a bad one.
+pub fn parse<'a>(args: &Args<'a>) -> Result<Option<Command<'a>>, Reply> {
+    let Some(name) = args.get(0) else {
+        return Ok(None);
+    };
+    let argc = args.len() - 1;
+    let is = |n: &str| name.eq_ignore_ascii_case(n.as_bytes());
+    let arity = |ok: bool, n: &str| {
+        if ok {
+            Ok(())
+        } else {
+            Err(Reply::err(format_args!(
+                "wrong number of arguments for '{n}' command"
+            )))
+        }
+    };
+    let command = if is("CL.THROTTLE") {
+        Command::Throttle(throttle(args)?)
+    } else if is("PING") {
+        arity(argc <= 1, "ping")?;
+        Command::Ping(args.get(1))
+    } else if is("ECHO") {
+        arity(argc == 1, "echo")?;
+        Command::Echo(args.get(1).unwrap_or_default())
+    } else if is("QUIT") {
+        Command::Quit
+    } else if is("INFO") {
+        Command::Info(*args)
+    } else if is("AUTH") {
+        arity((1..=2).contains(&argc), "auth")?;
+        let token = args.get(argc).unwrap_or_default();
+        let user = (argc == 2).then(|| args.get(1)).flatten();
+        Command::Auth { user, token }
+    } else if is("CONFIG") {
+        arity(argc >= 1, "config")?;
+        let sub = args.get(1).unwrap_or_default();
+        if !sub.eq_ignore_ascii_case(b"GET") {
+            let sub = printable(sub, UNKNOWN_ECHO_BYTES_MAX);
+            return Err(Reply::err(format_args!(
+                "unknown subcommand '{sub}'. Try CONFIG HELP."
+            )));
+        }
+        arity(argc >= 2, "config|get")?;
+        Command::ConfigGet(*args)
+    } else {
+        return Err(unknown(args));
+    };
+    Ok(Some(command))
+}
+
+/// CL.THROTTLE's arguments, with redis-cell's checks and texts.
+fn throttle<'a>(args: &Args<'a>) -> Result<CellRequest<'a>, Reply> {
+    let argc = args.len() - 1;
+    if !(cell::ARGS_MIN..=cell::ARGS_MAX).contains(&argc) {
+        return Err(cell_error(&cell::CellError::Usage));
+    }
+    let mut rest: [&[u8]; cell::ARGS_MAX] = [&[]; cell::ARGS_MAX];
+    for (i, arg) in args.iter().skip(1).enumerate() {
+        rest[i] = arg;
+    }
+    CellRequest::parse(&rest[..argc]).map_err(|e| cell_error(&e))
+}
+
+/// redis-cell's error reply: its module wraps every error this way.
+fn cell_error(e: &cell::CellError) -> Reply {
+    Reply::Error(format!("Cell error: {e}"))
+}
+
+/// Redis's answer to an unknown command, quoting its name and the start
+/// of its arguments.
+fn unknown(args: &Args<'_>) -> Reply {
+    let name = printable(args.get(0).unwrap_or_default(), UNKNOWN_ECHO_BYTES_MAX);
+    let mut quoted = String::new();
+    for arg in args.iter().skip(1) {
+        if quoted.len() >= UNKNOWN_ECHO_BYTES_MAX {
+            break;
+        }
+        let room = UNKNOWN_ECHO_BYTES_MAX - quoted.len();
+        quoted.push('\'');
+        quoted.push_str(&printable(arg, room));
+        quoted.push_str("' ");
+    }
+    Reply::err(format_args!(
+        "unknown command '{name}', with args beginning with: {quoted}"
+    ))
+}
+
+/// Up to `max` bytes of `bytes` as text (invalid UTF-8 replaced).
+fn printable(bytes: &[u8], max: usize) -> String {
+    String::from_utf8_lossy(&bytes[..bytes.len().min(max)]).into_owned()
+}
+
+/// Appends `reply` to `buf` in RESP2.
+pub fn encode(buf: &mut BytesMut, reply: &Reply) {
+    match reply {
+        Reply::Cell(v) => {
+            buf.extend_from_slice(b"*5\r\n");
+            for n in v.reply() {
+                put_int(buf, b':', n);
+            }
+        }
+        Reply::Simple(s) => {
+            buf.put_u8(b'+');
+            buf.extend_from_slice(s.as_bytes());
+            buf.extend_from_slice(b"\r\n");
+        }
+        Reply::Bulk(data) => put_bulk(buf, data),
+        Reply::Array(items) => {
+            put_len(buf, b'*', items.len());
+            for item in items {
+                put_bulk(buf, item);
+            }
+        }
+        Reply::Error(text) => {
+            buf.put_u8(b'-');
+            // A CR or LF inside an error line would end it early: Redis
+            // turns them into spaces, and so do we.
+            buf.extend(
+                text.bytes()
+                    .map(|b| if b == b'\r' || b == b'\n' { b' ' } else { b }),
+            );
+            buf.extend_from_slice(b"\r\n");
+        }
+    }
+}
+
+fn put_bulk(buf: &mut BytesMut, data: &[u8]) {
+    put_len(buf, b'$', data.len());
+    buf.extend_from_slice(data);
+    buf.extend_from_slice(b"\r\n");
+}
+
+fn put_len(buf: &mut BytesMut, kind: u8, len: usize) {
+    put_int(buf, kind, i64::try_from(len).unwrap_or(i64::MAX));
+}
+
+/// `KIND n CRLF`, formatted without allocating.
+fn put_int(buf: &mut BytesMut, kind: u8, n: i64) {
+    let mut digits = [0u8; 20];
+    let mut at = digits.len();
+    let mut v = n.unsigned_abs();
+    loop {
+        at -= 1;
+        digits[at] = b'0' + (v % 10) as u8;
+        v /= 10;
+        if v == 0 {
+            break;
+        }
+    }
+    buf.put_u8(kind);
+    if n < 0 {
+        buf.put_u8(b'-');
+    }
+    buf.extend_from_slice(&digits[at..]);
+    buf.extend_from_slice(b"\r\n");
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::resp::parser::Parser;
+
+    /// Parses `input` (one whole command) and runs `f` on the result.
+    fn with<R>(input: &str, f: impl FnOnce(Result<Option<Command<'_>>, Reply>) -> R) -> R {
+        let mut p = Parser::new(1 << 20);
+        let line = format!("{input}\r\n");
+        assert_eq!(p.parse(line.as_bytes()), Ok(Some(line.len())));
+        f(parse(&p.args(line.as_bytes())))
+    }
+
+    fn error(input: &str) -> String {
+        with(input, |r| match r {
+            Err(Reply::Error(e)) => e,
+            other => panic!("{input}: {other:?}"),
+        })
+    }
+
+    fn encoded(r: &Reply) -> String {
+        let mut buf = BytesMut::new();
+        encode(&mut buf, r);
+        String::from_utf8(buf.to_vec()).unwrap()
+    }
+
+    #[test]
+    fn commands_are_recognised_in_any_case() {
+        with("ping", |r| {
+            assert!(matches!(r, Ok(Some(Command::Ping(None)))))
+        });
+        with("PiNg hi", |r| {
+            assert!(matches!(r, Ok(Some(Command::Ping(Some(b"hi"))))))
+        });
+        with("echo x", |r| {
+            assert!(matches!(r, Ok(Some(Command::Echo(b"x")))))
+        });
+        with("quit", |r| assert!(matches!(r, Ok(Some(Command::Quit)))));
+        with("info server", |r| {
+            assert!(matches!(r, Ok(Some(Command::Info(_)))))
+        });
+        with("auth secret", |r| {
+            assert!(matches!(
+                r,
+                Ok(Some(Command::Auth {
+                    user: None,
+                    token: b"secret"
+                }))
+            ))
+        });
+        with("auth default secret", |r| {
+            let Ok(Some(Command::Auth {
+                user: Some(b"default"),
+                token: b"secret",
+            })) = r
+            else {
+                panic!("{r:?}");
+            };
+        });
+        with("config get save", |r| {
+            assert!(matches!(r, Ok(Some(Command::ConfigGet(_)))))
+        });
+        with("cl.throttle user123 15 30 60 1", |r| {
+            let Ok(Some(Command::Throttle(t))) = r else {
+                panic!("{r:?}")
+            };
+            assert_eq!(t.key, b"user123");
+            assert_eq!(t.quantity, 1);
+            assert_eq!(t.policy.limit, 16);
+        });
+        with("", |r| assert!(matches!(r, Ok(None))));
+    }
+
+    #[test]
+    fn errors_are_redis_errors() {
+        assert_eq!(
+            error("FOO a b"),
+            "ERR unknown command 'FOO', with args beginning with: 'a' 'b' "
+        );
+        assert_eq!(
+            error("foo"),
+            "ERR unknown command 'foo', with args beginning with: "
+        );
+        let long = "x".repeat(300);
+        let e = error(&format!("{long} {long} {long}"));
+        assert!(e.len() < 400, "{} bytes", e.len());
+        assert_eq!(
+            error("echo"),
+            "ERR wrong number of arguments for 'echo' command"
+        );
+        assert_eq!(
+            error("echo a b"),
+            "ERR wrong number of arguments for 'echo' command"
+        );
+        assert_eq!(
+            error("ping a b"),
+            "ERR wrong number of arguments for 'ping' command"
+        );
+        assert_eq!(
+            error("auth"),
+            "ERR wrong number of arguments for 'auth' command"
+        );
+        assert_eq!(
+            error("config"),
+            "ERR wrong number of arguments for 'config' command"
+        );
+        assert_eq!(
+            error("config set a b"),
+            "ERR unknown subcommand 'set'. Try CONFIG HELP."
+        );
+        assert_eq!(
+            error("CL.THROTTLE k 1 1"),
+            "Cell error: Usage: cl.throttle <key> <max_burst> <count per period> <period> [<quantity>]"
+        );
+        assert_eq!(
+            error("CL.THROTTLE k 1 x 1"),
+            "Cell error: Couldn't parse as integer: x"
+        );
+        assert_eq!(
+            error("CL.THROTTLE k 1 0 1"),
+            "Cell error: Zero rates are not supported"
+        );
+        assert_eq!(
+            error("CL.THROTTLE k 1 1 1 -1"),
+            "Cell error: quantity must not be negative"
+        );
+    }
+
+    #[test]
+    fn replies_encode_as_resp2() {
+        let v = CellVerdict {
+            limited: false,
+            limit: 16,
+            remaining: 15,
+            retry_after_ns: -1_000_000_000,
+            reset_after_ns: 2_000_000_000,
+        };
+        assert_eq!(
+            encoded(&Reply::Cell(v)),
+            "*5\r\n:0\r\n:16\r\n:15\r\n:-1\r\n:2\r\n"
+        );
+        assert_eq!(encoded(&Reply::Simple("PONG")), "+PONG\r\n");
+        assert_eq!(
+            encoded(&Reply::Bulk(b"a\r\nb".to_vec())),
+            "$4\r\na\r\nb\r\n"
+        );
+        assert_eq!(encoded(&Reply::Bulk(Vec::new())), "$0\r\n\r\n");
+        assert_eq!(
+            encoded(&Reply::Array(vec![b"save".to_vec(), Vec::new()])),
+            "*2\r\n$4\r\nsave\r\n$0\r\n\r\n"
+        );
+        assert_eq!(encoded(&Reply::err("a\r\nb")), "-ERR a  b\r\n");
+        let mut buf = BytesMut::new();
+        for n in [0, 7, -7, i64::MAX, i64::MIN] {
+            buf.clear();
+            put_int(&mut buf, b':', n);
+            assert_eq!(buf, format!(":{n}\r\n").as_bytes());
+        }
+    }
+}

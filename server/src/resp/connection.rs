@@ -1,0 +1,362 @@
+//! One RESP connection, served on the shard thread it was handed to. Like
+//! protocol v1's [`connection`](crate::connection), the task is a
+//! *coordinator*: it parses every command in what it read, answers those it
+//! can on the spot (CL.THROTTLE on a key this shard owns is decided inline,
+//! on this shard's table), forwards CL.THROTTLEs for other shards' keys in
+//! one batch per shard per read, and writes every reply in command order,
+//! as many as are ready in one write. Ordering and forwarding are the
+//! shared [`Pipeline`]'s.
+//!
+//! Limits: a command longer than `frame_bytes_max` or one that does not
+//! parse is answered `-ERR Protocol error: ...` and ends the connection
+//! once earlier replies are written (the stream can't be trusted; other
+//! connections are untouched); with `inflight_max` commands unanswered the
+//! task stops reading until replies drain. QUIT answers `+OK` and closes;
+//! at shutdown (Drain) the task stops reading, finishes what is in flight
+//! and closes.
+
+use std::fmt::Write as _;
+use std::rc::Rc;
+
+use bytes::{Buf, BytesMut};
+use sluice_protocol::routing::{key_hash, shard_of};
+use sluice_protocol::{Clock, Status};
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::net::TcpStream;
+
+use super::command::{self, Command, Reply};
+use super::parser::{Args, Parser};
+use crate::connection::constant_time_eq;
+use crate::pipeline::{Pipeline, Protocol};
+use crate::shard::{AdoptResp, ConnectionGuard, Op, Outcome, ShardCore};
+
+/// Spare read-buffer capacity kept before each read.
+const READ_CHUNK_BYTES: usize = 16 << 10;
+/// After closing on bad input, how long the task keeps reading (and
+/// dropping) what the peer still sends: the close is then a FIN after the
+/// error reply, not a reset that could make the peer lose that reply.
+const ERROR_LINGER_MS: u64 = 1_000;
+
+/// The RESP protocol's use of the [`Pipeline`]: a forwarded command is
+/// always a CL.THROTTLE, and RESP replies are positional, so a waiting
+/// slot needs to remember nothing.
+#[derive(Debug)]
+struct Resp;
+
+impl Protocol for Resp {
+    type Tag = ();
+    type Reply = Reply;
+
+    fn answered((): (), outcome: Outcome) -> Reply {
+        let Outcome::Cell(verdict) = outcome else {
+            unreachable!("the RESP connection forwards only CL.THROTTLE");
+        };
+        Reply::Cell(verdict)
+    }
+
+    fn refused((): ()) -> Reply {
+        Reply::err(Status::ShuttingDown.text())
+    }
+}
+
+/// What the command handlers work on: everything but the socket and the
+/// bytes being parsed (which the parsed arguments borrow).
+#[derive(Debug)]
+struct Session {
+    /// The shard this task runs on.
+    core: Rc<ShardCore>,
+    /// Encoded replies not yet written.
+    wbuf: BytesMut,
+    /// Replies in command order, and CL.THROTTLEs out at other shards.
+    pipe: Pipeline<Resp>,
+    /// Whether AUTH succeeded (or no token is configured).
+    authed: bool,
+    /// Stop reading; close once every pending reply is written.
+    closing: bool,
+    /// The input did not parse: linger on close (see [`ERROR_LINGER_MS`]).
+    bad_input: bool,
+    /// Keeps the node's connection count while the connection lives.
+    guard: ConnectionGuard,
+}
+
+/// The state of one RESP connection task.
+#[derive(Debug)]
+struct RespConnection {
+    /// The socket.
+    stream: TcpStream,
+    /// Bytes read and not yet parsed.
+    rbuf: BytesMut,
+    /// Splits `rbuf` into commands, enforcing `frame_bytes_max`.
+    parser: Parser,
+    /// The rest.
+    session: Session,
+}
+
+/// Serves one RESP connection until it closes.
+pub async fn run(core: Rc<ShardCore>, adopt: AdoptResp) {
+    let AdoptResp { stream, guard } = adopt;
+    let stream = match TcpStream::from_std(stream) {
+        Ok(s) => s,
+        Err(e) => {
+            tracing::warn!(error = %e, "could not register a RESP connection");
+            core.connection_closed();
+            return;
+        }
+    };
+    let command_bytes_max = usize::try_from(core.node.config.frame_bytes_max).unwrap_or(usize::MAX);
+    let mut conn = RespConnection {
+        stream,
+        rbuf: BytesMut::with_capacity(READ_CHUNK_BYTES),
+        parser: Parser::new(command_bytes_max),
+        session: Session {
+            core: core.clone(),
+            wbuf: BytesMut::with_capacity(READ_CHUNK_BYTES),
+            pipe: Pipeline::new(core.node.shard_count),
+            authed: core.node.config.auth_token.is_none(),
+            closing: false,
+            bad_input: false,
+            guard,
+        },
+    };
+    if let Err(e) = conn.serve().await {
+        tracing::debug!(shard = core.id, error = %e, "RESP connection ended");
+    }
+    core.connection_closed();
+}
+
+impl RespConnection {
+    /// The read-decide-write loop.
+    async fn serve(&mut self) -> std::io::Result<()> {
+        let mut draining = self.session.core.draining.subscribe();
+        let mut replies = Vec::new();
+        let inflight_max = self.session.core.node.config.inflight_max;
+        loop {
+            let s = &mut self.session;
+            if !s.wbuf.is_empty() {
+                self.stream.write_all(&s.wbuf).await?;
+                s.wbuf.clear();
+            }
+            if *draining.borrow() {
+                s.closing = true;
+            }
+            if s.closing && s.pipe.is_empty() {
+                let _ = self.stream.shutdown().await;
+                if s.bad_input && !*draining.borrow() {
+                    self.linger().await;
+                }
+                return Ok(());
+            }
+            let can_read = !s.closing && s.pipe.len() < inflight_max;
+            if self.rbuf.capacity() - self.rbuf.len() < READ_CHUNK_BYTES {
+                self.rbuf.reserve(READ_CHUNK_BYTES);
+            }
+            tokio::select! {
+                biased;
+                () = s.pipe.recv(&mut replies), if s.pipe.awaiting() => {
+                    for reply in replies.drain(..) {
+                        s.pipe.fill(reply, |r| command::encode(&mut s.wbuf, r));
+                    }
+                }
+                read = self.stream.read_buf(&mut self.rbuf), if can_read => {
+                    if read? == 0 {
+                        // The peer is done sending; a partial command is
+                        // dropped, pending replies still go out.
+                        s.closing = true;
+                    } else {
+                        self.handle_buffered();
+                    }
+                }
+                _ = draining.changed(), if !s.closing => {}
+            }
+        }
+    }
+
+    /// Reads and drops what the peer sends until it closes its side too, or
+    /// [`ERROR_LINGER_MS`] pass.
+    async fn linger(&mut self) {
+        let deadline = tokio::time::sleep(std::time::Duration::from_millis(ERROR_LINGER_MS));
+        tokio::pin!(deadline);
+        let mut sink = [0u8; 4096];
+        loop {
+            tokio::select! {
+                n = self.stream.read(&mut sink) => if !matches!(n, Ok(n) if n > 0) { return },
+                () = &mut deadline => return,
+            }
+        }
+    }
+
+    /// Parses and carries out every whole command in the read buffer, then
+    /// sends the forwarded batches they produced.
+    fn handle_buffered(&mut self) {
+        let mut at = 0;
+        // The clock is read once per read, and only if a decision needs it.
+        let mut now_ns = None;
+        while !self.session.closing {
+            match self.parser.parse(&self.rbuf[at..]) {
+                Ok(Some(n)) => {
+                    let args = self.parser.args(&self.rbuf[at..]);
+                    self.session.execute(&args, &mut now_ns);
+                    at += n;
+                }
+                Ok(None) => break,
+                Err(e) => {
+                    tracing::debug!(shard = self.session.core.id, error = %e, "closing a RESP connection on bad input");
+                    self.session.reply(Reply::err(e));
+                    self.session.closing = true;
+                    self.session.bad_input = true;
+                }
+            }
+        }
+        self.rbuf.advance(at);
+        let s = &mut self.session;
+        s.pipe
+            .send_forwards(&s.core.node, |r| command::encode(&mut s.wbuf, r));
+    }
+}
+
+impl Session {
+    /// Queues `reply` behind every earlier one (or encodes it right away).
+    fn reply(&mut self, reply: Reply) {
+        if let Some(r) = self.pipe.ready(reply) {
+            command::encode(&mut self.wbuf, &r);
+        }
+    }
+
+    /// Carries out one command.
+    fn execute(&mut self, args: &Args<'_>, now_ns: &mut Option<u64>) {
+        let command = match command::parse(args) {
+            Ok(Some(c)) => c,
+            Ok(None) => return,
+            Err(reply) => return self.reply(reply),
+        };
+        if !self.authed && command.needs_auth() {
+            return self.reply(Reply::no_auth());
+        }
+        match command {
+            Command::Throttle(t) => {
+                let key = key_hash(t.key);
+                let shard = shard_of(key, self.core.node.shard_count);
+                if shard == self.core.id {
+                    let now = *now_ns.get_or_insert_with(|| self.core.clock.now_ns());
+                    let verdict = self
+                        .core
+                        .table
+                        .borrow_mut()
+                        .cell_throttle(key, &t.policy, t.quantity, now);
+                    self.reply(Reply::Cell(verdict));
+                } else {
+                    let op = Op::Cell {
+                        policy: t.policy,
+                        quantity: t.quantity,
+                    };
+                    self.pipe.forward(shard, (), key, op);
+                }
+            }
+            Command::Ping(None) => self.reply(Reply::Simple("PONG")),
+            Command::Ping(Some(message)) | Command::Echo(message) => {
+                self.reply(Reply::Bulk(message.to_vec()))
+            }
+            Command::Quit => {
+                self.reply(Reply::Simple("OK"));
+                self.closing = true;
+            }
+            Command::Info(args) => {
+                let text = self.info(&args);
+                self.reply(Reply::Bulk(text.into_bytes()));
+            }
+            Command::Auth { user, token } => self.auth(user, token),
+            Command::ConfigGet(args) => self.config_get(&args),
+        }
+    }
+
+    /// AUTH as Redis answers it for its `default` user.
+    fn auth(&mut self, user: Option<&[u8]>, token: &[u8]) {
+        let reply = match (&self.core.node.config.auth_token, user) {
+            (None, None) => Reply::err(
+                "AUTH <password> called without any password configured for the default user. \
+                 Are you sure your configuration is correct?",
+            ),
+            (None, Some(b"default")) => Reply::Simple("OK"),
+            (Some(expected), None | Some(b"default"))
+                if constant_time_eq(expected.as_bytes(), token) =>
+            {
+                self.authed = true;
+                Reply::Simple("OK")
+            }
+            _ => Reply::wrong_pass(),
+        };
+        self.reply(reply);
+    }
+
+    /// INFO: a few facts per section, Redis's `field:value` lines. Asked
+    /// for sections (case-insensitive) or all of them.
+    fn info(&self, args: &Args<'_>) -> String {
+        let node = &self.core.node;
+        let want = |section: &str| {
+            args.len() <= 1
+                || args.iter().skip(1).any(|a| {
+                    [section, "all", "everything", "default"]
+                        .iter()
+                        .any(|n| a.eq_ignore_ascii_case(n.as_bytes()))
+                })
+        };
+        let mut out = String::new();
+        if want("server") {
+            let resp_port = node.resp_addr.map_or(0, |a| a.port());
+            let _ = write!(
+                out,
+                "# Server\r\nsluice_version:{}\r\nredis_mode:standalone\r\nprocess_id:{}\r\n\
+                 tcp_port:{}\r\nresp_port:{resp_port}\r\nuptime_in_seconds:{}\r\nshards:{}\r\n",
+                env!("CARGO_PKG_VERSION"),
+                std::process::id(),
+                node.addr.port(),
+                node.started.elapsed().as_secs(),
+                node.shard_count,
+            );
+        }
+        if want("clients") {
+            let _ = write!(
+                out,
+                "{}# Clients\r\nconnected_clients:{}\r\nmaxclients:{}\r\n",
+                if out.is_empty() { "" } else { "\r\n" },
+                self.guard.open_count(),
+                node.config.connections_max,
+            );
+        }
+        if want("shard") {
+            let _ = write!(
+                out,
+                "{}# Shard\r\nshard_id:{}\r\nshard_buckets:{}\r\nshard_connections:{}\r\n",
+                if out.is_empty() { "" } else { "\r\n" },
+                self.core.id,
+                self.core.table.borrow().len(),
+                self.core.connections.get(),
+            );
+        }
+        out
+    }
+
+    /// CONFIG GET for the settings Redis tools ask about (`redis-benchmark`
+    /// reads `save` and `appendonly` at start); others are an empty answer,
+    /// as Redis gives for an unknown name.
+    fn config_get(&mut self, args: &Args<'_>) {
+        let connections_max = self.core.node.config.connections_max.to_string();
+        let known: [(&str, &str); 3] = [
+            ("save", ""),
+            ("appendonly", "no"),
+            ("maxclients", &connections_max),
+        ];
+        let mut items = Vec::new();
+        for (name, value) in known {
+            let asked = args
+                .iter()
+                .skip(2)
+                .any(|a| a == b"*" || a.eq_ignore_ascii_case(name.as_bytes()));
+            if asked {
+                items.push(name.as_bytes().to_vec());
+                items.push(value.as_bytes().to_vec());
+            }
+        }
+        self.reply(Reply::Array(items));
+    }
+}
