@@ -122,6 +122,11 @@ struct Connection {
     decoder: FrameDecoder,
     /// Replies in request order, and requests out at other shards.
     pipe: Pipeline<V1>,
+    /// Key hashes of the frame being handled, by message index (0 for a
+    /// message that is not a THROTTLE or PEEK): computed in a first pass
+    /// that also starts loading each local key's slot, so a batch's cache
+    /// misses overlap instead of queueing one after another.
+    hashes: Vec<u128>,
     /// Whether HELLO carried the right token (or none is needed).
     authed: bool,
     /// Stop reading; close once every pending reply is written.
@@ -158,6 +163,7 @@ pub async fn run(core: Rc<ShardCore>, adopt: Adopt) {
         writer: FrameWriter::new(),
         decoder: FrameDecoder::new(frame_bytes_max),
         pipe: Pipeline::new(core.node.shard_count),
+        hashes: Vec::new(),
         authed,
         closing: false,
         migrate: None,
@@ -254,7 +260,8 @@ impl Connection {
             return;
         }
         let now_ns = self.core.clock.now_ns();
-        for (h, payload) in frame.messages() {
+        self.hash_and_prefetch(frame);
+        for (i, (h, payload)) in frame.messages().enumerate() {
             if self.closing {
                 // AUTH_FAILED: nothing after it in the frame is served.
                 break;
@@ -264,8 +271,10 @@ impl Connection {
                 continue;
             }
             match Request::parse(h, payload) {
-                Ok(Request::Throttle(t)) => self.decide(h.request_id, &t, false, now_ns),
-                Ok(Request::Peek(t)) => self.decide(h.request_id, &t, true, now_ns),
+                Ok(Request::Throttle(t)) => {
+                    self.decide(h.request_id, &t, self.hashes[i], false, now_ns)
+                }
+                Ok(Request::Peek(t)) => self.decide(h.request_id, &t, self.hashes[i], true, now_ns),
                 Ok(Request::Ping) => self.push(h.request_id, Local::Pong),
                 Ok(Request::Hello(hello)) => self.hello(h.request_id, &hello, frame.len()),
                 Err(e) => self.push(h.request_id, error(e)),
@@ -273,10 +282,33 @@ impl Connection {
         }
     }
 
-    /// Decides a THROTTLE or PEEK here, or queues it for its owner.
+    /// First pass over a frame: hash every THROTTLE/PEEK key and prefetch
+    /// the table slot of each key this shard owns, so the batch's cache
+    /// misses overlap; the second pass then decides on cached slots. A key
+    /// that turns out malformed just wasted a hash.
+    fn hash_and_prefetch(&mut self, frame: &Frame) {
+        self.hashes.clear();
+        let table = self.core.table.borrow();
+        for (h, payload) in frame.messages() {
+            let key = match h.op {
+                message::op::THROTTLE | message::op::PEEK => {
+                    payload.get(message::THROTTLE_FIXED_BYTES..)
+                }
+                _ => None,
+            };
+            let hash = key.map_or(0, key_hash);
+            if hash != 0 && shard_of(hash, self.core.node.shard_count) == self.core.id {
+                table.prefetch(hash);
+            }
+            self.hashes.push(hash);
+        }
+    }
+
+    /// Decides a THROTTLE or PEEK (whose key hashes to `key`) here, or
+    /// queues it for its owner.
     #[inline]
-    fn decide(&mut self, request_id: u32, t: &Throttle<'_>, peek: bool, now_ns: u64) {
-        let key = key_hash(t.key);
+    fn decide(&mut self, request_id: u32, t: &Throttle<'_>, key: u128, peek: bool, now_ns: u64) {
+        debug_assert_eq!(key, key_hash(t.key));
         let shard = shard_of(key, self.core.node.shard_count);
         if shard == self.core.id {
             let mut table = self.core.table.borrow_mut();

@@ -7,6 +7,7 @@
 //! connections, forwarded batches of requests for its keys, and the two
 //! steps of shutdown.
 
+pub mod bucket_map;
 pub mod table;
 
 use std::cell::{Cell, RefCell};

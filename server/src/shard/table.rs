@@ -1,5 +1,5 @@
-//! A shard's buckets: a hashbrown table from a key's 128-bit hash to its
-//! GCRA bucket. Only the owning shard thread touches it.
+//! A shard's buckets: a [`BucketMap`] from a key's 128-bit hash to its GCRA
+//! bucket. Only the owning shard thread touches it.
 //!
 //! Protocol v1 and redis-cell's CL.THROTTLE share the table and the record:
 //! both keep a bucket's theoretical arrival time, so a key is one bucket
@@ -7,61 +7,28 @@
 //!
 //! Memory stays bounded by the buckets that are *not* full: a bucket that
 //! has refilled completely is the same as no bucket, so a decision that
-//! leaves a bucket full removes it, and before the table grows it first
-//! drops every full bucket (an O(n) pass that costs no more than the
-//! rehash it may avoid).
+//! leaves a bucket full removes it, every insert sweeps a few slots for
+//! full buckets, and before the table grows it drops every full bucket (an
+//! O(n) pass that costs no more than the rehash it may avoid).
 
-use std::hash::{BuildHasher, Hasher};
-
-use hashbrown::HashMap;
 use sluice_protocol::cell::{self, CellPolicy, CellVerdict};
 use sluice_protocol::gcra::{self, Bucket, Verdict};
 use sluice_protocol::Policy;
 
+use super::bucket_map::{BucketMap, Record};
 use super::{Op, Outcome};
 
-/// Keys are already uniform 128-bit hashes; folding them to 64 bits is all
-/// the hashing the table needs.
-#[derive(Clone, Copy, Debug, Default)]
-pub(crate) struct FoldHasher(u64);
-
-impl Hasher for FoldHasher {
-    fn finish(&self) -> u64 {
-        self.0
-    }
-
-    fn write(&mut self, bytes: &[u8]) {
-        // Only reached if a non-u128 key is ever hashed; keep it correct.
-        for chunk in bytes.chunks(8) {
-            let mut a = [0u8; 8];
-            a[..chunk.len()].copy_from_slice(chunk);
-            self.0 = (self.0 ^ u64::from_le_bytes(a)).wrapping_mul(0x9e37_79b9_7f4a_7c15);
-        }
-    }
-
-    fn write_u128(&mut self, k: u128) {
-        self.0 = (k as u64) ^ ((k >> 64) as u64);
+impl Record for Bucket {
+    #[inline]
+    fn is_full(&self, now_ns: u64) -> bool {
+        Bucket::is_full(self, now_ns)
     }
 }
 
-#[derive(Clone, Copy, Debug, Default)]
-pub(crate) struct FoldState;
-
-impl BuildHasher for FoldState {
-    type Hasher = FoldHasher;
-
-    fn build_hasher(&self) -> FoldHasher {
-        FoldHasher(0)
-    }
-}
-
-/// The buckets of one shard.
 #[derive(Debug, Default)]
 pub struct Table {
     /// Key hash to bucket. Absent means full.
-    buckets: HashMap<u128, Bucket, FoldState>,
-    /// Full buckets dropped by sweeps (not counting drops by decisions).
-    swept_total: u64,
+    buckets: BucketMap<Bucket>,
 }
 
 impl Table {
@@ -82,19 +49,30 @@ impl Table {
 
     /// Full buckets dropped by sweeps so far.
     pub fn swept_total(&self) -> u64 {
-        self.swept_total
+        self.buckets.swept_total()
+    }
+
+    /// Bytes the table's slots occupy.
+    pub fn memory_bytes(&self) -> usize {
+        self.buckets.memory_bytes()
+    }
+
+    /// Starts loading `key`'s slot into cache; see `BucketMap::prefetch`.
+    #[inline]
+    pub fn prefetch(&self, key: u128) {
+        self.buckets.prefetch(key);
     }
 
     /// Spends `cost` from `key`'s bucket (see `gcra::throttle`).
     #[inline]
     pub fn throttle(&mut self, key: u128, policy: &Policy, cost: u64, now_ns: u64) -> Verdict {
-        match self.buckets.get_mut(&key) {
+        match self.buckets.get_mut(key) {
             Some(b) => {
                 let d = gcra::throttle(Some(*b), policy, cost, now_ns);
                 match d.bucket {
                     Some(nb) => *b = nb,
                     None => {
-                        self.buckets.remove(&key);
+                        self.buckets.remove(key);
                     }
                 }
                 d.verdict
@@ -113,10 +91,7 @@ impl Table {
     /// buckets if the table would otherwise grow.
     #[inline]
     fn insert_new(&mut self, key: u128, bucket: Bucket, now_ns: u64) {
-        if self.buckets.len() == self.buckets.capacity() {
-            self.sweep(now_ns);
-        }
-        self.buckets.insert(key, bucket);
+        self.buckets.insert(key, bucket, now_ns);
     }
 
     /// redis-cell's CL.THROTTLE on `key`'s bucket (see `cell::throttle`).
@@ -128,19 +103,19 @@ impl Table {
         quantity: u64,
         now_ns: u64,
     ) -> CellVerdict {
-        let stored = self.buckets.get(&key).map(Bucket::tat_ns);
+        let stored = self.buckets.get(key).map(Bucket::tat_ns);
         let d = cell::throttle(stored, policy, quantity, now_ns);
         if d.verdict.limited {
             // Limited changes nothing (not even a v1 bucket's fraction).
             return d.verdict;
         }
         match d.tat_ns.filter(|&tat_ns| tat_ns > now_ns) {
-            Some(tat_ns) => match self.buckets.get_mut(&key) {
+            Some(tat_ns) => match self.buckets.get_mut(key) {
                 Some(b) => *b = Bucket::from_tat_ns(tat_ns),
                 None => self.insert_new(key, Bucket::from_tat_ns(tat_ns), now_ns),
             },
             None => {
-                self.buckets.remove(&key);
+                self.buckets.remove(key);
             }
         }
         d.verdict
@@ -163,14 +138,12 @@ impl Table {
     /// Answers as `throttle` would; creates and changes nothing.
     #[inline]
     pub fn peek(&self, key: u128, policy: &Policy, cost: u64, now_ns: u64) -> Verdict {
-        gcra::peek(self.buckets.get(&key).copied(), policy, cost, now_ns)
+        gcra::peek(self.buckets.get(key).copied(), policy, cost, now_ns)
     }
 
     /// Drops every bucket that is full at `now_ns`.
     pub fn sweep(&mut self, now_ns: u64) {
-        let before = self.buckets.len();
-        self.buckets.retain(|_, b| !b.is_full(now_ns));
-        self.swept_total += (before - self.buckets.len()) as u64;
+        self.buckets.sweep(now_ns);
     }
 }
 

@@ -1,0 +1,438 @@
+//! The open-addressing table a shard keeps its buckets in: 128-bit key
+//! hashes to small fixed-size records, stored inline in one flat array.
+//!
+//! Why not a general-purpose map: a decision is one lookup of a key that is
+//! already a uniform 128-bit hash, and at millions of keys that lookup is a
+//! cache miss. This table is built around that:
+//!
+//! - One array of `(key, value)` slots, no separate control bytes, so a hit
+//!   is usually one cache line; key 0 marks an empty slot.
+//! - [`BucketMap::prefetch`] loads a key's home slot without deciding
+//!   anything, so a connection can start the misses of a whole batch before
+//!   it decides the first request (memory-level parallelism).
+//! - Robin Hood linear probing (probe lengths stay short and even at high
+//!   load) with backward-shift deletion (no tombstones).
+//! - Any capacity, not just powers of two (the home slot is
+//!   `hash * capacity >> 64`), so the table grows by [`GROWTH_NUM`] /
+//!   [`GROWTH_DEN`] and the bytes per bucket stay within a narrow band
+//!   instead of halving at every doubling.
+//! - A sweep cursor: every insert also examines a few slots and drops
+//!   buckets that have refilled (equivalent to absent), so memory follows
+//!   the live keys without a stop-the-world pass; before growing, one full
+//!   sweep runs (its cost is of the same order as the rehash it may avoid).
+
+/// Most slots in use, per mille of capacity, before the table grows.
+pub const LOAD_MAX_PERMILLE: usize = 875;
+/// Growth factor numerator / denominator (x1.3).
+pub const GROWTH_NUM: usize = 13;
+pub const GROWTH_DEN: usize = 10;
+/// Slots the sweep cursor examines per insert.
+pub const SWEEP_SLOTS_PER_INSERT: usize = 4;
+/// Smallest capacity.
+const CAPACITY_MIN: usize = 16;
+
+// After growth the load must stay above what growth would trigger at, or a
+// table could grow again immediately.
+const _: () = assert!(LOAD_MAX_PERMILLE * GROWTH_DEN / GROWTH_NUM < LOAD_MAX_PERMILLE);
+
+/// A value the table can hold: small, copyable, and able to say when it is
+/// equivalent to absent.
+pub trait Record: Copy + Default {
+    /// Whether the record, at `now_ns`, is the same as no record at all.
+    fn is_full(&self, now_ns: u64) -> bool;
+}
+
+/// One slot: the key hash (0 = empty) and its record. Aligned to 32 bytes
+/// so that a 32-byte slot (a GCRA bucket) never straddles two cache lines.
+#[derive(Clone, Copy, Debug, Default)]
+#[repr(C, align(32))]
+struct Slot<V> {
+    key: u128,
+    value: V,
+}
+
+/// A map from non-zero 128-bit key hashes to records.
+#[derive(Debug)]
+pub struct BucketMap<V> {
+    /// The slots; `slots.len()` is the capacity.
+    slots: Vec<Slot<V>>,
+    /// Slots in use.
+    len: usize,
+    /// Where the incremental sweep examines next.
+    cursor: usize,
+    /// Records dropped because they had refilled.
+    swept_total: u64,
+}
+
+/// Key 0 marks an empty slot, so the one key hash that is 0 is stored as 1
+/// (a 2^-128 chance of sharing a bucket with key 1).
+#[inline]
+fn tag(key: u128) -> u128 {
+    key.max(1)
+}
+
+impl<V: Record> Default for BucketMap<V> {
+    fn default() -> Self {
+        BucketMap::with_capacity(0)
+    }
+}
+
+impl<V: Record> BucketMap<V> {
+    /// A map that holds `n` records before it first grows.
+    pub fn with_capacity(n: usize) -> BucketMap<V> {
+        let capacity = (n * 1000 / LOAD_MAX_PERMILLE + 1).max(CAPACITY_MIN);
+        BucketMap {
+            slots: vec![Slot::default(); capacity],
+            len: 0,
+            cursor: 0,
+            swept_total: 0,
+        }
+    }
+
+    /// Records held.
+    pub fn len(&self) -> usize {
+        self.len
+    }
+
+    /// Whether no record is held.
+    pub fn is_empty(&self) -> bool {
+        self.len == 0
+    }
+
+    /// Slots allocated.
+    pub fn capacity(&self) -> usize {
+        self.slots.len()
+    }
+
+    /// Bytes the slot array occupies.
+    pub fn memory_bytes(&self) -> usize {
+        self.slots.len() * std::mem::size_of::<Slot<V>>()
+    }
+
+    /// Records dropped by sweeps so far.
+    pub fn swept_total(&self) -> u64 {
+        self.swept_total
+    }
+
+    #[inline]
+    fn home(&self, key: u128) -> usize {
+        // The low 64 bits: the high ones chose the shard, so within a shard
+        // they are not uniform.
+        ((u128::from(key as u64) * self.slots.len() as u128) >> 64) as usize
+    }
+
+    /// How far the slot at `index` is from its key's home.
+    #[inline]
+    fn distance(&self, index: usize) -> usize {
+        let home = self.home(self.slots[index].key);
+        if index >= home {
+            index - home
+        } else {
+            index + self.slots.len() - home
+        }
+    }
+
+    #[inline]
+    fn next(&self, index: usize) -> usize {
+        if index + 1 == self.slots.len() {
+            0
+        } else {
+            index + 1
+        }
+    }
+
+    /// Starts loading `key`'s home slot into the cache without waiting for
+    /// it, so a caller can overlap the misses of a whole batch of lookups.
+    #[inline]
+    pub fn prefetch(&self, key: u128) {
+        prefetch_read(&self.slots[self.home(tag(key))]);
+    }
+
+    /// The index of `key`'s slot, if present.
+    #[inline]
+    fn find(&self, key: u128) -> Option<usize> {
+        let key = tag(key);
+        let mut index = self.home(key);
+        let mut dist = 0;
+        loop {
+            let slot = &self.slots[index];
+            if slot.key == key {
+                return Some(index);
+            }
+            // Robin Hood: a resident closer to its home than we are to ours
+            // means our key would have displaced it; it is not here.
+            if slot.key == 0 || self.distance(index) < dist {
+                return None;
+            }
+            index = self.next(index);
+            dist += 1;
+        }
+    }
+
+    /// The record for `key`.
+    #[inline]
+    pub fn get(&self, key: u128) -> Option<&V> {
+        self.find(key).map(|i| &self.slots[i].value)
+    }
+
+    /// The record for `key`, to change in place.
+    #[inline]
+    pub fn get_mut(&mut self, key: u128) -> Option<&mut V> {
+        self.find(key).map(|i| &mut self.slots[i].value)
+    }
+
+    /// Stores `value` for `key`, replacing any record it had. First sweeps a
+    /// few slots, and before growing sweeps them all, at `now_ns`.
+    pub fn insert(&mut self, key: u128, value: V, now_ns: u64) {
+        if let Some(i) = self.find(key) {
+            self.slots[i].value = value;
+            return;
+        }
+        self.sweep_step(now_ns, SWEEP_SLOTS_PER_INSERT);
+        if (self.len + 1) * 1000 > self.slots.len() * LOAD_MAX_PERMILLE {
+            self.sweep(now_ns);
+            if (self.len + 1) * 1000
+                > self.slots.len() * LOAD_MAX_PERMILLE * GROWTH_DEN / GROWTH_NUM
+            {
+                self.grow();
+            }
+        }
+        self.place(Slot {
+            key: tag(key),
+            value,
+        });
+        self.len += 1;
+    }
+
+    /// Robin Hood insertion of a key known to be absent, with room for it.
+    fn place(&mut self, mut moving: Slot<V>) {
+        let mut index = self.home(moving.key);
+        let mut dist = 0;
+        loop {
+            if self.slots[index].key == 0 {
+                self.slots[index] = moving;
+                return;
+            }
+            let resident = self.distance(index);
+            if resident < dist {
+                std::mem::swap(&mut self.slots[index], &mut moving);
+                dist = resident;
+            }
+            index = self.next(index);
+            dist += 1;
+        }
+    }
+
+    /// Removes `key`'s record.
+    pub fn remove(&mut self, key: u128) -> Option<V> {
+        let index = self.find(key)?;
+        let value = self.slots[index].value;
+        self.remove_at(index);
+        Some(value)
+    }
+
+    /// Backward-shift deletion: pull each following displaced slot one
+    /// step back, so no tombstone is left.
+    fn remove_at(&mut self, mut index: usize) {
+        loop {
+            let next = self.next(index);
+            if self.slots[next].key == 0 || self.distance(next) == 0 {
+                self.slots[index] = Slot::default();
+                break;
+            }
+            self.slots[index] = self.slots[next];
+            index = next;
+        }
+        self.len -= 1;
+    }
+
+    /// Examines `n` slots at the cursor, dropping full records.
+    pub fn sweep_step(&mut self, now_ns: u64, n: usize) {
+        for _ in 0..n.min(self.slots.len()) {
+            let i = self.cursor;
+            let slot = self.slots[i];
+            if slot.key != 0 && slot.value.is_full(now_ns) {
+                // The shift may pull an unexamined slot into `i`; look at
+                // `i` again next time rather than skip it.
+                self.remove_at(i);
+                self.swept_total += 1;
+            } else {
+                self.cursor = self.next(i);
+            }
+        }
+    }
+
+    /// Drops every full record.
+    pub fn sweep(&mut self, now_ns: u64) {
+        let mut i = 0;
+        while i < self.slots.len() {
+            let slot = self.slots[i];
+            if slot.key != 0 && slot.value.is_full(now_ns) {
+                self.remove_at(i);
+                self.swept_total += 1;
+                // A slot shifted into `i`: examine it too.
+            } else {
+                i += 1;
+            }
+        }
+    }
+
+    fn grow(&mut self) {
+        let capacity = self.slots.len() * GROWTH_NUM / GROWTH_DEN + 1;
+        let old = std::mem::replace(&mut self.slots, vec![Slot::default(); capacity]);
+        self.cursor = 0;
+        for slot in old {
+            if slot.key != 0 {
+                self.place(slot);
+            }
+        }
+    }
+
+    /// Every `(key, record)`, in slot order.
+    pub fn iter(&self) -> impl Iterator<Item = (u128, &V)> {
+        self.slots
+            .iter()
+            .filter(|s| s.key != 0)
+            .map(|s| (s.key, &s.value))
+    }
+}
+
+/// Asks the CPU to start loading `r`'s cache line. A hint only: it never
+/// faults, blocks or changes anything a program can observe.
+#[inline(always)]
+#[allow(unsafe_code)]
+fn prefetch_read<T>(r: &T) {
+    #[cfg(target_arch = "x86_64")]
+    // SAFETY: PREFETCHT0 has no architectural effect and cannot fault, for
+    // any address; SSE, which it needs, is part of the x86_64 baseline; and
+    // `r` is a live reference in any case.
+    unsafe {
+        core::arch::x86_64::_mm_prefetch::<{ core::arch::x86_64::_MM_HINT_T0 }>(
+            (r as *const T).cast(),
+        );
+    }
+    #[cfg(not(target_arch = "x86_64"))]
+    let _ = r;
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use proptest::prelude::*;
+    use std::collections::HashMap;
+
+    /// A record that is full once `now` passes its deadline.
+    #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+    struct Until(u64);
+
+    impl Record for Until {
+        fn is_full(&self, now_ns: u64) -> bool {
+            self.0 <= now_ns
+        }
+    }
+
+    #[derive(Clone, Debug)]
+    enum Op {
+        Insert(u16, u64),
+        Remove(u16),
+        Sweep,
+        Step(u8),
+    }
+
+    fn ops() -> impl Strategy<Value = Vec<(Op, u64)>> {
+        let op = prop_oneof![
+            6 => (any::<u16>(), 0u64..100).prop_map(|(k, v)| Op::Insert(k, v)),
+            3 => any::<u16>().prop_map(Op::Remove),
+            1 => Just(Op::Sweep),
+            1 => any::<u8>().prop_map(Op::Step),
+        ];
+        prop::collection::vec((op, 0u64..3), 1..2_000)
+    }
+
+    /// Keys that collide on purpose: few distinct low bits.
+    fn key(k: u16) -> u128 {
+        (u128::from(k) << 64) | u128::from(k % 97)
+    }
+
+    proptest! {
+        #![proptest_config(ProptestConfig::with_cases(64))]
+
+        /// The table agrees with a HashMap model after any operations,
+        /// where sweeps may drop exactly the records that are full.
+        #[test]
+        fn agrees_with_a_model(seq in ops()) {
+            let mut map = BucketMap::<Until>::default();
+            let mut model: HashMap<u128, Until> = HashMap::new();
+            let mut now = 0u64;
+            for (op, tick) in seq {
+                now += tick;
+                match op {
+                    Op::Insert(k, v) => {
+                        map.insert(key(k), Until(now + v), now);
+                        model.insert(key(k), Until(now + v));
+                    }
+                    Op::Remove(k) => prop_assert_eq!(map.remove(key(k)), model.remove(&key(k))),
+                    Op::Sweep => map.sweep(now),
+                    Op::Step(n) => map.sweep_step(now, usize::from(n)),
+                }
+                // Sweeps may only have dropped full records.
+                model.retain(|k, v| map.get(*k).is_some() || { assert!(v.is_full(now), "a live record vanished"); false });
+                prop_assert_eq!(map.len(), model.len());
+                for (k, v) in &model {
+                    prop_assert_eq!(map.get(*k), Some(v));
+                }
+                prop_assert!(map.len() * 1000 <= map.capacity() * LOAD_MAX_PERMILLE);
+            }
+            prop_assert_eq!(map.iter().count(), model.len());
+        }
+    }
+
+    #[test]
+    fn grows_by_the_factor_and_keeps_everything() {
+        let mut map = BucketMap::<Until>::default();
+        for k in 1..=100_000u128 {
+            map.insert(
+                k.wrapping_mul(0x9e37_79b9_7f4a_7c15_f39c_c060_5ced_c834),
+                Until(u64::MAX),
+                0,
+            );
+        }
+        assert_eq!(map.len(), 100_000);
+        let load = map.len() as f64 / map.capacity() as f64;
+        assert!((0.6..=0.875).contains(&load), "load {load}");
+        for k in 1..=100_000u128 {
+            assert!(map
+                .get(k.wrapping_mul(0x9e37_79b9_7f4a_7c15_f39c_c060_5ced_c834))
+                .is_some());
+        }
+        assert_eq!(
+            std::mem::size_of::<Slot<u128>>(),
+            32,
+            "a GCRA slot is 32 bytes"
+        );
+    }
+
+    #[test]
+    fn full_records_are_swept_instead_of_growing() {
+        let mut map = BucketMap::<Until>::default();
+        // Each record is full one tick after it is written.
+        for t in 0..200_000u64 {
+            map.insert(u128::from(t) * 0x1_0000_0001 + 7, Until(t + 1), t);
+        }
+        assert!(
+            map.capacity() < 1_000,
+            "capacity {} for a handful of live records",
+            map.capacity()
+        );
+        assert!(map.swept_total() > 199_000);
+    }
+
+    #[test]
+    fn key_zero_is_stored() {
+        let mut map = BucketMap::<Until>::default();
+        map.insert(0, Until(5), 0);
+        assert_eq!(map.get(0), Some(&Until(5)));
+        assert_eq!(map.remove(0), Some(Until(5)));
+        assert!(map.is_empty());
+    }
+}
