@@ -37,7 +37,7 @@ pub const SHARD_ANY: u16 = u16::MAX;
 /// Fixed bytes of a HELLO payload before the token.
 const HELLO_FIXED_BYTES: usize = 8;
 /// Fixed bytes of a THROTTLE/PEEK payload before the key.
-const THROTTLE_FIXED_BYTES: usize = 34;
+pub const THROTTLE_FIXED_BYTES: usize = 34;
 /// Bytes of a HELLO_OK payload.
 const HELLO_OK_BYTES: usize = 24;
 /// Bytes of a verdict payload.
