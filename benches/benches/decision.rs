@@ -1,41 +1,90 @@
 //! Micro-benchmarks of the per-request work that does not touch the
-//! network: one GCRA decision, parsing a THROTTLE, and decoding a frame of
-//! 64 requests. Run with `cargo bench -p sluice-benches`.
+//! network: one decision of every limit kind, parsing a frame of 64
+//! THROTTLEs, and a shard table lookup at 1k, 1M and 10M keys.
+//! Run with `cargo bench -p sluice-benches`.
 
 use std::hint::black_box;
 
 use bytes::BytesMut;
-use criterion::{criterion_group, criterion_main, Criterion, Throughput};
+use criterion::{criterion_group, criterion_main, BatchSize, Criterion, Throughput};
 use sluice_protocol::codec::{FrameDecoder, FrameWriter};
 use sluice_protocol::gcra;
+use sluice_protocol::limit::{
+    concurrency, fixed_window, sliding_counter, sliding_log, Concurrency, Window,
+};
 use sluice_protocol::message::{Request, Throttle};
+use sluice_protocol::routing::key_hash;
 use sluice_protocol::Policy;
+use sluice_server::shard::Table;
 use tokio_util::codec::Decoder;
 
+const S: u64 = 1_000_000_000;
+const T0: u64 = 1_700_000_000 * S;
+
+/// One decision per kind, on a bucket that admits (the common case), with
+/// time moving 1 ms per call.
 fn decision(c: &mut Criterion) {
-    let policy = Policy::new(1_000, 1_000_000_000, 100).unwrap();
-    let mut g = c.benchmark_group("gcra");
+    let mut g = c.benchmark_group("decision");
     g.throughput(Throughput::Elements(1));
-    g.bench_function("throttle_allowed", |b| {
-        let mut now = 1_700_000_000_000_000_000u64;
-        let mut bucket = None;
+    let policy = Policy::new(1_000, S, 100).unwrap();
+    g.bench_function("token_bucket", |b| {
+        let (mut now, mut state) = (T0, None);
         b.iter(|| {
             now += 1_000_000;
-            let d = gcra::throttle(black_box(bucket), &policy, 1, now);
-            bucket = d.bucket;
+            let d = gcra::throttle(black_box(state), &policy, 1, now);
+            state = d.bucket;
             d.verdict
         });
     });
-    g.bench_function("throttle_denied", |b| {
-        let now = 1_700_000_000_000_000_000u64;
-        let spent = gcra::throttle(None, &policy, 100, now).bucket;
-        b.iter(|| gcra::throttle(black_box(spent), &policy, 1, black_box(now)).verdict);
+    let window = Window::new(1_000_000, 60 * S).unwrap();
+    g.bench_function("fixed_window", |b| {
+        let (mut now, mut state) = (T0, None);
+        b.iter(|| {
+            now += 1_000_000;
+            let d = fixed_window::throttle(black_box(state), &window, 1, now);
+            state = d.state;
+            d.verdict
+        });
+    });
+    g.bench_function("sliding_counter", |b| {
+        let (mut now, mut state) = (T0, None);
+        b.iter(|| {
+            now += 1_000_000;
+            let d = sliding_counter::throttle(black_box(state), &window, 1, now);
+            state = d.state;
+            d.verdict
+        });
+    });
+    // A log of 100 in a 1 s window at one admission per ms: about 100
+    // entries live, one expiring per admission, in steady state.
+    let log_window = Window::new(1_000, S).unwrap();
+    g.bench_function("sliding_log", |b| {
+        let (mut now, mut state) = (T0, None);
+        b.iter(|| {
+            now += 10_000_000;
+            let d = sliding_log::throttle(black_box(state.take()), &log_window, 1, now);
+            state = d.state;
+            d.verdict
+        });
+    });
+    // Acquire, then release, of one of 10 slots.
+    let conc = Concurrency::new(10, 30 * S).unwrap();
+    g.bench_function("concurrency_acquire_release", |b| {
+        let (mut now, mut id, mut state) = (T0, 0u64, None);
+        b.iter(|| {
+            now += 1_000;
+            id += 1;
+            let d = concurrency::acquire(black_box(state.take()), &conc, 1, id, now);
+            let r = concurrency::release(d.state, &conc, id, now);
+            state = r.decision.state;
+            d.verdict
+        });
     });
     g.finish();
 }
 
 fn codec(c: &mut Criterion) {
-    let policy = Policy::new(1_000, 1_000_000_000, 100).unwrap();
+    let policy = Policy::new(1_000, S, 100).unwrap();
     let keys: Vec<String> = (0..64).map(|i| format!("client-{i:08}")).collect();
     let mut buf = BytesMut::new();
     let mut w = FrameWriter::new();
@@ -53,20 +102,50 @@ fn codec(c: &mut Criterion) {
     g.throughput(Throughput::Elements(64));
     g.bench_function("decode_and_parse_64", |b| {
         let mut decoder = FrameDecoder::default();
-        b.iter(|| {
-            let mut src = BytesMut::from(&wire[..]);
-            let frame = decoder.decode(&mut src).unwrap().unwrap();
-            let mut cost = 0;
-            for (h, p) in frame.messages() {
-                if let Ok(Request::Throttle(t)) = Request::parse(h, p) {
-                    cost += t.cost;
+        b.iter_batched(
+            || BytesMut::from(&wire[..]),
+            |mut src| {
+                let frame = decoder.decode(&mut src).unwrap().unwrap();
+                let mut cost = 0;
+                for (h, p) in frame.messages() {
+                    if let Ok(Request::Throttle(t)) = Request::parse(h, p) {
+                        cost += t.cost;
+                    }
                 }
-            }
-            black_box(cost)
-        });
+                black_box(cost)
+            },
+            BatchSize::SmallInput,
+        );
     });
     g.finish();
 }
 
-criterion_group!(benches, decision, codec);
+/// A THROTTLE on a random existing key of a table holding N buckets that
+/// stay spent (1 per hour): the cost of the lookup as the table outgrows
+/// the caches.
+fn table(c: &mut Criterion) {
+    let policy = Policy::new(1, 3_600 * S, 1_000_000).unwrap();
+    let mut g = c.benchmark_group("table_throttle");
+    g.throughput(Throughput::Elements(1));
+    for (label, n) in [("1k", 1_000u64), ("1M", 1_000_000), ("10M", 10_000_000)] {
+        let mut t = Table::new();
+        let keys: Vec<u128> = (0..n).map(|i| key_hash(&i.to_le_bytes())).collect();
+        for &k in &keys {
+            t.throttle(k, &policy, 1, T0);
+        }
+        g.bench_function(label, |b| {
+            let mut x = 0x9e37_79b9_7f4a_7c15u64;
+            b.iter(|| {
+                x ^= x << 13;
+                x ^= x >> 7;
+                x ^= x << 17;
+                let k = keys[(x % n) as usize];
+                t.throttle(black_box(k), &policy, 1, T0 + 1)
+            });
+        });
+    }
+    g.finish();
+}
+
+criterion_group!(benches, decision, codec, table);
 criterion_main!(benches);

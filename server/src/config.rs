@@ -2,9 +2,13 @@
 //! a named constant, validated once at start-up with messages that name the
 //! flag and its allowed range.
 
+use std::collections::BTreeMap;
 use std::net::IpAddr;
+use std::path::{Path, PathBuf};
 
-use clap::Parser;
+use clap::parser::ValueSource;
+use clap::{CommandFactory, FromArgMatches, Parser};
+use serde::Deserialize;
 use sluice_protocol::codec::{FRAME_BYTES_MAX_DEFAULT, FRAME_BYTES_MAX_LIMIT, HEADER_BYTES};
 use sluice_protocol::message::TOKEN_BYTES_MAX;
 
@@ -23,6 +27,12 @@ pub const BATCH_MAX_DEFAULT: usize = 4_096;
 /// Default time SIGTERM waits for connections to finish their in-flight
 /// requests before the shards stop.
 pub const DRAIN_MS_DEFAULT: u64 = 5_000;
+
+/// Default most buckets one shard holds (all kinds together). At the cap,
+/// full buckets are evicted; if none is full, new keys are refused
+/// (KEYS_FULL) rather than evicting a partly spent bucket, which would hand
+/// its client a free burst.
+pub const KEYS_MAX_DEFAULT: usize = 20_000_000;
 
 // A batch must fit in flight, or a frame at the batch limit could never be read.
 const _: () = assert!(BATCH_MAX_DEFAULT <= INFLIGHT_MAX_DEFAULT);
@@ -76,6 +86,19 @@ pub struct Config {
     #[arg(long, default_value_t = DRAIN_MS_DEFAULT)]
     pub drain_ms: u64,
 
+    /// Most buckets per shard (see KEYS_MAX_DEFAULT's note); 0 = no cap.
+    #[arg(long, default_value_t = KEYS_MAX_DEFAULT)]
+    pub keys_max: usize,
+
+    /// TOML file with settings and named tiers; a flag given on the command
+    /// line (or by environment) wins over the file. Tiers reload on SIGHUP.
+    #[arg(long)]
+    pub config: Option<PathBuf>,
+
+    /// Named tiers, from the config file (not a flag).
+    #[arg(skip)]
+    pub tiers: crate::tiers::Tiers,
+
     /// When set, every connection must send it in HELLO before anything else
     /// (RESP connections: AUTH).
     #[arg(long, env = "SLUICE_AUTH_TOKEN", hide_env_values = true)]
@@ -110,7 +133,142 @@ fn check<T: PartialOrd + std::fmt::Display>(
     Ok(())
 }
 
+/// What a config file may hold: every setting flag (same names, with `_`),
+/// and `[tiers.NAME] limits = ["SPEC", ...]`.
+#[derive(Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct FileConfig {
+    bind: Option<IpAddr>,
+    port: Option<u16>,
+    resp_port: Option<u16>,
+    shards: Option<u16>,
+    connections_max: Option<usize>,
+    frame_bytes_max: Option<u32>,
+    batch_max: Option<usize>,
+    inflight_max: Option<usize>,
+    drain_ms: Option<u64>,
+    keys_max: Option<usize>,
+    auth_token: Option<String>,
+    #[serde(default)]
+    tiers: BTreeMap<String, FileTier>,
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct FileTier {
+    limits: Vec<String>,
+}
+
+/// Why the configuration could not be loaded.
+#[derive(Debug, thiserror::Error)]
+pub enum LoadError {
+    #[error(transparent)]
+    Args(#[from] clap::Error),
+    #[error("cannot read {path}: {source}")]
+    Read {
+        path: PathBuf,
+        source: std::io::Error,
+    },
+    #[error("{path}: {message}")]
+    Parse { path: PathBuf, message: String },
+    #[error("{path}: {source}")]
+    Tier {
+        path: PathBuf,
+        source: crate::tiers::TierError,
+    },
+    #[error(transparent)]
+    Range(#[from] ConfigError),
+}
+
+fn read_file(path: &Path) -> Result<FileConfig, LoadError> {
+    let text = std::fs::read_to_string(path).map_err(|source| LoadError::Read {
+        path: path.to_owned(),
+        source,
+    })?;
+    let file: FileConfig = toml::from_str(&text).map_err(|e| LoadError::Parse {
+        path: path.to_owned(),
+        message: e.to_string(),
+    })?;
+    Ok(file)
+}
+
+fn file_tiers(path: &Path, file: &FileConfig) -> Result<crate::tiers::Tiers, LoadError> {
+    crate::tiers::Tiers::from_specs(
+        file.tiers
+            .iter()
+            .map(|(name, t)| (name.as_str(), t.limits.as_slice())),
+    )
+    .map_err(|source| LoadError::Tier {
+        path: path.to_owned(),
+        source,
+    })
+}
+
 impl Config {
+    /// Parses `args` (flags), then the `--config` file if any, with flags
+    /// winning, and validates the result.
+    pub fn load<I, T>(args: I) -> Result<Config, LoadError>
+    where
+        I: IntoIterator<Item = T>,
+        T: Into<std::ffi::OsString> + Clone,
+    {
+        let matches = Config::command().try_get_matches_from(args)?;
+        let mut config = Config::from_arg_matches(&matches)?;
+        if let Some(path) = config.config.clone() {
+            let file = read_file(&path)?;
+            config.tiers = file_tiers(&path, &file)?;
+            let from_file = |id: &str| {
+                !matches!(
+                    matches.value_source(id),
+                    Some(ValueSource::CommandLine | ValueSource::EnvVariable)
+                )
+            };
+            macro_rules! take {
+                ($($field:ident),*) => {$(
+                    if let Some(v) = file.$field.clone() {
+                        if from_file(stringify!($field)) {
+                            config.$field = v.into();
+                        }
+                    }
+                )*};
+            }
+            take!(
+                bind,
+                port,
+                shards,
+                connections_max,
+                frame_bytes_max,
+                batch_max,
+                inflight_max,
+                drain_ms,
+                keys_max
+            );
+            if let Some(v) = file.resp_port {
+                if from_file("resp_port") {
+                    config.resp_port = Some(v);
+                }
+            }
+            if let Some(v) = file.auth_token.clone() {
+                if from_file("auth_token") {
+                    config.auth_token = Some(v);
+                }
+            }
+        }
+        config.validate()?;
+        Ok(config)
+    }
+
+    /// Re-reads the tiers from the `--config` file (what SIGHUP and RELOAD
+    /// do). Other settings need a restart; the file must still be valid as a
+    /// whole.
+    pub fn reload_tiers(&self) -> Result<crate::tiers::Tiers, LoadError> {
+        let Some(path) = &self.config else {
+            return Ok(crate::tiers::Tiers::default());
+        };
+        let file = read_file(path)?;
+        file_tiers(path, &file)
+    }
+
     /// The defaults, exactly as `sluiced` with no arguments runs.
     pub fn defaults() -> Config {
         Config::parse_from(["sluiced"])
@@ -137,6 +295,7 @@ impl Config {
         check("batch-max", self.batch_max, 1, self.inflight_max.max(1))?;
         check("inflight-max", self.inflight_max, 1, 1 << 20)?;
         check("drain-ms", self.drain_ms, 0, 600_000)?;
+        check("keys-max", self.keys_max, 0, 1 << 32)?;
         if let Some(resp_port) = self.resp_port {
             if resp_port != 0 && resp_port == self.port {
                 return Err(ConfigError {
@@ -175,6 +334,33 @@ mod tests {
         assert_eq!(c.validate().unwrap_err().field, "shards");
         let c = Config::parse_from(["sluiced", "--frame-bytes-max", "7"]);
         assert_eq!(c.validate().unwrap_err().field, "frame-bytes-max");
+    }
+
+    #[test]
+    fn file_settings_and_tiers_load_and_flags_win() {
+        let dir = std::env::temp_dir().join(format!("sluice-config-test-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let path = dir.join("sluice.toml");
+        std::fs::write(
+            &path,
+            "port = 7123\nkeys_max = 1000\n[tiers.free]\nlimits = [\"token-bucket:10/s,burst=20\", \"concurrency:2\"]\n",
+        )
+        .unwrap();
+        let p = path.to_str().unwrap();
+        let c = Config::load(["sluiced", "--config", p]).unwrap();
+        assert_eq!((c.port, c.keys_max), (7123, 1000));
+        assert_eq!(c.tiers.get(b"free").unwrap().limits.len(), 2);
+        let c = Config::load(["sluiced", "--config", p, "--port", "7000"]).unwrap();
+        assert_eq!(c.port, 7000, "a flag wins over the file");
+        std::fs::write(&path, "port = 1\nbogus = 2\n").unwrap();
+        assert!(matches!(
+            Config::load(["sluiced", "--config", p]),
+            Err(LoadError::Parse { .. })
+        ));
+        std::fs::write(&path, "[tiers.free]\nlimits = [\"token-bucket:0/s\"]\n").unwrap();
+        let e = Config::load(["sluiced", "--config", p]).unwrap_err();
+        assert!(e.to_string().contains("tier \"free\", limit 0"), "{e}");
+        std::fs::remove_dir_all(&dir).unwrap();
     }
 
     #[test]

@@ -25,6 +25,7 @@ pub mod resp;
 pub mod server;
 pub mod shard;
 mod sync;
+pub mod tiers;
 
 pub use config::Config;
 pub use server::{Server, StartError};

@@ -1,7 +1,6 @@
 //! The `sluiced` binary: parse flags, start the node, run until SIGTERM or
 //! Ctrl-C, drain, exit 0.
 
-use clap::Parser;
 use sluice_server::{Config, Server};
 
 fn main() -> std::process::ExitCode {
@@ -12,7 +11,14 @@ fn main() -> std::process::ExitCode {
         )
         .with_writer(std::io::stderr)
         .init();
-    let config = Config::parse();
+    let config = match Config::load(std::env::args_os()) {
+        Ok(c) => c,
+        Err(sluice_server::config::LoadError::Args(e)) => e.exit(),
+        Err(e) => {
+            eprintln!("sluiced: {e}");
+            return std::process::ExitCode::from(2);
+        }
+    };
     let rt = tokio::runtime::Builder::new_current_thread()
         .enable_all()
         .build()
