@@ -18,11 +18,14 @@
 //! - [`clock`]: where `now` comes from (a monotonic clock, or a manual one in
 //!   tests); the decision never reads a clock itself.
 //! - [`routing`]: how a routing key maps to its 128-bit hash and its shard.
+//! - [`identity`]: which requests share a bucket: the 128-bit bucket key of
+//!   `(routing key, limit kind, slot)`.
 
 pub mod cell;
 pub mod clock;
 pub mod codec;
 pub mod gcra;
+pub mod identity;
 pub mod limit;
 pub mod message;
 pub mod policy;

@@ -1,11 +1,28 @@
 //! The requests and replies of protocol version 1 and their payload layouts
-//! (PROTOCOL.md, "Ops"). Parsing borrows from the frame; encoding appends to
-//! a [`FrameWriter`].
+//! (PROTOCOL.md, "Ops"). Parsing borrows from the frame and never allocates;
+//! encoding appends to a [`FrameWriter`].
+//!
+//! - HELLO, PING, THROTTLE, PEEK: the original ops.
+//! - DECIDE: one routing key, 1..=[`LIMITS_MAX`] limits of any kind (inline
+//!   [`LimitSet`] or a named tier), checked and applied as one atomic step,
+//!   in one of four [`Mode`]s (spend, probe, refund, reset).
+//! - RELEASE, RENEW: a concurrency lease by id ([`LeaseOp`]).
+//! - RELOAD, STATS: operations on the node.
+//!
+//! Validation happens here, at the edge, in the order PROTOCOL.md gives:
+//! layout (BAD_REQUEST), key (BAD_KEY), limit numbers (INVALID_POLICY),
+//! cost (COST_EXCEEDS_BURST). What needs the server's configuration (a
+//! tier's existence and limits) the server checks with the same helpers
+//! ([`LimitSet::check_cost`], [`LimitSet::concurrency_at`]).
+
+use std::ops::Deref;
 
 use bytes::{BufMut, BytesMut};
 
 use crate::codec::{FrameWriter, MessageHeader};
 use crate::gcra::Verdict;
+use crate::identity::Slot;
+use crate::limit::{Concurrency, Kind, Limit, Window};
 use crate::policy::{Policy, PolicyError};
 use crate::status::Status;
 
@@ -16,12 +33,22 @@ pub mod op {
     pub const PING: u8 = 0x02;
     pub const THROTTLE: u8 = 0x03;
     pub const PEEK: u8 = 0x04;
+    pub const DECIDE: u8 = 0x05;
+    pub const RELEASE: u8 = 0x06;
+    pub const RENEW: u8 = 0x07;
+    pub const RELOAD: u8 = 0x08;
+    pub const STATS: u8 = 0x09;
     /// Set on every reply op.
     pub const REPLY: u8 = 0x80;
     pub const HELLO_OK: u8 = HELLO | REPLY;
     pub const PONG: u8 = PING | REPLY;
     pub const THROTTLE_OK: u8 = THROTTLE | REPLY;
     pub const PEEK_OK: u8 = PEEK | REPLY;
+    pub const DECIDE_OK: u8 = DECIDE | REPLY;
+    pub const RELEASE_OK: u8 = RELEASE | REPLY;
+    pub const RENEW_OK: u8 = RENEW | REPLY;
+    pub const RELOAD_OK: u8 = RELOAD | REPLY;
+    pub const STATS_OK: u8 = STATS | REPLY;
     pub const ERROR: u8 = 0xff;
 }
 
@@ -33,6 +60,23 @@ pub const TOKEN_BYTES_MAX: usize = 256;
 pub const ERROR_TEXT_BYTES_MAX: usize = 256;
 /// HELLO's `shard` value meaning "no shard binding".
 pub const SHARD_ANY: u16 = u16::MAX;
+/// Most limits one DECIDE names, inline or through a tier (so a tier has
+/// at most this many limits too). Eight covers "per second AND per minute
+/// AND per day AND concurrent" with room to spare, and bounds a composite
+/// decision's work and its reply.
+pub const LIMITS_MAX: usize = 8;
+/// Longest tier name, in bytes (UTF-8).
+pub const TIER_BYTES_MAX: usize = 64;
+/// Bytes of a limit record (DECIDE, RELEASE, RENEW).
+pub const LIMIT_RECORD_BYTES: usize = 32;
+/// Bytes of a verdict record (DECIDE_OK, RELEASE_OK, RENEW_OK).
+pub const VERDICT_RECORD_BYTES: usize = 48;
+/// Bytes of the per-shard record of STATS_OK in this version: seven `u64`
+/// counters. Replies announce their record size, so a later server may
+/// append counters and older clients skip them.
+pub const STATS_RECORD_BYTES: usize = 56;
+/// DECIDE_OK's `denied_index` when no limit denied.
+pub const DENIED_NONE: u8 = 0xff;
 
 /// Fixed bytes of a HELLO payload before the token.
 const HELLO_FIXED_BYTES: usize = 8;
@@ -42,9 +86,42 @@ pub const THROTTLE_FIXED_BYTES: usize = 34;
 const HELLO_OK_BYTES: usize = 24;
 /// Bytes of a verdict payload.
 const VERDICT_BYTES: usize = 40;
+/// Fixed bytes of a DECIDE payload before the key.
+const DECIDE_FIXED_BYTES: usize = 16;
+/// Fixed bytes of a DECIDE_OK payload before the verdict records.
+const DECIDE_OK_FIXED_BYTES: usize = 16;
+/// Fixed bytes of a RELEASE/RENEW payload before the key.
+const LEASE_FIXED_BYTES: usize = 16;
+/// Bytes of a RELEASE_OK/RENEW_OK payload: a verdict record and the lease's
+/// remaining life.
+const LEASE_OK_BYTES: usize = VERDICT_RECORD_BYTES + 8;
+/// Bytes of a RELOAD_OK payload.
+const RELOAD_OK_BYTES: usize = 8;
+/// Bytes of a STATS request that names its first shard.
+const STATS_PAGED_BYTES: usize = 4;
+/// Fixed bytes of a STATS_OK payload before the shard records.
+const STATS_OK_FIXED_BYTES: usize = 8;
+/// Most shard records one STATS_OK holds at this version's record size.
+pub const STATS_RECORDS_MAX: usize =
+    (u16::MAX as usize - STATS_OK_FIXED_BYTES) / STATS_RECORD_BYTES;
 
 const _: () = assert!(THROTTLE_FIXED_BYTES + KEY_BYTES_MAX <= u16::MAX as usize);
 const _: () = assert!(HELLO_FIXED_BYTES + TOKEN_BYTES_MAX <= u16::MAX as usize);
+const _: () = assert!(
+    DECIDE_FIXED_BYTES + KEY_BYTES_MAX + TIER_BYTES_MAX + LIMITS_MAX * LIMIT_RECORD_BYTES
+        <= u16::MAX as usize
+);
+const _: () = assert!(
+    LEASE_FIXED_BYTES + KEY_BYTES_MAX + TIER_BYTES_MAX + LIMIT_RECORD_BYTES <= u16::MAX as usize
+);
+const _: () =
+    assert!(DECIDE_OK_FIXED_BYTES + LIMITS_MAX * VERDICT_RECORD_BYTES <= u16::MAX as usize);
+// A limit's index fits a u8 and is never DENIED_NONE.
+const _: () = assert!(LIMITS_MAX > 0 && LIMITS_MAX < DENIED_NONE as usize);
+// Tier names fit identity's hash buffer and a u8 of length.
+const _: () = assert!(TIER_BYTES_MAX <= u8::MAX as usize);
+// `sluiced` runs at most 1,024 shards: one STATS_OK holds them all.
+const _: () = assert!(STATS_RECORDS_MAX >= 1_024);
 
 /// HELLO: version negotiation, authentication and an optional shard binding.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -70,13 +147,319 @@ pub struct Throttle<'a> {
     pub cost: u64,
 }
 
+/// What a DECIDE does with its limits. The numbers are the wire codes.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+#[repr(u8)]
+pub enum Mode {
+    /// Check every limit and, if all admit, apply all; if any denies,
+    /// nothing is consumed. Admitted concurrency limits acquire a lease.
+    Spend = 0,
+    /// Answer exactly as `Spend` would; change and create nothing.
+    Probe = 1,
+    /// Give `cost` units back to every limit (never above its limit).
+    Refund = 2,
+    /// Clear the buckets (concurrency: drop every lease). Cost must be 0.
+    Reset = 3,
+}
+
+impl Mode {
+    /// The wire code.
+    #[inline]
+    pub const fn code(self) -> u8 {
+        self as u8
+    }
+
+    /// Looks a wire code up; `None` for a code this version does not know.
+    #[inline]
+    pub const fn from_code(code: u8) -> Option<Mode> {
+        match code {
+            0 => Some(Mode::Spend),
+            1 => Some(Mode::Probe),
+            2 => Some(Mode::Refund),
+            3 => Some(Mode::Reset),
+            _ => None,
+        }
+    }
+
+    /// Whether the cost is a request to admit, and so must fit every limit
+    /// (COST_EXCEEDS_BURST otherwise). A refund's cost is units to give
+    /// back, any number; a reset has none.
+    #[inline]
+    pub const fn checks_cost(self) -> bool {
+        matches!(self, Mode::Spend | Mode::Probe)
+    }
+}
+
+/// Filler for the unused entries of a [`LimitSet`]: never read.
+const UNUSED: Limit = Limit::Concurrency(Concurrency {
+    limit: 0,
+    lease_ns: 0,
+});
+
+/// 1..=[`LIMITS_MAX`] limits, stored inline so that parsing a DECIDE never
+/// allocates and a request can be moved to its shard by value. Derefs to
+/// `[Limit]`; position `i` is the limit's slot ([`Slot::Inline`]).
+#[derive(Clone, Copy)]
+pub struct LimitSet {
+    /// The limits in `..len`; the rest is [`UNUSED`].
+    limits: [Limit; LIMITS_MAX],
+    /// How many limits there are: 1..=LIMITS_MAX.
+    len: u8,
+}
+
+impl LimitSet {
+    /// The set of `limits`, in order; `None` unless there are
+    /// 1..=[`LIMITS_MAX`]. The limits are not validated (see
+    /// [`LimitSet::validate`]).
+    pub fn new(limits: &[Limit]) -> Option<LimitSet> {
+        if limits.is_empty() || limits.len() > LIMITS_MAX {
+            return None;
+        }
+        let mut set = LimitSet {
+            limits: [UNUSED; LIMITS_MAX],
+            len: limits.len() as u8,
+        };
+        set.limits[..limits.len()].copy_from_slice(limits);
+        Some(set)
+    }
+
+    /// The limits, in order.
+    #[inline]
+    pub fn as_slice(&self) -> &[Limit] {
+        &self.limits[..usize::from(self.len)]
+    }
+
+    /// Checks every limit's numbers ([`Limit::validate`]): INVALID_POLICY
+    /// naming the first bad limit.
+    pub fn validate(&self) -> Result<(), RequestError> {
+        for (i, limit) in self.iter().enumerate() {
+            limit.validate().map_err(|e| RequestError::from(e).at(i))?;
+        }
+        Ok(())
+    }
+
+    /// Checks that a request of `cost` in `mode` could ever be admitted:
+    /// for SPEND and PROBE, `cost <= limit()` of every limit
+    /// (COST_EXCEEDS_BURST naming the first that is smaller). REFUND and
+    /// RESET always pass. The server calls this for a tier's limits.
+    pub fn check_cost(&self, mode: Mode, cost: u64) -> Result<(), RequestError> {
+        if !mode.checks_cost() {
+            return Ok(());
+        }
+        for (i, limit) in self.iter().enumerate() {
+            limit
+                .check_cost(cost)
+                .map_err(|e| RequestError::from(e).at(i))?;
+        }
+        Ok(())
+    }
+
+    /// The concurrency limit at `index`, as RELEASE and RENEW of a tier
+    /// need: BAD_REQUEST if there is no limit there or it is of another
+    /// kind.
+    pub fn concurrency_at(&self, index: u8) -> Result<Concurrency, RequestError> {
+        match self.get(usize::from(index)) {
+            Some(Limit::Concurrency(c)) => Ok(*c),
+            Some(other) => Err(
+                RequestError::from(LayoutError::NotConcurrency(other.kind()))
+                    .at(usize::from(index)),
+            ),
+            None => Err(LayoutError::LimitIndex.into()),
+        }
+    }
+}
+
+impl Deref for LimitSet {
+    type Target = [Limit];
+
+    #[inline]
+    fn deref(&self) -> &[Limit] {
+        self.as_slice()
+    }
+}
+
+impl PartialEq for LimitSet {
+    fn eq(&self, other: &LimitSet) -> bool {
+        self.as_slice() == other.as_slice()
+    }
+}
+
+impl Eq for LimitSet {}
+
+impl std::hash::Hash for LimitSet {
+    fn hash<H: std::hash::Hasher>(&self, state: &mut H) {
+        self.as_slice().hash(state);
+    }
+}
+
+impl std::fmt::Debug for LimitSet {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_list().entries(self.as_slice()).finish()
+    }
+}
+
+/// Where a DECIDE's limits come from.
+// Inline limits are stored inline (see `Request`): no allocation in parse.
+#[allow(clippy::large_enum_variant)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Limits<'a> {
+    /// Sent in the request, validated.
+    Inline(LimitSet),
+    /// A tier of the server's configuration, by name (1..=TIER_BYTES_MAX
+    /// bytes of UTF-8); the server resolves it (UNKNOWN_TIER if absent).
+    Tier(&'a str),
+}
+
+impl<'a> Limits<'a> {
+    /// The bucket slot of the limit at `index` (see [`crate::identity`]).
+    #[inline]
+    pub fn slot(&self, index: u8) -> Slot<'a> {
+        match self {
+            Limits::Inline(_) => Slot::Inline(index),
+            Limits::Tier(name) => Slot::Tier {
+                name: name.as_bytes(),
+                index,
+            },
+        }
+    }
+}
+
+/// DECIDE: one routing key, several limits, one atomic step.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Decide<'a> {
+    /// What to do with the limits.
+    pub mode: Mode,
+    /// The routing key (client id); 1..=KEY_BYTES_MAX bytes.
+    pub key: &'a [u8],
+    /// The limits, inline or by tier.
+    pub limits: Limits<'a>,
+    /// SPEND/PROBE: units to admit (at most every limit's `limit()`);
+    /// REFUND: units to give back (any number); RESET: 0.
+    pub cost: u64,
+}
+
+/// Which concurrency limit a RELEASE or RENEW is about.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum LeaseTarget<'a> {
+    /// The limit sent again in the request; `index` is its position in the
+    /// inline DECIDE that acquired the lease (it names the bucket).
+    Inline {
+        /// Position among the acquiring DECIDE's inline limits.
+        index: u8,
+        /// The limit's numbers (validated): `lease_ns` is what RENEW
+        /// extends the lease by.
+        limit: Concurrency,
+    },
+    /// Limit `index` of a tier; the server checks that it exists and is a
+    /// concurrency limit ([`LimitSet::concurrency_at`]).
+    Tier {
+        /// The tier's name (1..=TIER_BYTES_MAX bytes of UTF-8).
+        name: &'a str,
+        /// The limit's position in the tier.
+        index: u8,
+    },
+}
+
+impl<'a> LeaseTarget<'a> {
+    /// The bucket slot of the targeted limit (see [`crate::identity`]).
+    #[inline]
+    pub fn slot(&self) -> Slot<'a> {
+        match *self {
+            LeaseTarget::Inline { index, .. } => Slot::Inline(index),
+            LeaseTarget::Tier { name, index } => Slot::Tier {
+                name: name.as_bytes(),
+                index,
+            },
+        }
+    }
+}
+
+/// RELEASE and RENEW: give back, or extend, one concurrency lease.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct LeaseOp<'a> {
+    /// The routing key the lease was acquired under.
+    pub key: &'a [u8],
+    /// The concurrency limit that holds the lease.
+    pub target: LeaseTarget<'a>,
+    /// The lease, as DECIDE_OK reported it; never 0.
+    pub lease_id: u64,
+}
+
+/// STATS: per-shard counters, from shard `shard_first` on (0 for an empty
+/// payload, the usual request).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct Stats {
+    /// The first shard to report; a node with more shards than one reply
+    /// holds is read in pages.
+    pub shard_first: u16,
+}
+
 /// A request, as parsed from one message.
+// Decide carries up to LIMITS_MAX limits inline (about 300 bytes) so that
+// parsing never allocates and the server can move it to a shard by value;
+// boxing it would allocate on the hot path.
+#[allow(clippy::large_enum_variant)]
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Request<'a> {
     Hello(Hello<'a>),
     Ping,
     Throttle(Throttle<'a>),
     Peek(Throttle<'a>),
+    Decide(Decide<'a>),
+    Release(LeaseOp<'a>),
+    Renew(LeaseOp<'a>),
+    Reload,
+    Stats(Stats),
+}
+
+/// Why a payload does not have its op's layout (BAD_REQUEST), for the
+/// error text.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, thiserror::Error)]
+pub enum LayoutError {
+    #[error("payload length does not match its fields")]
+    Length,
+    #[error("reserved bytes must be 0")]
+    Reserved,
+    #[error("mode {0} is not one of 0 (spend), 1 (probe), 2 (refund), 3 (reset)")]
+    Mode(u8),
+    #[error("reset takes cost 0")]
+    ResetCost,
+    #[error("name a tier or send 1..={LIMITS_MAX} inline limits")]
+    NoLimits,
+    #[error("at most {LIMITS_MAX} inline limits")]
+    LimitCount,
+    #[error("name a tier or send inline limits, not both")]
+    TierAndLimits,
+    #[error("a tier name is 1..={TIER_BYTES_MAX} bytes of UTF-8")]
+    TierName,
+    #[error("limit kind {0} is not one of 1..=5")]
+    Kind(u8),
+    #[error("field c of a {0} limit must be 0")]
+    UnusedField(Kind),
+    #[error("leases belong to concurrency limits, not to {0}")]
+    NotConcurrency(Kind),
+    #[error("limit_index must name one of the request's or tier's limits")]
+    LimitIndex,
+    #[error("lease id 0 names no lease")]
+    LeaseIdZero,
+}
+
+/// What exactly was wrong with a request, beyond its status.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Detail {
+    /// A limit's numbers or the cost (INVALID_POLICY, COST_EXCEEDS_BURST).
+    Policy(PolicyError),
+    /// The payload's layout (BAD_REQUEST).
+    Layout(LayoutError),
+}
+
+impl std::fmt::Display for Detail {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Detail::Policy(e) => e.fmt(f),
+            Detail::Layout(e) => e.fmt(f),
+        }
+    }
 }
 
 /// Why a message is not a valid request: the status to answer it with,
@@ -86,7 +469,21 @@ pub struct RequestError {
     /// The wire status.
     pub status: Status,
     /// What exactly was wrong, if more than the status says.
-    pub detail: Option<PolicyError>,
+    pub detail: Option<Detail>,
+    /// The position of the limit the error is about (inline or in the
+    /// tier), when it is about one.
+    pub limit_index: Option<u8>,
+}
+
+impl RequestError {
+    /// The same error, about the limit at `index`.
+    #[inline]
+    pub fn at(self, index: usize) -> RequestError {
+        RequestError {
+            limit_index: u8::try_from(index).ok(),
+            ..self
+        }
+    }
 }
 
 impl From<Status> for RequestError {
@@ -94,6 +491,7 @@ impl From<Status> for RequestError {
         RequestError {
             status,
             detail: None,
+            limit_index: None,
         }
     }
 }
@@ -106,23 +504,43 @@ impl From<PolicyError> for RequestError {
         };
         RequestError {
             status,
-            detail: Some(e),
+            detail: Some(Detail::Policy(e)),
+            limit_index: None,
+        }
+    }
+}
+
+impl From<LayoutError> for RequestError {
+    fn from(e: LayoutError) -> Self {
+        RequestError {
+            status: Status::BadRequest,
+            detail: Some(Detail::Layout(e)),
+            limit_index: None,
         }
     }
 }
 
 impl std::fmt::Display for RequestError {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        match &self.detail {
-            Some(d) => write!(f, "{}: {d}", self.status.text()),
-            None => f.write_str(self.status.text()),
+        f.write_str(self.status.text())?;
+        if let Some(i) = self.limit_index {
+            write!(f, ": limit {i}")?;
         }
+        if let Some(d) = &self.detail {
+            write!(f, ": {d}")?;
+        }
+        Ok(())
     }
 }
 
 #[inline]
 fn u16_at(b: &[u8], at: usize) -> u16 {
     u16::from_le_bytes([b[at], b[at + 1]])
+}
+
+#[inline]
+fn u32_at(b: &[u8], at: usize) -> u32 {
+    u32::from_le_bytes([b[at], b[at + 1], b[at + 2], b[at + 3]])
 }
 
 #[inline]
@@ -142,9 +560,15 @@ impl<'a> Request<'a> {
         match header.op {
             op::THROTTLE => Ok(Request::Throttle(parse_throttle(payload)?)),
             op::PEEK => Ok(Request::Peek(parse_throttle(payload)?)),
+            op::DECIDE => Ok(Request::Decide(parse_decide(payload)?)),
             op::PING if payload.is_empty() => Ok(Request::Ping),
             op::PING => Err(Status::BadRequest.into()),
             op::HELLO => parse_hello(payload),
+            op::RELEASE => Ok(Request::Release(parse_lease_op(payload)?)),
+            op::RENEW => Ok(Request::Renew(parse_lease_op(payload)?)),
+            op::RELOAD if payload.is_empty() => Ok(Request::Reload),
+            op::RELOAD => Err(LayoutError::Length.into()),
+            op::STATS => Ok(Request::Stats(parse_stats(payload)?)),
             _ => Err(Status::UnknownOp.into()),
         }
     }
@@ -164,6 +588,17 @@ impl<'a> Request<'a> {
                 w.message(buf, op::THROTTLE, request_id, |b| put_throttle(b, t))
             }
             Request::Peek(t) => w.message(buf, op::PEEK, request_id, |b| put_throttle(b, t)),
+            Request::Decide(d) => w.message(buf, op::DECIDE, request_id, |b| put_decide(b, d)),
+            Request::Release(l) => w.message(buf, op::RELEASE, request_id, |b| put_lease_op(b, l)),
+            Request::Renew(l) => w.message(buf, op::RENEW, request_id, |b| put_lease_op(b, l)),
+            Request::Reload => w.message(buf, op::RELOAD, request_id, |_| {}),
+            // The usual request, from shard 0, is the empty payload.
+            Request::Stats(s) => w.message(buf, op::STATS, request_id, |b| {
+                if s.shard_first != 0 {
+                    b.put_u16_le(s.shard_first);
+                    b.put_u16_le(0);
+                }
+            }),
         }
     }
 }
@@ -221,6 +656,226 @@ fn put_throttle(b: &mut BytesMut, t: &Throttle<'_>) {
     b.put_slice(t.key);
 }
 
+/// BAD_KEY unless `key` is 1..=KEY_BYTES_MAX bytes.
+#[inline]
+fn check_key(key: &[u8]) -> Result<(), RequestError> {
+    if key.is_empty() || key.len() > KEY_BYTES_MAX {
+        return Err(Status::BadKey.into());
+    }
+    Ok(())
+}
+
+/// A tier name: 1..=TIER_BYTES_MAX bytes of UTF-8.
+fn parse_tier(name: &[u8]) -> Result<&str, LayoutError> {
+    if name.is_empty() || name.len() > TIER_BYTES_MAX {
+        return Err(LayoutError::TierName);
+    }
+    std::str::from_utf8(name).map_err(|_| LayoutError::TierName)
+}
+
+/// One limit record's layout: a known kind, zero reserved bytes, `c = 0`
+/// for the kinds that have no third number. The numbers are not validated.
+fn parse_limit_record(r: &[u8]) -> Result<Limit, LayoutError> {
+    debug_assert_eq!(r.len(), LIMIT_RECORD_BYTES);
+    let kind = Kind::from_code(r[0]).ok_or(LayoutError::Kind(r[0]))?;
+    if r[1..8].iter().any(|&b| b != 0) {
+        return Err(LayoutError::Reserved);
+    }
+    let (a, b, c) = (u64_at(r, 8), u64_at(r, 16), u64_at(r, 24));
+    if kind != Kind::TokenBucket && c != 0 {
+        return Err(LayoutError::UnusedField(kind));
+    }
+    let window = Window {
+        limit: a,
+        window_ns: b,
+    };
+    Ok(match kind {
+        Kind::TokenBucket => Limit::TokenBucket(Policy {
+            count: a,
+            period_ns: b,
+            burst: c,
+        }),
+        Kind::FixedWindow => Limit::FixedWindow(window),
+        Kind::SlidingLog => Limit::SlidingLog(window),
+        Kind::SlidingCounter => Limit::SlidingCounter(window),
+        Kind::Concurrency => Limit::Concurrency(Concurrency {
+            limit: a,
+            lease_ns: b,
+        }),
+    })
+}
+
+fn put_limit_record(b: &mut BytesMut, limit: &Limit) {
+    let (a, bb, c) = match *limit {
+        Limit::TokenBucket(p) => (p.count, p.period_ns, p.burst),
+        Limit::FixedWindow(w) | Limit::SlidingLog(w) | Limit::SlidingCounter(w) => {
+            (w.limit, w.window_ns, 0)
+        }
+        Limit::Concurrency(c) => (c.limit, c.lease_ns, 0),
+    };
+    b.put_u8(limit.kind().code());
+    b.put_bytes(0, 7);
+    b.put_u64_le(a);
+    b.put_u64_le(bb);
+    b.put_u64_le(c);
+}
+
+/// The inline limits of a DECIDE (1..=LIMITS_MAX records, checked by the
+/// caller), layout only.
+fn parse_limit_records(records: &[u8]) -> Result<LimitSet, RequestError> {
+    let mut set = LimitSet {
+        limits: [UNUSED; LIMITS_MAX],
+        len: 0,
+    };
+    for (i, r) in records.chunks_exact(LIMIT_RECORD_BYTES).enumerate() {
+        set.limits[i] = parse_limit_record(r).map_err(|e| RequestError::from(e).at(i))?;
+        set.len += 1;
+    }
+    debug_assert!(set.len > 0);
+    Ok(set)
+}
+
+/// DECIDE: `u8 mode, u8 limit_count, u16 key_len, u16 tier_len, u16 0,
+/// u64 cost`, key, tier name, limit records.
+fn parse_decide(p: &[u8]) -> Result<Decide<'_>, RequestError> {
+    if p.len() < DECIDE_FIXED_BYTES {
+        return Err(LayoutError::Length.into());
+    }
+    let limit_count = usize::from(p[1]);
+    let key_len = usize::from(u16_at(p, 2));
+    let tier_len = usize::from(u16_at(p, 4));
+    let tier_at = DECIDE_FIXED_BYTES + key_len;
+    let records_at = tier_at + tier_len;
+    if p.len() != records_at + limit_count * LIMIT_RECORD_BYTES {
+        return Err(LayoutError::Length.into());
+    }
+    if u16_at(p, 6) != 0 {
+        return Err(LayoutError::Reserved.into());
+    }
+    let mode = Mode::from_code(p[0]).ok_or(LayoutError::Mode(p[0]))?;
+    let cost = u64_at(p, 8);
+    if mode == Mode::Reset && cost != 0 {
+        return Err(LayoutError::ResetCost.into());
+    }
+    let limits = match (tier_len, limit_count) {
+        (0, 0) => return Err(LayoutError::NoLimits.into()),
+        (0, n) if n > LIMITS_MAX => return Err(LayoutError::LimitCount.into()),
+        (0, _) => Limits::Inline(parse_limit_records(&p[records_at..])?),
+        (_, 0) => Limits::Tier(parse_tier(&p[tier_at..records_at])?),
+        (_, _) => return Err(LayoutError::TierAndLimits.into()),
+    };
+    let key = &p[DECIDE_FIXED_BYTES..tier_at];
+    check_key(key)?;
+    if let Limits::Inline(set) = &limits {
+        set.validate()?;
+        set.check_cost(mode, cost)?;
+    }
+    Ok(Decide {
+        mode,
+        key,
+        limits,
+        cost,
+    })
+}
+
+fn put_decide(b: &mut BytesMut, d: &Decide<'_>) {
+    let (tier, limits): (&[u8], &[Limit]) = match &d.limits {
+        Limits::Inline(set) => (b"", set.as_slice()),
+        Limits::Tier(name) => (name.as_bytes(), &[]),
+    };
+    b.put_u8(d.mode.code());
+    b.put_u8(limits.len() as u8);
+    b.put_u16_le(d.key.len() as u16);
+    b.put_u16_le(tier.len() as u16);
+    b.put_u16_le(0);
+    b.put_u64_le(d.cost);
+    b.put_slice(d.key);
+    b.put_slice(tier);
+    for limit in limits {
+        put_limit_record(b, limit);
+    }
+}
+
+/// RELEASE/RENEW: `u16 key_len, u16 tier_len, u8 limit_index, u8[3] 0,
+/// u64 lease_id`, key, tier name, and without a tier one concurrency
+/// limit record.
+fn parse_lease_op(p: &[u8]) -> Result<LeaseOp<'_>, RequestError> {
+    if p.len() < LEASE_FIXED_BYTES {
+        return Err(LayoutError::Length.into());
+    }
+    let key_len = usize::from(u16_at(p, 0));
+    let tier_len = usize::from(u16_at(p, 2));
+    let index = p[4];
+    let tier_at = LEASE_FIXED_BYTES + key_len;
+    let record_at = tier_at + tier_len;
+    let record_bytes = if tier_len == 0 { LIMIT_RECORD_BYTES } else { 0 };
+    if p.len() != record_at + record_bytes {
+        return Err(LayoutError::Length.into());
+    }
+    if p[5..8].iter().any(|&b| b != 0) {
+        return Err(LayoutError::Reserved.into());
+    }
+    let lease_id = u64_at(p, 8);
+    if lease_id == 0 {
+        return Err(LayoutError::LeaseIdZero.into());
+    }
+    if usize::from(index) >= LIMITS_MAX {
+        return Err(LayoutError::LimitIndex.into());
+    }
+    let target = if tier_len == 0 {
+        let at = |e: LayoutError| RequestError::from(e).at(usize::from(index));
+        let limit = match parse_limit_record(&p[record_at..]).map_err(at)? {
+            Limit::Concurrency(c) => c,
+            other => return Err(at(LayoutError::NotConcurrency(other.kind()))),
+        };
+        LeaseTarget::Inline { index, limit }
+    } else {
+        let name = parse_tier(&p[tier_at..record_at])?;
+        LeaseTarget::Tier { name, index }
+    };
+    let key = &p[LEASE_FIXED_BYTES..tier_at];
+    check_key(key)?;
+    if let LeaseTarget::Inline { index, limit } = &target {
+        limit
+            .validate()
+            .map_err(|e| RequestError::from(e).at(usize::from(*index)))?;
+    }
+    Ok(LeaseOp {
+        key,
+        target,
+        lease_id,
+    })
+}
+
+fn put_lease_op(b: &mut BytesMut, l: &LeaseOp<'_>) {
+    let (tier, index, limit): (&[u8], u8, Option<Concurrency>) = match l.target {
+        LeaseTarget::Inline { index, limit } => (b"", index, Some(limit)),
+        LeaseTarget::Tier { name, index } => (name.as_bytes(), index, None),
+    };
+    b.put_u16_le(l.key.len() as u16);
+    b.put_u16_le(tier.len() as u16);
+    b.put_u8(index);
+    b.put_bytes(0, 3);
+    b.put_u64_le(l.lease_id);
+    b.put_slice(l.key);
+    b.put_slice(tier);
+    if let Some(c) = limit {
+        put_limit_record(b, &Limit::Concurrency(c));
+    }
+}
+
+/// STATS: empty (from shard 0), or `u16 shard_first, u16 0`.
+fn parse_stats(p: &[u8]) -> Result<Stats, RequestError> {
+    match p.len() {
+        0 => Ok(Stats::default()),
+        STATS_PAGED_BYTES if u16_at(p, 2) != 0 => Err(LayoutError::Reserved.into()),
+        STATS_PAGED_BYTES => Ok(Stats {
+            shard_first: u16_at(p, 0),
+        }),
+        _ => Err(LayoutError::Length.into()),
+    }
+}
+
 /// HELLO_OK: what a client learns at handshake.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct HelloOk {
@@ -238,6 +893,104 @@ pub struct HelloOk {
     pub epoch: u64,
 }
 
+/// One limit's verdict in a DECIDE_OK, RELEASE_OK or RENEW_OK.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub struct LimitVerdict {
+    /// The limit's kind, so a client can tell its verdicts apart.
+    pub kind: Kind,
+    /// The limit's own verdict (PROTOCOL.md, "DECIDE_OK").
+    pub verdict: Verdict,
+    /// The lease an admitted concurrency acquire holds (SPEND only), the
+    /// lease a RELEASE/RENEW named; 0 otherwise.
+    pub lease_id: u64,
+}
+
+/// DECIDE_OK: the composite answer and every limit's verdict.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct DecideOk {
+    /// Whether every limit admitted (SPEND: and so everything was applied).
+    pub allowed: bool,
+    /// The first limit that denied, if any.
+    pub denied_index: Option<u8>,
+    /// When every limit would admit the same request (the largest
+    /// per-limit `retry_after_ns`); 0 when allowed.
+    pub retry_after_ns: u64,
+    /// One verdict per limit, in the request's (or tier's) order.
+    pub verdicts: Vec<LimitVerdict>,
+}
+
+/// The composite fields of a DECIDE_OK, from its verdicts: allowed iff every
+/// verdict is, the first denial's index, and the largest retry time.
+fn summarize(verdicts: &[LimitVerdict]) -> (bool, Option<u8>, u64) {
+    let denied_index = verdicts
+        .iter()
+        .position(|v| !v.verdict.allowed)
+        .map(|i| i as u8);
+    let retry_after_ns = match denied_index {
+        None => 0,
+        Some(_) => verdicts
+            .iter()
+            .map(|v| v.verdict.retry_after_ns)
+            .max()
+            .unwrap_or(0),
+    };
+    (denied_index.is_none(), denied_index, retry_after_ns)
+}
+
+impl DecideOk {
+    /// The reply for these verdicts, with the composite fields computed as
+    /// the server computes them.
+    pub fn from_verdicts(verdicts: Vec<LimitVerdict>) -> DecideOk {
+        let (allowed, denied_index, retry_after_ns) = summarize(&verdicts);
+        DecideOk {
+            allowed,
+            denied_index,
+            retry_after_ns,
+            verdicts,
+        }
+    }
+}
+
+/// RELEASE_OK and RENEW_OK.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub struct LeaseOk {
+    /// The concurrency limit as a cost-0 probe sees it afterwards, with
+    /// `lease_id` the lease the request named.
+    pub verdict: LimitVerdict,
+    /// RENEW: time until the renewed lease expires. RELEASE: 0.
+    pub expires_after_ns: u64,
+}
+
+/// One shard's counters in a STATS_OK.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
+pub struct ShardStats {
+    /// Buckets the shard holds now (every kind).
+    pub buckets: u64,
+    /// Bytes of memory the shard's bucket tables hold.
+    pub bucket_bytes: u64,
+    /// Spend decisions admitted since the process started.
+    pub allowed_total: u64,
+    /// Spend decisions denied since the process started.
+    pub denied_total: u64,
+    /// Full buckets dropped to stay under the key cap.
+    pub evicted_total: u64,
+    /// Requests refused with KEYS_FULL.
+    pub refused_total: u64,
+    /// The shard's bucket cap; 0 for none.
+    pub keys_max: u64,
+}
+
+/// STATS_OK: the node's shard count and a run of shard records.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct StatsOk {
+    /// How many shards the node runs.
+    pub shard_count: u16,
+    /// The shard of `shards[0]`.
+    pub shard_first: u16,
+    /// Shards `shard_first..shard_first + shards.len()`.
+    pub shards: Vec<ShardStats>,
+}
+
 /// A reply, as parsed by a client.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum Reply {
@@ -245,6 +998,14 @@ pub enum Reply {
     Pong,
     Throttle(Verdict),
     Peek(Verdict),
+    Decide(DecideOk),
+    Release(LeaseOk),
+    Renew(LeaseOk),
+    /// The reload succeeded; the new configuration has this many tiers.
+    Reload {
+        tier_count: u32,
+    },
+    Stats(StatsOk),
     /// An error: the code (which a newer server may send unknown to us) and
     /// the human text.
     Error {
@@ -279,6 +1040,13 @@ impl Reply {
             op::PONG if p.is_empty() => Some(Reply::Pong),
             op::THROTTLE_OK if p.len() == VERDICT_BYTES => Some(Reply::Throttle(parse_verdict(p))),
             op::PEEK_OK if p.len() == VERDICT_BYTES => Some(Reply::Peek(parse_verdict(p))),
+            op::DECIDE_OK => parse_decide_ok(p).map(Reply::Decide),
+            op::RELEASE_OK => parse_lease_ok(p).map(Reply::Release),
+            op::RENEW_OK => parse_lease_ok(p).map(Reply::Renew),
+            op::RELOAD_OK if p.len() == RELOAD_OK_BYTES => Some(Reply::Reload {
+                tier_count: u32_at(p, 0),
+            }),
+            op::STATS_OK => parse_stats_ok(p).map(Reply::Stats),
             op::ERROR if p.len() >= 4 && p.len() == 4 + usize::from(u16_at(p, 2)) => {
                 Some(Reply::Error {
                     code: u16_at(p, 0),
@@ -298,6 +1066,105 @@ fn parse_verdict(p: &[u8]) -> Verdict {
         retry_after_ns: u64_at(p, 24),
         reset_after_ns: u64_at(p, 32),
     }
+}
+
+/// A 48-byte verdict record; `None` for an unknown kind.
+fn parse_verdict_record(r: &[u8]) -> Option<LimitVerdict> {
+    Some(LimitVerdict {
+        kind: Kind::from_code(r[1])?,
+        verdict: Verdict {
+            allowed: r[0] != 0,
+            limit: u64_at(r, 8),
+            remaining: u64_at(r, 16),
+            retry_after_ns: u64_at(r, 24),
+            reset_after_ns: u64_at(r, 32),
+        },
+        lease_id: u64_at(r, 40),
+    })
+}
+
+fn put_verdict_record(b: &mut BytesMut, v: &LimitVerdict) {
+    b.put_u8(u8::from(v.verdict.allowed));
+    b.put_u8(v.kind.code());
+    b.put_bytes(0, 6);
+    b.put_u64_le(v.verdict.limit);
+    b.put_u64_le(v.verdict.remaining);
+    b.put_u64_le(v.verdict.retry_after_ns);
+    b.put_u64_le(v.verdict.reset_after_ns);
+    b.put_u64_le(v.lease_id);
+}
+
+/// A DECIDE_OK whose composite fields agree with its verdicts.
+fn parse_decide_ok(p: &[u8]) -> Option<DecideOk> {
+    if p.len() < DECIDE_OK_FIXED_BYTES {
+        return None;
+    }
+    let count = usize::from(p[2]);
+    if !(1..=LIMITS_MAX).contains(&count)
+        || p.len() != DECIDE_OK_FIXED_BYTES + count * VERDICT_RECORD_BYTES
+    {
+        return None;
+    }
+    let verdicts = p[DECIDE_OK_FIXED_BYTES..]
+        .chunks_exact(VERDICT_RECORD_BYTES)
+        .map(parse_verdict_record)
+        .collect::<Option<Vec<_>>>()?;
+    let ok = DecideOk::from_verdicts(verdicts);
+    let denied = (p[1] != DENIED_NONE).then_some(p[1]);
+    let agrees =
+        ok.allowed == (p[0] != 0) && ok.denied_index == denied && ok.retry_after_ns == u64_at(p, 8);
+    agrees.then_some(ok)
+}
+
+fn parse_lease_ok(p: &[u8]) -> Option<LeaseOk> {
+    if p.len() != LEASE_OK_BYTES {
+        return None;
+    }
+    let verdict = parse_verdict_record(p)?;
+    if verdict.kind != Kind::Concurrency || verdict.lease_id == 0 {
+        return None;
+    }
+    Some(LeaseOk {
+        verdict,
+        expires_after_ns: u64_at(p, VERDICT_RECORD_BYTES),
+    })
+}
+
+/// A STATS_OK: `u16 shard_count, u16 record_bytes, u16 shard_first,
+/// u16 record_count`, then the records; fields past the ones this version
+/// knows are skipped.
+fn parse_stats_ok(p: &[u8]) -> Option<StatsOk> {
+    if p.len() < STATS_OK_FIXED_BYTES {
+        return None;
+    }
+    let shard_count = u16_at(p, 0);
+    let record_bytes = usize::from(u16_at(p, 2));
+    let shard_first = u16_at(p, 4);
+    let record_count = u16_at(p, 6);
+    let past_end = u32::from(shard_first) + u32::from(record_count) > u32::from(shard_count);
+    if record_bytes < STATS_RECORD_BYTES
+        || p.len() != STATS_OK_FIXED_BYTES + usize::from(record_count) * record_bytes
+        || (record_count > 0 && past_end)
+    {
+        return None;
+    }
+    let shards = p[STATS_OK_FIXED_BYTES..]
+        .chunks_exact(record_bytes)
+        .map(|r| ShardStats {
+            buckets: u64_at(r, 0),
+            bucket_bytes: u64_at(r, 8),
+            allowed_total: u64_at(r, 16),
+            denied_total: u64_at(r, 24),
+            evicted_total: u64_at(r, 32),
+            refused_total: u64_at(r, 40),
+            keys_max: u64_at(r, 48),
+        })
+        .collect();
+    Some(StatsOk {
+        shard_count,
+        shard_first,
+        shards,
+    })
 }
 
 /// Appends a HELLO_OK.
@@ -334,6 +1201,94 @@ pub fn put_verdict(
         b.put_u64_le(v.remaining);
         b.put_u64_le(v.retry_after_ns);
         b.put_u64_le(v.reset_after_ns);
+    });
+}
+
+/// Appends a DECIDE_OK for `verdicts` (one per limit, in order,
+/// 1..=[`LIMITS_MAX`] of them: asserted). The composite fields (allowed,
+/// denied_index, retry_after_ns) are computed from the verdicts, so they
+/// always agree with them.
+#[inline]
+pub fn put_decide_ok(
+    w: &mut FrameWriter,
+    buf: &mut BytesMut,
+    request_id: u32,
+    verdicts: &[LimitVerdict],
+) {
+    assert!(
+        (1..=LIMITS_MAX).contains(&verdicts.len()),
+        "a DECIDE has 1..=LIMITS_MAX limits"
+    );
+    let (allowed, denied_index, retry_after_ns) = summarize(verdicts);
+    w.message(buf, op::DECIDE_OK, request_id, |b| {
+        b.put_u8(u8::from(allowed));
+        b.put_u8(denied_index.unwrap_or(DENIED_NONE));
+        b.put_u8(verdicts.len() as u8);
+        b.put_bytes(0, 5);
+        b.put_u64_le(retry_after_ns);
+        for v in verdicts {
+            put_verdict_record(b, v);
+        }
+    });
+}
+
+/// Appends the reply to a RENEW (`renew == true`) or a RELEASE.
+pub fn put_lease_ok(
+    w: &mut FrameWriter,
+    buf: &mut BytesMut,
+    request_id: u32,
+    renew: bool,
+    ok: &LeaseOk,
+) {
+    let op = if renew { op::RENEW_OK } else { op::RELEASE_OK };
+    w.message(buf, op, request_id, |b| {
+        put_verdict_record(b, &ok.verdict);
+        b.put_u64_le(ok.expires_after_ns);
+    });
+}
+
+/// Appends a RELOAD_OK: the reloaded configuration has `tier_count` tiers.
+pub fn put_reload_ok(w: &mut FrameWriter, buf: &mut BytesMut, request_id: u32, tier_count: u32) {
+    w.message(buf, op::RELOAD_OK, request_id, |b| {
+        b.put_u32_le(tier_count);
+        b.put_u32_le(0);
+    });
+}
+
+/// Appends a STATS_OK: the node runs `shard_count` shards, and `shards` are
+/// the records of shards `shard_first..` (at most [`STATS_RECORDS_MAX`], and
+/// not past `shard_count`: asserted). `shard_first` is the request's, even
+/// past the last shard (then `shards` is empty).
+pub fn put_stats(
+    w: &mut FrameWriter,
+    buf: &mut BytesMut,
+    request_id: u32,
+    shard_count: u16,
+    shard_first: u16,
+    shards: &[ShardStats],
+) {
+    assert!(
+        shards.len() <= STATS_RECORDS_MAX,
+        "a STATS_OK holds at most STATS_RECORDS_MAX records"
+    );
+    assert!(
+        shards.is_empty() || usize::from(shard_first) + shards.len() <= usize::from(shard_count),
+        "stats records past the node's shards"
+    );
+    w.message(buf, op::STATS_OK, request_id, |b| {
+        b.put_u16_le(shard_count);
+        b.put_u16_le(STATS_RECORD_BYTES as u16);
+        b.put_u16_le(shard_first);
+        b.put_u16_le(shards.len() as u16);
+        for s in shards {
+            b.put_u64_le(s.buckets);
+            b.put_u64_le(s.bucket_bytes);
+            b.put_u64_le(s.allowed_total);
+            b.put_u64_le(s.denied_total);
+            b.put_u64_le(s.evicted_total);
+            b.put_u64_le(s.refused_total);
+            b.put_u64_le(s.keys_max);
+        }
     });
 }
 
@@ -513,5 +1468,586 @@ mod tests {
             }
             other => panic!("{other:?}"),
         }
+    }
+
+    const S: u64 = 1_000_000_000;
+
+    fn composite() -> LimitSet {
+        LimitSet::new(&[
+            "token-bucket:5/s,burst=5".parse().unwrap(),
+            "fixed-window:100/1m".parse().unwrap(),
+            "sliding-log:10/s".parse().unwrap(),
+            "sliding-counter:1000/1h".parse().unwrap(),
+            "concurrency:10,lease=30s".parse().unwrap(),
+        ])
+        .unwrap()
+    }
+
+    fn decide(mode: Mode, limits: Limits<'static>, cost: u64) -> Decide<'static> {
+        Decide {
+            mode,
+            key: b"user:42",
+            limits,
+            cost,
+        }
+    }
+
+    fn lease_inline(index: u8) -> LeaseOp<'static> {
+        LeaseOp {
+            key: b"user:42",
+            target: LeaseTarget::Inline {
+                index,
+                limit: Concurrency::new(10, 30 * S).unwrap(),
+            },
+            lease_id: 7,
+        }
+    }
+
+    fn header(op: u8) -> MessageHeader {
+        MessageHeader {
+            op,
+            flags: 0,
+            request_id: 1,
+        }
+    }
+
+    /// The payload `encode` writes for `r`.
+    fn payload(r: &Request<'_>) -> Vec<u8> {
+        let mut buf = BytesMut::new();
+        let mut w = FrameWriter::new();
+        r.encode(&mut w, &mut buf, 1);
+        w.finish(&mut buf);
+        one_message(&mut buf).1
+    }
+
+    fn parse_err(op: u8, p: &[u8]) -> RequestError {
+        Request::parse(header(op), p).unwrap_err()
+    }
+
+    fn status(op: u8, p: &[u8]) -> Status {
+        parse_err(op, p).status
+    }
+
+    fn layout(op: u8, p: &[u8]) -> LayoutError {
+        match parse_err(op, p) {
+            RequestError {
+                status: Status::BadRequest,
+                detail: Some(Detail::Layout(e)),
+                ..
+            } => e,
+            other => panic!("expected a layout error, got {other:?}"),
+        }
+    }
+
+    #[test]
+    fn new_requests_round_trip() {
+        let set = composite();
+        let one = LimitSet::new(&["concurrency:1,lease=1ms".parse().unwrap()]).unwrap();
+        let mut reqs = vec![
+            Request::Decide(decide(Mode::Probe, Limits::Inline(one), 1)),
+            Request::Decide(decide(Mode::Spend, Limits::Tier("free"), u64::MAX)),
+            Request::Decide(decide(Mode::Reset, Limits::Tier("é"), 0)),
+            Request::Release(lease_inline(4)),
+            Request::Renew(lease_inline(0)),
+            Request::Renew(LeaseOp {
+                key: &[b'k'; KEY_BYTES_MAX],
+                target: LeaseTarget::Tier {
+                    name: "paid",
+                    index: 7,
+                },
+                lease_id: u64::MAX,
+            }),
+            Request::Reload,
+            Request::Stats(Stats { shard_first: 0 }),
+            Request::Stats(Stats { shard_first: 9 }),
+        ];
+        for mode in [Mode::Spend, Mode::Probe, Mode::Refund] {
+            reqs.push(Request::Decide(decide(mode, Limits::Inline(set), 1)));
+        }
+        let full = LimitSet::new(&[set[0]; LIMITS_MAX]).unwrap();
+        reqs.push(Request::Decide(decide(
+            Mode::Refund,
+            Limits::Inline(full),
+            99,
+        )));
+        for r in reqs {
+            let mut buf = BytesMut::new();
+            let mut w = FrameWriter::new();
+            r.encode(&mut w, &mut buf, 99);
+            w.finish(&mut buf);
+            let (h, p) = one_message(&mut buf);
+            assert_eq!(h.request_id, 99);
+            assert_eq!(Request::parse(h, &p).unwrap(), r);
+        }
+    }
+
+    #[test]
+    fn decide_payload_sizes_are_the_spec() {
+        let d = decide(Mode::Spend, Limits::Inline(composite()), 1);
+        assert_eq!(payload(&Request::Decide(d)).len(), 16 + 7 + 5 * 32);
+        let t = decide(Mode::Spend, Limits::Tier("free"), 1);
+        assert_eq!(payload(&Request::Decide(t)).len(), 16 + 7 + 4);
+        assert_eq!(
+            payload(&Request::Release(lease_inline(2))).len(),
+            16 + 7 + 32
+        );
+        assert_eq!(payload(&Request::Reload).len(), 0);
+        assert_eq!(
+            payload(&Request::Stats(Stats { shard_first: 3 })),
+            [3, 0, 0, 0]
+        );
+    }
+
+    #[test]
+    fn malformed_decides_are_bad_requests() {
+        let op = op::DECIDE;
+        let good = payload(&Request::Decide(decide(
+            Mode::Spend,
+            Limits::Inline(composite()),
+            1,
+        )));
+        let with = |f: &dyn Fn(&mut Vec<u8>)| {
+            let mut p = good.clone();
+            f(&mut p);
+            p
+        };
+        // Records start after the 16 fixed bytes and the 7-byte key.
+        let rec = |i: usize| 23 + 32 * i;
+        assert_eq!(layout(op, &good[..15]), LayoutError::Length);
+        assert_eq!(layout(op, &with(&|p| p.push(0))), LayoutError::Length);
+        assert_eq!(layout(op, &good[..good.len() - 1]), LayoutError::Length);
+        assert_eq!(layout(op, &with(&|p| p[1] = 4)), LayoutError::Length);
+        assert_eq!(layout(op, &with(&|p| p[7] = 1)), LayoutError::Reserved);
+        assert_eq!(layout(op, &with(&|p| p[0] = 4)), LayoutError::Mode(4));
+        let reset = with(&|p| p[0] = Mode::Reset.code());
+        assert_eq!(layout(op, &reset), LayoutError::ResetCost);
+        // A record's reserved bytes, kind, and unused third number.
+        assert_eq!(
+            layout(op, &with(&|p| p[rec(2) + 7] = 1)),
+            LayoutError::Reserved
+        );
+        assert_eq!(layout(op, &with(&|p| p[rec(1)] = 0)), LayoutError::Kind(0));
+        assert_eq!(layout(op, &with(&|p| p[rec(4)] = 6)), LayoutError::Kind(6));
+        assert_eq!(
+            parse_err(op, &with(&|p| p[rec(4)] = 6)).limit_index,
+            Some(4)
+        );
+        assert_eq!(
+            layout(op, &with(&|p| p[rec(1) + 24] = 1)),
+            LayoutError::UnusedField(Kind::FixedWindow)
+        );
+        assert_eq!(
+            layout(op, &with(&|p| p[rec(4) + 31] = 1)),
+            LayoutError::UnusedField(Kind::Concurrency)
+        );
+        // Neither a tier nor limits; both; too many limits.
+        let none = with(&|p| {
+            p[1] = 0;
+            p.truncate(rec(0));
+        });
+        assert_eq!(layout(op, &none), LayoutError::NoLimits);
+        let both = with(&|p| {
+            p[4] = 4;
+            p.splice(rec(0)..rec(0), *b"free");
+        });
+        assert_eq!(layout(op, &both), LayoutError::TierAndLimits);
+        let nine = with(&|p| {
+            p[1] = 9;
+            let r = p[rec(0)..rec(1)].to_vec();
+            p.truncate(rec(0));
+            for _ in 0..9 {
+                p.extend_from_slice(&r);
+            }
+        });
+        assert_eq!(layout(op, &nine), LayoutError::LimitCount);
+        // Tier names: UTF-8, 1..=64 bytes.
+        let tier = |name: &[u8]| {
+            let mut p = good[..16].to_vec();
+            p[1] = 0;
+            p[4..6].copy_from_slice(&(name.len() as u16).to_le_bytes());
+            p.extend_from_slice(b"user:42");
+            p.extend_from_slice(name);
+            p
+        };
+        assert!(Request::parse(header(op), &tier(&[b'x'; TIER_BYTES_MAX])).is_ok());
+        assert_eq!(
+            layout(op, &tier(&[b'x'; TIER_BYTES_MAX + 1])),
+            LayoutError::TierName
+        );
+        assert_eq!(layout(op, &tier(&[0xff, 0xfe])), LayoutError::TierName);
+    }
+
+    #[test]
+    fn decide_keys_policies_and_costs_get_their_status() {
+        let op = op::DECIDE;
+        let enc = |key: &'static [u8], limits: &[Limit], mode: Mode, cost: u64| {
+            let mut b = BytesMut::new();
+            put_decide(
+                &mut b,
+                &Decide {
+                    mode,
+                    key,
+                    limits: Limits::Inline(LimitSet::new(limits).unwrap()),
+                    cost,
+                },
+            );
+            b.to_vec()
+        };
+        let set = composite();
+        assert_eq!(status(op, &enc(b"", &set, Mode::Spend, 1)), Status::BadKey);
+        let long: &'static [u8] = &[b'x'; KEY_BYTES_MAX + 1];
+        assert_eq!(status(op, &enc(long, &set, Mode::Spend, 1)), Status::BadKey);
+        // Every kind's numbers are validated, naming the limit.
+        let bad: [Limit; 6] = [
+            Limit::TokenBucket(Policy {
+                count: 0,
+                period_ns: S,
+                burst: 1,
+            }),
+            Limit::FixedWindow(Window {
+                limit: 1,
+                window_ns: 999,
+            }),
+            Limit::SlidingLog(Window {
+                limit: crate::limit::SLIDING_LOG_LIMIT_MAX + 1,
+                window_ns: S,
+            }),
+            Limit::SlidingCounter(Window {
+                limit: 0,
+                window_ns: S,
+            }),
+            Limit::Concurrency(Concurrency {
+                limit: 1,
+                lease_ns: 1,
+            }),
+            Limit::Concurrency(Concurrency {
+                limit: 0,
+                lease_ns: S,
+            }),
+        ];
+        for limit in bad {
+            let e = parse_err(op, &enc(b"k", &[set[0], limit], Mode::Spend, 1));
+            assert_eq!(e.status, Status::InvalidPolicy, "{limit:?}");
+            assert_eq!(e.limit_index, Some(1), "{limit:?}");
+            // A bad key is reported before a bad limit, a bad layout before both.
+            let e = parse_err(op, &enc(b"", &[set[0], limit], Mode::Spend, 1));
+            assert_eq!(e.status, Status::BadKey);
+            let mut p = enc(b"", &[limit, set[0]], Mode::Spend, 1);
+            p[16 + 32] = 9;
+            assert_eq!(status(op, &p), Status::BadRequest);
+        }
+        // The cost must fit every limit for SPEND and PROBE (the token
+        // bucket's burst is 5, the sliding log's limit 10).
+        for mode in [Mode::Spend, Mode::Probe] {
+            assert!(Request::parse(header(op), &enc(b"k", &set, mode, 5)).is_ok());
+            let e = parse_err(op, &enc(b"k", &set, mode, 6));
+            assert_eq!(e.status, Status::CostExceedsBurst);
+            assert_eq!(e.limit_index, Some(0));
+            assert_eq!(
+                e.to_string(),
+                "cost exceeds burst: limit 0: cost 6 exceeds burst 5: it could never be admitted"
+            );
+        }
+        // A refund gives back any number of units; a tier's costs are the
+        // server's to check.
+        assert!(Request::parse(header(op), &enc(b"k", &set, Mode::Refund, u64::MAX)).is_ok());
+        let tier = payload(&Request::Decide(decide(
+            Mode::Spend,
+            Limits::Tier("t"),
+            u64::MAX,
+        )));
+        assert!(Request::parse(header(op), &tier).is_ok());
+        let e = parse_err(op, &enc(b"k", &[set[0], bad[1]], Mode::Spend, 1));
+        assert_eq!(
+            e.to_string(),
+            format!("invalid policy: limit 1: {}", PolicyError::Window)
+        );
+    }
+
+    #[test]
+    fn malformed_lease_ops_get_their_status() {
+        for op in [op::RELEASE, op::RENEW] {
+            let good = payload(&Request::Release(lease_inline(2)));
+            let with = |f: &dyn Fn(&mut Vec<u8>)| {
+                let mut p = good.clone();
+                f(&mut p);
+                p
+            };
+            let rec = 16 + 7;
+            assert!(Request::parse(header(op), &good).is_ok());
+            assert_eq!(layout(op, &good[..15]), LayoutError::Length);
+            assert_eq!(layout(op, &good[..good.len() - 1]), LayoutError::Length);
+            assert_eq!(layout(op, &with(&|p| p.push(0))), LayoutError::Length);
+            assert_eq!(layout(op, &with(&|p| p[6] = 1)), LayoutError::Reserved);
+            assert_eq!(
+                layout(op, &with(&|p| p[rec + 1] = 1)),
+                LayoutError::Reserved
+            );
+            assert_eq!(
+                layout(op, &with(&|p| p[8..16].fill(0))),
+                LayoutError::LeaseIdZero
+            );
+            assert_eq!(layout(op, &with(&|p| p[4] = 8)), LayoutError::LimitIndex);
+            assert_eq!(layout(op, &with(&|p| p[rec] = 0)), LayoutError::Kind(0));
+            assert_eq!(
+                layout(op, &with(&|p| p[rec] = Kind::SlidingLog.code())),
+                LayoutError::NotConcurrency(Kind::SlidingLog)
+            );
+            assert_eq!(
+                layout(op, &with(&|p| p[rec + 24] = 1)),
+                LayoutError::UnusedField(Kind::Concurrency)
+            );
+            let zero_limit = with(&|p| p[rec + 8..rec + 16].fill(0));
+            let e = parse_err(op, &zero_limit);
+            assert_eq!((e.status, e.limit_index), (Status::InvalidPolicy, Some(2)));
+            let no_key = with(&|p| {
+                p[0] = 0;
+                p.drain(16..23);
+            });
+            assert_eq!(status(op, &no_key), Status::BadKey);
+            // A tier takes no record; its name is checked like DECIDE's.
+            let tier = payload(&Request::Release(LeaseOp {
+                key: b"k",
+                target: LeaseTarget::Tier {
+                    name: "free",
+                    index: 1,
+                },
+                lease_id: 3,
+            }));
+            let mut extra = tier.clone();
+            extra.extend_from_slice(&good[rec..]);
+            assert_eq!(layout(op, &extra), LayoutError::Length);
+            let mut bad_name = tier.clone();
+            bad_name[17] = 0xff;
+            assert_eq!(layout(op, &bad_name), LayoutError::TierName);
+        }
+    }
+
+    #[test]
+    fn malformed_node_ops_are_bad_requests() {
+        assert_eq!(layout(op::RELOAD, &[0]), LayoutError::Length);
+        assert_eq!(layout(op::STATS, &[0, 0]), LayoutError::Length);
+        assert_eq!(layout(op::STATS, &[0; 5]), LayoutError::Length);
+        assert_eq!(layout(op::STATS, &[1, 0, 0, 1]), LayoutError::Reserved);
+        assert_eq!(
+            Request::parse(header(op::STATS), &[0; 4]),
+            Ok(Request::Stats(Stats { shard_first: 0 }))
+        );
+    }
+
+    #[test]
+    fn limit_sets_hold_one_to_eight_and_check_for_the_server() {
+        let set = composite();
+        assert!(LimitSet::new(&[]).is_none());
+        assert!(LimitSet::new(&[set[0]; LIMITS_MAX + 1]).is_none());
+        assert_eq!(set.len(), 5);
+        assert_eq!(set.as_slice()[4].kind(), Kind::Concurrency);
+        assert!(set.check_cost(Mode::Refund, u64::MAX).is_ok());
+        assert!(set.check_cost(Mode::Reset, u64::MAX).is_ok());
+        assert_eq!(
+            set.check_cost(Mode::Probe, 11).unwrap_err().limit_index,
+            Some(0)
+        );
+        assert_eq!(
+            set.concurrency_at(4).ok(),
+            Concurrency::new(10, 30 * S).ok()
+        );
+        let e = set.concurrency_at(1).unwrap_err();
+        assert_eq!(e.status, Status::BadRequest);
+        assert_eq!(
+            e.detail,
+            Some(Detail::Layout(LayoutError::NotConcurrency(
+                Kind::FixedWindow
+            )))
+        );
+        assert_eq!(
+            set.concurrency_at(5).unwrap_err().detail,
+            Some(Detail::Layout(LayoutError::LimitIndex))
+        );
+        // Equality ignores the unused entries.
+        let a = LimitSet::new(&set[..2]).unwrap();
+        assert_eq!(a, LimitSet::new(&[set[0], set[1]]).unwrap());
+        assert_ne!(a, set);
+        assert_eq!(Limits::Inline(a).slot(1), Slot::Inline(1));
+        assert_eq!(
+            Limits::Tier("free").slot(2),
+            Slot::Tier {
+                name: b"free",
+                index: 2
+            }
+        );
+        assert_eq!(lease_inline(3).target.slot(), Slot::Inline(3));
+    }
+
+    fn lv(kind: Kind, allowed: bool, retry_after_ns: u64, lease_id: u64) -> LimitVerdict {
+        LimitVerdict {
+            kind,
+            verdict: Verdict {
+                allowed,
+                limit: 10,
+                remaining: 3,
+                retry_after_ns,
+                reset_after_ns: 9,
+            },
+            lease_id,
+        }
+    }
+
+    fn parse_all(buf: &mut BytesMut) -> Vec<Option<Reply>> {
+        let frame = FrameDecoder::default().decode(buf).unwrap().unwrap();
+        frame.messages().map(|(h, p)| Reply::parse(h, p)).collect()
+    }
+
+    #[test]
+    fn new_replies_round_trip() {
+        let verdicts = vec![
+            lv(Kind::TokenBucket, true, 0, 0),
+            lv(Kind::SlidingLog, false, 30, 0),
+            lv(Kind::FixedWindow, false, 70, 0),
+            lv(Kind::Concurrency, true, 0, 0),
+        ];
+        let denied = DecideOk::from_verdicts(verdicts.clone());
+        assert_eq!(
+            (denied.allowed, denied.denied_index, denied.retry_after_ns),
+            (false, Some(1), 70)
+        );
+        let admitted = DecideOk::from_verdicts(vec![lv(Kind::Concurrency, true, 0, 12)]);
+        assert_eq!(
+            (
+                admitted.allowed,
+                admitted.denied_index,
+                admitted.retry_after_ns
+            ),
+            (true, None, 0)
+        );
+        let lease = LeaseOk {
+            verdict: lv(Kind::Concurrency, true, 0, 12),
+            expires_after_ns: 30 * S,
+        };
+        let stats = StatsOk {
+            shard_count: 3,
+            shard_first: 1,
+            shards: vec![
+                ShardStats {
+                    buckets: 1,
+                    bucket_bytes: 2,
+                    allowed_total: 3,
+                    denied_total: 4,
+                    evicted_total: 5,
+                    refused_total: 6,
+                    keys_max: 7,
+                },
+                ShardStats::default(),
+            ],
+        };
+        let mut buf = BytesMut::new();
+        let mut w = FrameWriter::new();
+        put_decide_ok(&mut w, &mut buf, 1, &denied.verdicts);
+        put_decide_ok(&mut w, &mut buf, 2, &admitted.verdicts);
+        put_lease_ok(&mut w, &mut buf, 3, false, &lease);
+        put_lease_ok(&mut w, &mut buf, 4, true, &lease);
+        put_reload_ok(&mut w, &mut buf, 5, 3);
+        put_stats(&mut w, &mut buf, 6, 3, 1, &stats.shards);
+        put_stats(&mut w, &mut buf, 7, 3, 5, &[]);
+        w.finish(&mut buf);
+        let replies = parse_all(&mut buf);
+        assert_eq!(replies[0], Some(Reply::Decide(denied)));
+        assert_eq!(replies[1], Some(Reply::Decide(admitted)));
+        assert_eq!(replies[2], Some(Reply::Release(lease)));
+        assert_eq!(replies[3], Some(Reply::Renew(lease)));
+        assert_eq!(replies[4], Some(Reply::Reload { tier_count: 3 }));
+        assert_eq!(replies[5], Some(Reply::Stats(stats)));
+        let empty = StatsOk {
+            shard_count: 3,
+            shard_first: 5,
+            shards: vec![],
+        };
+        assert_eq!(replies[6], Some(Reply::Stats(empty)));
+    }
+
+    /// Builds one reply message with a hand-made payload.
+    fn raw_reply(op: u8, p: &[u8]) -> Option<Reply> {
+        let mut buf = BytesMut::new();
+        let mut w = FrameWriter::new();
+        w.message(&mut buf, op, 1, |b| b.put_slice(p));
+        w.finish(&mut buf);
+        parse_all(&mut buf).remove(0)
+    }
+
+    fn reply_payload(put: impl FnOnce(&mut FrameWriter, &mut BytesMut)) -> Vec<u8> {
+        let mut buf = BytesMut::new();
+        let mut w = FrameWriter::new();
+        put(&mut w, &mut buf);
+        w.finish(&mut buf);
+        one_message(&mut buf).1
+    }
+
+    #[test]
+    fn inconsistent_or_unknown_replies_are_refused() {
+        let verdicts = [
+            lv(Kind::TokenBucket, false, 5, 0),
+            lv(Kind::Concurrency, true, 0, 0),
+        ];
+        let good = reply_payload(|w, b| put_decide_ok(w, b, 1, &verdicts));
+        assert_eq!(good.len(), 16 + 2 * 48);
+        assert!(raw_reply(op::DECIDE_OK, &good).is_some());
+        let with = |at: usize, v: u8| {
+            let mut p = good.clone();
+            p[at] = v;
+            raw_reply(op::DECIDE_OK, &p)
+        };
+        assert_eq!(with(0, 1), None, "allowed contradicts the verdicts");
+        assert_eq!(with(1, 1), None, "denied_index contradicts the verdicts");
+        assert_eq!(with(2, 3), None, "verdict_count contradicts the length");
+        assert_eq!(with(8, 6), None, "retry_after_ns is not the largest");
+        assert_eq!(with(16 + 1, 9), None, "unknown kind");
+        assert!(
+            with(3, 1).is_some(),
+            "reserved bytes of replies are ignored"
+        );
+        assert_eq!(raw_reply(op::DECIDE_OK, &good[..16]), None);
+        let lease = LeaseOk {
+            verdict: lv(Kind::Concurrency, true, 0, 1),
+            expires_after_ns: 0,
+        };
+        let good = reply_payload(|w, b| put_lease_ok(w, b, 1, false, &lease));
+        assert_eq!(good.len(), 56);
+        let mut other_kind = good.clone();
+        other_kind[1] = Kind::FixedWindow.code();
+        assert_eq!(raw_reply(op::RELEASE_OK, &other_kind), None);
+        assert_eq!(raw_reply(op::RENEW_OK, &good[..48]), None);
+        assert_eq!(raw_reply(op::RELOAD_OK, &[0; 4]), None);
+    }
+
+    #[test]
+    fn stats_records_may_grow() {
+        // A later server with 64-byte records: the extra counter is skipped.
+        let mut p = vec![2, 0, 64, 0, 0, 0, 2, 0];
+        for shard in 0..2u64 {
+            for field in 0..8u64 {
+                p.extend_from_slice(&(shard * 100 + field).to_le_bytes());
+            }
+        }
+        let Some(Reply::Stats(s)) = raw_reply(op::STATS_OK, &p) else {
+            panic!("a valid STATS_OK");
+        };
+        assert_eq!(s.shards.len(), 2);
+        assert_eq!(s.shards[1].buckets, 100);
+        assert_eq!(s.shards[1].keys_max, 106);
+        assert_eq!(raw_reply(op::STATS_OK, &p[..p.len() - 1]), None);
+        let mut short = p.clone();
+        short[2] = 48;
+        assert_eq!(
+            raw_reply(op::STATS_OK, &short),
+            None,
+            "records below 56 bytes"
+        );
+        let mut past = p.clone();
+        past[4] = 1;
+        assert_eq!(
+            raw_reply(op::STATS_OK, &past),
+            None,
+            "shards past the count"
+        );
     }
 }

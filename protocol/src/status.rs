@@ -85,6 +85,19 @@ statuses! {
     ShuttingDown = 13, "shutting down", Reconnect;
     /// A server fault; the request was not applied.
     Internal = 14, "internal error", Retry;
+    /// DECIDE, RELEASE or RENEW named a tier the server's configuration does
+    /// not define.
+    UnknownTier = 15, "unknown tier", GiveUp;
+    /// The shard is at its bucket cap and has no full bucket to drop, so a
+    /// request that needs a new bucket is refused (rather than evicting a
+    /// partly spent one). Nothing was applied; buckets fill up as time
+    /// passes, so the same request may succeed later.
+    KeysFull = 16, "keys full", Retry;
+    /// RELEASE or RENEW named a lease that is unknown, already released or
+    /// expired; nothing changed.
+    LeaseNotFound = 17, "lease not found", GiveUp;
+    /// RELOAD found the configuration invalid; the old one stays in force.
+    ConfigInvalid = 18, "config invalid", GiveUp;
 }
 
 impl std::fmt::Display for Status {
@@ -106,5 +119,10 @@ mod tests {
         }
         assert_eq!(Status::from_code(0), None);
         assert_eq!(Status::from_code(999), None);
+        // Codes are stable and dense: a new status takes the next number.
+        for (code, &s) in (1u16..).zip(Status::ALL) {
+            assert_eq!(s.code(), code);
+        }
+        assert_eq!(Status::KeysFull.action(), Action::Retry);
     }
 }

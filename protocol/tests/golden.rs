@@ -1,10 +1,10 @@
 //! PROTOCOL.md checked against the code. Every fenced block tagged
 //! `hex golden=NAME` is one complete frame: decoding it must give exactly the
 //! typed messages listed here, and encoding those messages with the crate's
-//! encoders must give exactly its bytes. The `text golden=routing` and
-//! `text golden=limits` blocks, the worked routing example and the error-code
-//! table are checked the same way, so the spec cannot drift from the code
-//! without a test failing.
+//! encoders must give exactly its bytes. The `text golden=routing`,
+//! `text golden=identity` and `text golden=limits` blocks, the worked routing
+//! example and the error-code table are checked the same way, so the spec
+//! cannot drift from the code without a test failing.
 
 use std::collections::BTreeMap;
 use std::path::Path;
@@ -12,7 +12,12 @@ use std::path::Path;
 use bytes::BytesMut;
 use sluice_protocol::codec::{self, FrameDecoder, FrameWriter};
 use sluice_protocol::gcra::{self, Bucket, Verdict};
-use sluice_protocol::message::{self, Hello, HelloOk, Reply, Request, Throttle};
+use sluice_protocol::identity::{bucket_key, Slot};
+use sluice_protocol::limit::{self, concurrency, fixed_window, Concurrency, Kind, Limit, Window};
+use sluice_protocol::message::{
+    self, Decide, DecideOk, Hello, HelloOk, LeaseOk, LeaseOp, LeaseTarget, LimitSet, LimitVerdict,
+    Limits, Mode, Reply, Request, ShardStats, Stats, StatsOk, Throttle,
+};
 use sluice_protocol::policy::{self, Policy};
 use sluice_protocol::routing::{self, key_hash, shard_of};
 use sluice_protocol::status::{Action, Status};
@@ -83,6 +88,8 @@ fn parse_hex(name: &str, body: &str) -> Vec<u8> {
 }
 
 /// One message of a golden frame.
+// A DECIDE holds its limits inline; a test table can afford the size.
+#[allow(clippy::large_enum_variant)]
 #[derive(Debug)]
 enum Msg {
     Request(Request<'static>),
@@ -122,6 +129,125 @@ const HELLO_OK: HelloOk = HelloOk {
 
 const COST_EXCEEDS_BURST_TEXT: &str =
     "cost exceeds burst: cost 21 exceeds burst 20: it could never be admitted";
+
+/// The second conversation's instant: 20 s into a one-minute window.
+const DECIDE_T0_NS: u64 = T0_NS;
+
+/// The composite example's limits: 5/s burst 5, 100 per minute, and 10
+/// concurrent with 30-second leases.
+fn composite_limits() -> [Limit; 3] {
+    [
+        Limit::TokenBucket(Policy::new(5, SECOND_NS, 5).expect("a valid policy")),
+        Limit::FixedWindow(Window::new(100, 60 * SECOND_NS).expect("a valid window")),
+        Limit::Concurrency(concurrency_limit()),
+    ]
+}
+
+fn concurrency_limit() -> Concurrency {
+    Concurrency::new(10, 30 * SECOND_NS).expect("a valid concurrency limit")
+}
+
+fn decide(limits: Limits<'static>) -> Decide<'static> {
+    Decide {
+        mode: Mode::Spend,
+        key: b"user:42",
+        limits,
+        cost: 1,
+    }
+}
+
+fn lease_op(lease_id: u64) -> LeaseOp<'static> {
+    LeaseOp {
+        key: b"user:42",
+        target: LeaseTarget::Inline {
+            index: 2,
+            limit: concurrency_limit(),
+        },
+        lease_id,
+    }
+}
+
+fn limit_verdict(kind: Kind, verdict: Verdict, lease_id: u64) -> LimitVerdict {
+    LimitVerdict {
+        kind,
+        verdict,
+        lease_id,
+    }
+}
+
+fn concurrency_verdict(remaining: u64, reset_after_ns: u64, lease_id: u64) -> LimitVerdict {
+    let v = Verdict {
+        allowed: true,
+        limit: 10,
+        remaining,
+        retry_after_ns: 0,
+        reset_after_ns,
+    };
+    limit_verdict(Kind::Concurrency, v, lease_id)
+}
+
+fn decide_ok() -> DecideOk {
+    let tb = Verdict {
+        allowed: false,
+        limit: 5,
+        remaining: 0,
+        retry_after_ns: 200_000_000,
+        reset_after_ns: SECOND_NS,
+    };
+    let fw = Verdict {
+        allowed: true,
+        limit: 100,
+        remaining: 94,
+        retry_after_ns: 0,
+        reset_after_ns: 40 * SECOND_NS,
+    };
+    DecideOk::from_verdicts(vec![
+        limit_verdict(Kind::TokenBucket, tb, 0),
+        limit_verdict(Kind::FixedWindow, fw, 0),
+        concurrency_verdict(4, 30 * SECOND_NS, 0),
+    ])
+}
+
+fn release_ok() -> LeaseOk {
+    LeaseOk {
+        verdict: concurrency_verdict(6, 30 * SECOND_NS, 3),
+        expires_after_ns: 0,
+    }
+}
+
+fn renew_ok() -> LeaseOk {
+    LeaseOk {
+        verdict: concurrency_verdict(6, 30 * SECOND_NS, 4),
+        expires_after_ns: 30 * SECOND_NS,
+    }
+}
+
+fn stats_ok() -> StatsOk {
+    StatsOk {
+        shard_count: 2,
+        shard_first: 0,
+        shards: vec![
+            ShardStats {
+                buckets: 1_024,
+                bucket_bytes: 65_536,
+                allowed_total: 982_311,
+                denied_total: 1_204,
+                evicted_total: 0,
+                refused_total: 0,
+                keys_max: 1_200,
+            },
+            ShardStats {
+                buckets: 1_200,
+                bucket_bytes: 81_920,
+                allowed_total: 979_002,
+                denied_total: 988,
+                evicted_total: 40,
+                refused_total: 3,
+                keys_max: 1_200,
+            },
+        ],
+    }
+}
 
 /// What each golden frame holds: `(request id, message)` in order.
 fn expected_frames() -> Vec<(&'static str, Vec<(u32, Msg)>)> {
@@ -226,6 +352,56 @@ fn expected_frames() -> Vec<(&'static str, Vec<(u32, Msg)>)> {
                 ))),
             )],
         ),
+        (
+            "decide_request",
+            vec![(
+                20,
+                Req(Request::Decide(decide(Limits::Inline(
+                    LimitSet::new(&composite_limits()).expect("3 limits"),
+                )))),
+            )],
+        ),
+        (
+            "decide_ok_reply",
+            vec![(20, Rep(Reply::Decide(decide_ok())))],
+        ),
+        (
+            "decide_tier_request",
+            vec![(21, Req(Request::Decide(decide(Limits::Tier("free")))))],
+        ),
+        (
+            "release_request",
+            vec![(22, Req(Request::Release(lease_op(3))))],
+        ),
+        (
+            "release_ok_reply",
+            vec![(22, Rep(Reply::Release(release_ok())))],
+        ),
+        (
+            "renew_request",
+            vec![(23, Req(Request::Renew(lease_op(4))))],
+        ),
+        ("renew_ok_reply", vec![(23, Rep(Reply::Renew(renew_ok())))]),
+        ("reload_request", vec![(24, Req(Request::Reload))]),
+        (
+            "reload_ok_reply",
+            vec![(24, Rep(Reply::Reload { tier_count: 3 }))],
+        ),
+        (
+            "stats_request",
+            vec![(25, Req(Request::Stats(Stats { shard_first: 0 })))],
+        ),
+        ("stats_ok_reply", vec![(25, Rep(Reply::Stats(stats_ok())))]),
+        (
+            "error_keys_full_reply",
+            vec![(
+                26,
+                Rep(Reply::Error {
+                    code: 16,
+                    text: "keys full".to_owned(),
+                }),
+            )],
+        ),
     ]
 }
 
@@ -235,6 +411,13 @@ fn encode_reply(w: &mut FrameWriter, buf: &mut BytesMut, request_id: u32, reply:
         Reply::Pong => message::put_pong(w, buf, request_id),
         Reply::Throttle(v) => message::put_verdict(w, buf, request_id, false, v),
         Reply::Peek(v) => message::put_verdict(w, buf, request_id, true, v),
+        Reply::Decide(ok) => message::put_decide_ok(w, buf, request_id, &ok.verdicts),
+        Reply::Release(ok) => message::put_lease_ok(w, buf, request_id, false, ok),
+        Reply::Renew(ok) => message::put_lease_ok(w, buf, request_id, true, ok),
+        Reply::Reload { tier_count } => message::put_reload_ok(w, buf, request_id, *tier_count),
+        Reply::Stats(s) => {
+            message::put_stats(w, buf, request_id, s.shard_count, s.shard_first, &s.shards);
+        }
         Reply::Error { code, text } => {
             let status = Status::from_code(*code).expect("golden errors use known codes");
             message::put_error(w, buf, request_id, status, text);
@@ -369,6 +552,143 @@ fn golden_error_texts_are_the_servers() {
         "too many connections",
         "server.rs refuses a connection with exactly this text"
     );
+    assert_eq!(Status::KeysFull.text(), "keys full");
+}
+
+/// Looks up message `index` of golden frame `name`.
+fn golden_reply(name: &str, index: usize) -> Reply {
+    let frames = expected_frames();
+    let (_, messages) = frames.iter().find(|(n, _)| *n == name).expect("a golden");
+    match &messages[index].1 {
+        Msg::Reply(r) => r.clone(),
+        other => panic!("golden={name} message {index} is not a reply: {other:?}"),
+    }
+}
+
+/// The second conversation (DECIDE, RELEASE, RENEW) replayed through the
+/// decision functions, as a shard would apply it.
+#[test]
+fn golden_decide_verdicts_are_the_decision() {
+    let [Limit::TokenBucket(tb), Limit::FixedWindow(fw), Limit::Concurrency(cc)] =
+        composite_limits()
+    else {
+        unreachable!("the example's kinds")
+    };
+    assert_eq!(
+        DECIDE_T0_NS % (60 * SECOND_NS),
+        20 * SECOND_NS,
+        "20 s into a window"
+    );
+    // Five admitted DECIDEs of cost 1 at T0, acquiring the leases 1..=5.
+    let (mut bucket, mut window, mut leases) = (None, None, None);
+    for lease_id in 1..=5 {
+        let d = gcra::throttle(bucket, &tb, 1, DECIDE_T0_NS);
+        assert!(d.verdict.allowed);
+        bucket = d.bucket;
+        let d = fixed_window::throttle(window, &fw, 1, DECIDE_T0_NS);
+        assert!(d.verdict.allowed);
+        window = d.state;
+        let d = concurrency::acquire(leases, &cc, 1, lease_id, DECIDE_T0_NS);
+        assert!(d.verdict.allowed);
+        leases = d.state;
+    }
+    // The sixth: each limit's own verdict, as SPEND reports them.
+    let verdicts = vec![
+        limit_verdict(
+            Kind::TokenBucket,
+            gcra::peek(bucket, &tb, 1, DECIDE_T0_NS),
+            0,
+        ),
+        limit_verdict(
+            Kind::FixedWindow,
+            fixed_window::peek(window, &fw, 1, DECIDE_T0_NS),
+            0,
+        ),
+        limit_verdict(
+            Kind::Concurrency,
+            concurrency::peek(leases.as_ref(), &cc, 1, DECIDE_T0_NS),
+            0,
+        ),
+    ];
+    let ok = DecideOk::from_verdicts(verdicts);
+    assert_eq!(
+        Reply::Decide(ok.clone()),
+        golden_reply("decide_ok_reply", 0)
+    );
+    // Retrying after the combined retry_after_ns, every limit admits.
+    let later = DECIDE_T0_NS + ok.retry_after_ns;
+    assert!(gcra::peek(bucket, &tb, 1, later).allowed);
+    assert!(fixed_window::peek(window, &fw, 1, later).allowed);
+    assert!(concurrency::peek(leases.as_ref(), &cc, 1, later).allowed);
+    // RELEASE lease 3 at T0.
+    let released = concurrency::release(leases, &cc, 3, DECIDE_T0_NS);
+    assert_eq!(released.outcome, Ok(()));
+    let release = LeaseOk {
+        verdict: limit_verdict(Kind::Concurrency, released.decision.verdict, 3),
+        expires_after_ns: 0,
+    };
+    assert_eq!(Reply::Release(release), golden_reply("release_ok_reply", 0));
+    // RENEW lease 4 at T0 + 10 s.
+    let now_ns = DECIDE_T0_NS + 10 * SECOND_NS;
+    let renewed = concurrency::renew(released.decision.state, &cc, 4, now_ns);
+    assert_eq!(renewed.outcome, Ok(()));
+    let state = renewed.decision.state.expect("4 live leases");
+    let lease = state.leases().iter().find(|l| l.id == 4).expect("lease 4");
+    let renew = LeaseOk {
+        verdict: limit_verdict(Kind::Concurrency, renewed.decision.verdict, 4),
+        expires_after_ns: lease.expires_ns - now_ns,
+    };
+    assert_eq!(Reply::Renew(renew), golden_reply("renew_ok_reply", 0));
+}
+
+#[test]
+fn golden_identity_block_is_the_code() {
+    let blocks = golden_blocks(&doc());
+    let block = blocks
+        .get("identity")
+        .expect("PROTOCOL.md lacks the block golden=identity");
+    let mut lines = 0;
+    let mut compatible = 0;
+    for line in block.body.lines() {
+        let line = line.trim();
+        if line.is_empty() || line.starts_with('#') {
+            continue;
+        }
+        let words: Vec<&str> = line.split_whitespace().collect();
+        assert_eq!(
+            words.len(),
+            4,
+            "identity line `{line}`: KEY KIND SLOT BUCKET_KEY"
+        );
+        let key = words[0]
+            .strip_prefix('"')
+            .and_then(|k| k.strip_suffix('"'))
+            .unwrap_or_else(|| panic!("identity line `{line}`: the key must be quoted"));
+        let kind: Kind = words[1]
+            .parse()
+            .unwrap_or_else(|e| panic!("identity line `{line}`: {e}"));
+        let slot = match words[2].split(':').collect::<Vec<_>>()[..] {
+            ["inline", i] => Slot::Inline(i.parse().expect("a position")),
+            ["tier", name, i] => Slot::Tier {
+                name: name.as_bytes(),
+                index: i.parse().expect("a position"),
+            },
+            _ => panic!("identity line `{line}`: slot inline:N or tier:NAME:N"),
+        };
+        let want = words[3]
+            .strip_prefix("0x")
+            .and_then(|h| u128::from_str_radix(h, 16).ok())
+            .unwrap_or_else(|| panic!("identity line `{line}`: expected a 0x bucket key"));
+        let hash = key_hash(key.as_bytes());
+        assert_eq!(bucket_key(hash, kind, slot), want, "{line}");
+        assert_eq!(want >> 64, hash >> 64, "{line}: routing bits kept");
+        if want == hash {
+            compatible += 1;
+        }
+        lines += 1;
+    }
+    assert!(lines >= 6, "the identity block must give several values");
+    assert!(compatible >= 1, "the block must show the THROTTLE bucket");
 }
 
 #[test]
@@ -461,6 +781,19 @@ fn golden_limits_block_is_the_code() {
         ("PERIOD_NS_MAX", policy::PERIOD_NS_MAX),
         ("BURST_MAX", policy::BURST_MAX),
         ("REFILL_NS_MAX", policy::REFILL_NS_MAX),
+        ("LIMITS_MAX", message::LIMITS_MAX as u64),
+        ("TIER_BYTES_MAX", message::TIER_BYTES_MAX as u64),
+        ("LIMIT_RECORD_BYTES", message::LIMIT_RECORD_BYTES as u64),
+        ("VERDICT_RECORD_BYTES", message::VERDICT_RECORD_BYTES as u64),
+        ("STATS_RECORD_BYTES", message::STATS_RECORD_BYTES as u64),
+        ("STATS_RECORDS_MAX", message::STATS_RECORDS_MAX as u64),
+        ("WINDOW_NS_MIN", limit::WINDOW_NS_MIN),
+        ("WINDOW_NS_MAX", limit::WINDOW_NS_MAX),
+        ("WINDOW_LIMIT_MAX", limit::WINDOW_LIMIT_MAX),
+        ("SLIDING_LOG_LIMIT_MAX", limit::SLIDING_LOG_LIMIT_MAX),
+        ("CONCURRENCY_LIMIT_MAX", limit::CONCURRENCY_LIMIT_MAX),
+        ("LEASE_NS_MIN", limit::LEASE_NS_MIN),
+        ("LEASE_NS_MAX", limit::LEASE_NS_MAX),
     ];
     let blocks = golden_blocks(&doc());
     let block = blocks

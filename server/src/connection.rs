@@ -277,6 +277,15 @@ impl Connection {
                 Ok(Request::Peek(t)) => self.decide(h.request_id, &t, self.hashes[i], true, now_ns),
                 Ok(Request::Ping) => self.push(h.request_id, Local::Pong),
                 Ok(Request::Hello(hello)) => self.hello(h.request_id, &hello, frame.len()),
+                // Not served yet (the shard side comes next): answered as
+                // a server without these ops would.
+                Ok(
+                    Request::Decide(_)
+                    | Request::Release(_)
+                    | Request::Renew(_)
+                    | Request::Reload
+                    | Request::Stats(_),
+                ) => self.push(h.request_id, error(Status::UnknownOp.into())),
                 Err(e) => self.push(h.request_id, error(e)),
             }
         }
@@ -313,11 +322,15 @@ impl Connection {
         if shard == self.core.id {
             let mut table = self.core.table.borrow_mut();
             let verdict = if peek {
-                table.peek(key, &t.policy, t.cost, now_ns)
+                Ok(table.peek(key, &t.policy, t.cost, now_ns))
             } else {
                 table.throttle(key, &t.policy, t.cost, now_ns)
             };
             drop(table);
+            let verdict = match verdict {
+                Ok(v) => v,
+                Err(status) => return self.push(request_id, error(status.into())),
+            };
             if self.pipe.take_turn() {
                 message::put_verdict(&mut self.writer, &mut self.wbuf, request_id, peek, &verdict);
             } else {

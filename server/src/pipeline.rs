@@ -225,6 +225,7 @@ mod tests {
             match outcome {
                 Outcome::Verdict(v) => format!("{tag}:{}", v.remaining),
                 Outcome::Cell(v) => format!("{tag}:cell{}", v.remaining),
+                other => format!("{tag}:{other:?}"),
             }
         }
         fn refused(tag: u32) -> String {
@@ -250,7 +251,7 @@ mod tests {
             policy: sluice_protocol::Policy::new(1, 1_000_000_000, 1).unwrap(),
             cost: 1,
         };
-        p.forward(1, 1, 42, op);
+        p.forward(1, 1, 42, op.clone());
         assert!(p.ready("2:local".into()).is_none());
         p.forward(1, 3, 43, op);
         assert_eq!(p.len(), 3);

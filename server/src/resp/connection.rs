@@ -48,10 +48,11 @@ impl Protocol for Resp {
     type Reply = Reply;
 
     fn answered((): (), outcome: Outcome) -> Reply {
-        let Outcome::Cell(verdict) = outcome else {
-            unreachable!("the RESP connection forwards only CL.THROTTLE");
-        };
-        Reply::Cell(verdict)
+        match outcome {
+            Outcome::Cell(verdict) => Reply::Cell(verdict),
+            Outcome::Refused(status) => Reply::err(status.text()),
+            _ => unreachable!("the RESP connection forwards only CL.THROTTLE"),
+        }
     }
 
     fn refused((): ()) -> Reply {
@@ -243,7 +244,10 @@ impl Session {
                         .table
                         .borrow_mut()
                         .cell_throttle(key, &t.policy, t.quantity, now);
-                    self.reply(Reply::Cell(verdict));
+                    match verdict {
+                        Ok(v) => self.reply(Reply::Cell(v)),
+                        Err(status) => self.reply(Reply::err(status.text())),
+                    }
                 } else {
                     let op = Op::Cell {
                         policy: t.policy,

@@ -18,7 +18,8 @@ use std::time::Instant;
 use bytes::BytesMut;
 use sluice_protocol::cell::{CellPolicy, CellVerdict};
 use sluice_protocol::gcra::Verdict;
-use sluice_protocol::{Clock, MonotonicClock, Policy};
+use sluice_protocol::limit::Concurrency;
+use sluice_protocol::{Clock, MonotonicClock, Policy, Status};
 use tokio::sync::{mpsc, watch};
 
 use crate::config::Config;
@@ -26,7 +27,7 @@ use crate::connection;
 use crate::inbox::{Receiver, Sender};
 use crate::resp;
 use crate::sync::{Arc, AtomicUsize, Ordering};
-pub use table::Table;
+pub use table::{LimitRef, LimitVerdict, Mode, MultiVerdict, Table};
 
 /// What other threads may ask of a shard.
 #[derive(Debug)]
@@ -71,7 +72,7 @@ pub struct AdoptResp {
 }
 
 /// What a request asks of the shard that owns its key.
-#[derive(Clone, Copy, Debug)]
+#[derive(Clone, Debug)]
 pub enum Op {
     /// Protocol v1 THROTTLE: spend `cost` units.
     Throttle {
@@ -94,19 +95,59 @@ pub enum Op {
         /// Units to spend.
         quantity: u64,
     },
+    /// DECIDE: several limits of one key, resolved (boxed: it is large and
+    /// only forwarded for clients that are not shard-aware).
+    Decide(Box<DecideOp>),
+    /// RELEASE a concurrency lease.
+    Release {
+        /// The concurrency limit's bucket.
+        bucket: u128,
+        /// Its numbers.
+        limit: Concurrency,
+        /// The lease.
+        lease_id: u64,
+    },
+    /// RENEW a concurrency lease.
+    Renew {
+        /// The concurrency limit's bucket.
+        bucket: u128,
+        /// Its numbers.
+        limit: Concurrency,
+        /// The lease.
+        lease_id: u64,
+    },
+}
+
+/// A DECIDE with its limits resolved to buckets.
+#[derive(Clone, Copy, Debug)]
+pub struct DecideOp {
+    /// What to do.
+    pub mode: Mode,
+    /// Units.
+    pub cost: u64,
+    /// Limits in use.
+    pub count: u8,
+    /// The limits, in request order.
+    pub refs: [LimitRef; table::LIMITS_MAX],
 }
 
 /// The owning shard's answer to an [`Op`].
-#[derive(Clone, Copy, Debug)]
+#[derive(Clone, Debug)]
 pub enum Outcome {
     /// For THROTTLE and PEEK.
     Verdict(Verdict),
     /// For CL.THROTTLE.
     Cell(CellVerdict),
+    /// For DECIDE.
+    Multi(Box<MultiVerdict>),
+    /// For RELEASE and RENEW.
+    Lease(LimitVerdict),
+    /// The request was refused (KEYS_FULL, LEASE_NOT_FOUND).
+    Refused(Status),
 }
 
 /// One forwarded request.
-#[derive(Clone, Copy, Debug)]
+#[derive(Clone, Debug)]
 pub struct FwdItem {
     /// The connection's sequence number for ordering the reply.
     pub seq: u64,

@@ -1,22 +1,36 @@
-//! A shard's buckets: a [`BucketMap`] from a key's 128-bit hash to its GCRA
-//! bucket. Only the owning shard thread touches it.
+//! A shard's buckets, one table per limit kind, keyed by 128-bit bucket
+//! keys (`protocol::identity`). Only the owning shard thread touches them.
 //!
-//! Protocol v1 and redis-cell's CL.THROTTLE share the table and the record:
-//! both keep a bucket's theoretical arrival time, so a key is one bucket
-//! whichever protocol spends from it (each with its own arithmetic).
+//! - Token buckets (protocol v1 THROTTLE, DECIDE's token-bucket limits and
+//!   redis-cell's CL.THROTTLE share them: one TAT per key, each protocol
+//!   with its own arithmetic), fixed windows and sliding counters are
+//!   fixed-size records in [`BucketMap`]s.
+//! - Sliding logs and concurrency leases own a bounded heap buffer each
+//!   (at most `limit` entries) and live in hashbrown maps.
 //!
-//! Memory stays bounded by the buckets that are *not* full: a bucket that
-//! has refilled completely is the same as no bucket, so a decision that
-//! leaves a bucket full removes it, every insert sweeps a few slots for
-//! full buckets, and before the table grows it drops every full bucket (an
-//! O(n) pass that costs no more than the rehash it may avoid).
+//! Memory stays bounded by the buckets that are *not* full: a decision that
+//! leaves a bucket full removes it, sweeps drop the ones that refill on
+//! their own, and `keys_max` caps the buckets of one shard. At the cap a
+//! new bucket first evicts every full one (counted in `evicted_total`); if
+//! none is full the request is refused with KEYS_FULL (counted in
+//! `refused_total`) rather than evicting a partly spent bucket, which would
+//! hand that client a free burst.
 
+use hashbrown::HashMap;
 use sluice_protocol::cell::{self, CellPolicy, CellVerdict};
 use sluice_protocol::gcra::{self, Bucket, Verdict};
-use sluice_protocol::Policy;
+use sluice_protocol::limit::concurrency::{self, ConcurrencyState};
+use sluice_protocol::limit::fixed_window::{self, FixedWindowState};
+use sluice_protocol::limit::sliding_counter::{self, SlidingCounterState};
+use sluice_protocol::limit::sliding_log::{self, SlidingLogState};
+use sluice_protocol::limit::{Concurrency, Kind, Limit, Window};
+pub use sluice_protocol::message::Mode;
+use sluice_protocol::{Policy, Status};
 
 use super::bucket_map::{BucketMap, Record};
 use super::{Op, Outcome};
+
+pub use sluice_protocol::message::LIMITS_MAX;
 
 impl Record for Bucket {
     #[inline]
@@ -25,48 +39,248 @@ impl Record for Bucket {
     }
 }
 
+/// A window kind's state with the window length it was last used with, so
+/// that a sweep can tell when it has aged out without its policy.
+#[derive(Clone, Copy, Debug, Default)]
+pub struct Windowed<S> {
+    /// The kind's state.
+    state: S,
+    /// The window it was last decided under.
+    window_ns: u64,
+}
+
+impl<S> Windowed<S> {
+    fn window(&self) -> Window {
+        Window {
+            limit: u64::MAX,
+            window_ns: self.window_ns.max(1),
+        }
+    }
+}
+
+impl Record for Windowed<FixedWindowState> {
+    fn is_full(&self, now_ns: u64) -> bool {
+        self.state.is_full(&self.window(), now_ns)
+    }
+}
+
+impl Record for Windowed<SlidingCounterState> {
+    fn is_full(&self, now_ns: u64) -> bool {
+        self.state.is_full(&self.window(), now_ns)
+    }
+}
+
+/// The hasher for maps keyed by bucket keys, which are already uniform.
+#[derive(Clone, Copy, Debug, Default)]
+pub struct FoldState;
+
+/// Folds a 128-bit key to 64 bits.
+#[derive(Clone, Copy, Debug, Default)]
+pub struct FoldHasher(u64);
+
+impl std::hash::Hasher for FoldHasher {
+    fn finish(&self) -> u64 {
+        self.0
+    }
+
+    fn write(&mut self, bytes: &[u8]) {
+        for chunk in bytes.chunks(8) {
+            let mut a = [0u8; 8];
+            a[..chunk.len()].copy_from_slice(chunk);
+            self.0 = (self.0 ^ u64::from_le_bytes(a)).wrapping_mul(0x9e37_79b9_7f4a_7c15);
+        }
+    }
+
+    fn write_u128(&mut self, k: u128) {
+        self.0 = (k as u64) ^ ((k >> 64) as u64);
+    }
+}
+
+impl std::hash::BuildHasher for FoldState {
+    type Hasher = FoldHasher;
+
+    fn build_hasher(&self) -> FoldHasher {
+        FoldHasher(0)
+    }
+}
+
+/// One limit of a request as the owning shard applies it.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct LimitRef {
+    /// Its bucket (`protocol::identity::bucket_key`).
+    pub bucket: u128,
+    /// Its numbers.
+    pub limit: Limit,
+}
+
+/// One limit's verdict.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct LimitVerdict {
+    /// The limit's kind code.
+    pub kind: u8,
+    /// The verdict.
+    pub verdict: Verdict,
+    /// The lease an admitted concurrency acquire took; 0 otherwise.
+    pub lease_id: u64,
+}
+
+/// The answer to a DECIDE.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct MultiVerdict {
+    /// Whether every limit admitted (for Spend: and was applied).
+    pub allowed: bool,
+    /// The first limit that denied.
+    pub denied_index: Option<u8>,
+    /// When every limit would admit: the largest retry_after; 0 if allowed.
+    pub retry_after_ns: u64,
+    /// Verdicts in use.
+    pub count: u8,
+    /// One verdict per limit, in request order.
+    pub verdicts: [LimitVerdict; LIMITS_MAX],
+}
+
+impl MultiVerdict {
+    /// The verdicts in use.
+    pub fn verdicts(&self) -> &[LimitVerdict] {
+        &self.verdicts[..usize::from(self.count)]
+    }
+}
+
+/// Counters a shard publishes for STATS and metrics.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct Counters {
+    /// Requests admitted.
+    pub allowed_total: u64,
+    /// Requests denied.
+    pub denied_total: u64,
+    /// Full buckets dropped because the shard was at `keys_max`.
+    pub evicted_total: u64,
+    /// New buckets refused (KEYS_FULL) because none could be evicted.
+    pub refused_total: u64,
+}
+
+/// The buckets of one shard.
 #[derive(Debug, Default)]
 pub struct Table {
-    /// Key hash to bucket. Absent means full.
+    /// Token buckets (GCRA TAT), shared by v1, DECIDE and CL.THROTTLE.
     buckets: BucketMap<Bucket>,
+    /// Fixed windows.
+    fixed: BucketMap<Windowed<FixedWindowState>>,
+    /// Sliding window counters.
+    counters: BucketMap<Windowed<SlidingCounterState>>,
+    /// Sliding logs (each at most `limit` runs).
+    logs: HashMap<u128, (SlidingLogState, u64), FoldState>,
+    /// Concurrency leases (each at most `limit` leases).
+    leases: HashMap<u128, ConcurrencyState, FoldState>,
+    /// Most buckets in all; 0 = no cap.
+    keys_max: usize,
+    /// The next lease id this shard hands out (ids are unique per shard).
+    next_lease_id: u64,
+    /// Decisions, evictions and refusals so far.
+    pub counters_total: Counters,
 }
 
 impl Table {
-    /// An empty table.
+    /// An empty table with no cap.
     pub fn new() -> Table {
         Table::default()
     }
 
-    /// Buckets held (all of them not full when last touched).
+    /// An empty table holding at most `keys_max` buckets (0 = no cap);
+    /// lease ids start above `lease_id_base`.
+    pub fn with_cap(keys_max: usize, lease_id_base: u64) -> Table {
+        Table {
+            keys_max,
+            next_lease_id: lease_id_base,
+            ..Table::default()
+        }
+    }
+
+    /// Buckets held, all kinds.
     pub fn len(&self) -> usize {
         self.buckets.len()
+            + self.fixed.len()
+            + self.counters.len()
+            + self.logs.len()
+            + self.leases.len()
     }
 
     /// Whether no bucket is held.
     pub fn is_empty(&self) -> bool {
-        self.buckets.is_empty()
+        self.len() == 0
     }
 
-    /// Full buckets dropped by sweeps so far.
+    /// The cap on buckets (0 = none).
+    pub fn keys_max(&self) -> usize {
+        self.keys_max
+    }
+
+    /// Full buckets dropped by sweeps so far (token buckets).
     pub fn swept_total(&self) -> u64 {
         self.buckets.swept_total()
     }
 
-    /// Bytes the table's slots occupy.
+    /// Bytes the tables occupy (slot arrays, and the heap of logs and leases).
     pub fn memory_bytes(&self) -> usize {
+        let logs: usize = self.logs.values().map(|(l, _)| l.heap_bytes()).sum();
+        let leases: usize = self.leases.values().map(ConcurrencyState::heap_bytes).sum();
+        let entry = |n: usize, size: usize| n * (size + 1);
         self.buckets.memory_bytes()
+            + self.fixed.memory_bytes()
+            + self.counters.memory_bytes()
+            + entry(
+                self.logs.capacity(),
+                std::mem::size_of::<(u128, (SlidingLogState, u64))>(),
+            )
+            + entry(
+                self.leases.capacity(),
+                std::mem::size_of::<(u128, ConcurrencyState)>(),
+            )
+            + logs
+            + leases
     }
 
-    /// Starts loading `key`'s slot into cache; see `BucketMap::prefetch`.
+    /// Starts loading `key`'s token-bucket slot into cache.
     #[inline]
     pub fn prefetch(&self, key: u128) {
         self.buckets.prefetch(key);
     }
 
-    /// Spends `cost` from `key`'s bucket (see `gcra::throttle`).
+    /// Room for `new` more buckets: at the cap, evicts every full bucket
+    /// first; `Err(KeysFull)` if that is not enough.
+    fn make_room(&mut self, new: usize, now_ns: u64) -> Result<(), Status> {
+        if self.keys_max == 0 || self.len() + new <= self.keys_max {
+            return Ok(());
+        }
+        let before = self.len();
+        self.sweep(now_ns);
+        self.counters_total.evicted_total += (before - self.len()) as u64;
+        if self.len() + new <= self.keys_max {
+            return Ok(());
+        }
+        self.counters_total.refused_total += 1;
+        Err(Status::KeysFull)
+    }
+
+    fn count(&mut self, allowed: bool) {
+        if allowed {
+            self.counters_total.allowed_total += 1;
+        } else {
+            self.counters_total.denied_total += 1;
+        }
+    }
+
+    /// Spends `cost` from `key`'s token bucket (see `gcra::throttle`).
+    /// `Err(KeysFull)` when a new bucket would pass the cap.
     #[inline]
-    pub fn throttle(&mut self, key: u128, policy: &Policy, cost: u64, now_ns: u64) -> Verdict {
-        match self.buckets.get_mut(key) {
+    pub fn throttle(
+        &mut self,
+        key: u128,
+        policy: &Policy,
+        cost: u64,
+        now_ns: u64,
+    ) -> Result<Verdict, Status> {
+        let verdict = match self.buckets.get_mut(key) {
             Some(b) => {
                 let d = gcra::throttle(Some(*b), policy, cost, now_ns);
                 match d.bucket {
@@ -80,18 +294,14 @@ impl Table {
             None => {
                 let d = gcra::throttle(None, policy, cost, now_ns);
                 if let Some(nb) = d.bucket {
-                    self.insert_new(key, nb, now_ns);
+                    self.make_room(1, now_ns)?;
+                    self.buckets.insert(key, nb, now_ns);
                 }
                 d.verdict
             }
-        }
-    }
-
-    /// Inserts a bucket for a key that has none, first sweeping out full
-    /// buckets if the table would otherwise grow.
-    #[inline]
-    fn insert_new(&mut self, key: u128, bucket: Bucket, now_ns: u64) {
-        self.buckets.insert(key, bucket, now_ns);
+        };
+        self.count(verdict.allowed);
+        Ok(verdict)
     }
 
     /// redis-cell's CL.THROTTLE on `key`'s bucket (see `cell::throttle`).
@@ -102,37 +312,62 @@ impl Table {
         policy: &CellPolicy,
         quantity: u64,
         now_ns: u64,
-    ) -> CellVerdict {
+    ) -> Result<CellVerdict, Status> {
         let stored = self.buckets.get(key).map(Bucket::tat_ns);
         let d = cell::throttle(stored, policy, quantity, now_ns);
+        self.count(!d.verdict.limited);
         if d.verdict.limited {
             // Limited changes nothing (not even a v1 bucket's fraction).
-            return d.verdict;
+            return Ok(d.verdict);
         }
         match d.tat_ns.filter(|&tat_ns| tat_ns > now_ns) {
             Some(tat_ns) => match self.buckets.get_mut(key) {
                 Some(b) => *b = Bucket::from_tat_ns(tat_ns),
-                None => self.insert_new(key, Bucket::from_tat_ns(tat_ns), now_ns),
+                None => {
+                    self.make_room(1, now_ns)?;
+                    self.buckets
+                        .insert(key, Bucket::from_tat_ns(tat_ns), now_ns);
+                }
             },
             None => {
                 self.buckets.remove(key);
             }
         }
-        d.verdict
+        Ok(d.verdict)
     }
 
     /// Carries out a forwarded [`Op`].
     #[inline]
     pub fn decide(&mut self, key: u128, op: &Op, now_ns: u64) -> Outcome {
-        match *op {
-            Op::Throttle { policy, cost } => {
-                Outcome::Verdict(self.throttle(key, &policy, cost, now_ns))
+        let result = match op {
+            Op::Throttle { policy, cost } => self
+                .throttle(key, policy, *cost, now_ns)
+                .map(Outcome::Verdict),
+            Op::Peek { policy, cost } => {
+                Ok(Outcome::Verdict(self.peek(key, policy, *cost, now_ns)))
             }
-            Op::Peek { policy, cost } => Outcome::Verdict(self.peek(key, &policy, cost, now_ns)),
-            Op::Cell { policy, quantity } => {
-                Outcome::Cell(self.cell_throttle(key, &policy, quantity, now_ns))
-            }
-        }
+            Op::Cell { policy, quantity } => self
+                .cell_throttle(key, policy, *quantity, now_ns)
+                .map(Outcome::Cell),
+            Op::Decide(d) => self
+                .decide_many(&d.refs[..usize::from(d.count)], d.mode, d.cost, now_ns)
+                .map(|m| Outcome::Multi(Box::new(m))),
+            Op::Release {
+                bucket,
+                limit,
+                lease_id,
+            } => self
+                .release(*bucket, limit, *lease_id, now_ns)
+                .map(Outcome::Lease),
+            Op::Renew {
+                bucket,
+                limit,
+                lease_id,
+            } => self
+                .renew(*bucket, limit, *lease_id, now_ns)
+                .map(Outcome::Lease),
+        };
+        result.unwrap_or_else(Outcome::Refused)
     }
 
     /// Answers as `throttle` would; creates and changes nothing.
@@ -144,6 +379,302 @@ impl Table {
     /// Drops every bucket that is full at `now_ns`.
     pub fn sweep(&mut self, now_ns: u64) {
         self.buckets.sweep(now_ns);
+        self.fixed.sweep(now_ns);
+        self.counters.sweep(now_ns);
+        self.logs.retain(|_, (log, window_ns)| {
+            !log.is_full(
+                &Window {
+                    limit: u64::MAX,
+                    window_ns: (*window_ns).max(1),
+                },
+                now_ns,
+            )
+        });
+        self.leases.retain(|_, l| !l.is_full(now_ns));
+    }
+
+    /// Whether `r` has a stored bucket.
+    fn exists(&self, r: &LimitRef) -> bool {
+        match r.limit {
+            Limit::TokenBucket(_) => self.buckets.get(r.bucket).is_some(),
+            Limit::FixedWindow(_) => self.fixed.get(r.bucket).is_some(),
+            Limit::SlidingCounter(_) => self.counters.get(r.bucket).is_some(),
+            Limit::SlidingLog(_) => self.logs.contains_key(&r.bucket),
+            Limit::Concurrency(_) => self.leases.contains_key(&r.bucket),
+        }
+    }
+
+    /// What `r` would answer to `cost`, changing nothing.
+    fn probe_one(&self, r: &LimitRef, cost: u64, now_ns: u64) -> Verdict {
+        match &r.limit {
+            Limit::TokenBucket(p) => {
+                gcra::peek(self.buckets.get(r.bucket).copied(), p, cost, now_ns)
+            }
+            Limit::FixedWindow(w) => {
+                fixed_window::peek(self.fixed.get(r.bucket).map(|s| s.state), w, cost, now_ns)
+            }
+            Limit::SlidingCounter(w) => sliding_counter::peek(
+                self.counters.get(r.bucket).map(|s| s.state),
+                w,
+                cost,
+                now_ns,
+            ),
+            Limit::SlidingLog(w) => {
+                sliding_log::peek(self.logs.get(&r.bucket).map(|(l, _)| l), w, cost, now_ns)
+            }
+            Limit::Concurrency(c) => concurrency::peek(self.leases.get(&r.bucket), c, cost, now_ns),
+        }
+    }
+
+    /// Spends `cost` on `r` (an admitted concurrency acquire takes a lease).
+    fn spend_one(&mut self, r: &LimitRef, cost: u64, now_ns: u64) -> LimitVerdict {
+        let kind = r.limit.kind().code();
+        let mut lease_id = 0;
+        let verdict = match &r.limit {
+            Limit::TokenBucket(p) => {
+                let d = gcra::throttle(self.buckets.get(r.bucket).copied(), p, cost, now_ns);
+                store_map(&mut self.buckets, r.bucket, d.bucket, now_ns);
+                d.verdict
+            }
+            Limit::FixedWindow(w) => {
+                let d = fixed_window::throttle(
+                    self.fixed.get(r.bucket).map(|s| s.state),
+                    w,
+                    cost,
+                    now_ns,
+                );
+                let state = d.state.map(|state| Windowed {
+                    state,
+                    window_ns: w.window_ns,
+                });
+                store_map(&mut self.fixed, r.bucket, state, now_ns);
+                d.verdict
+            }
+            Limit::SlidingCounter(w) => {
+                let d = sliding_counter::throttle(
+                    self.counters.get(r.bucket).map(|s| s.state),
+                    w,
+                    cost,
+                    now_ns,
+                );
+                let state = d.state.map(|state| Windowed {
+                    state,
+                    window_ns: w.window_ns,
+                });
+                store_map(&mut self.counters, r.bucket, state, now_ns);
+                d.verdict
+            }
+            Limit::SlidingLog(w) => {
+                let old = self.logs.remove(&r.bucket).map(|(l, _)| l);
+                let d = sliding_log::throttle(old, w, cost, now_ns);
+                store_heap(&mut self.logs, r.bucket, d.state.map(|l| (l, w.window_ns)));
+                d.verdict
+            }
+            Limit::Concurrency(c) => {
+                let id = self.next_lease_id.wrapping_add(1).max(1);
+                let d = concurrency::acquire(self.leases.remove(&r.bucket), c, cost, id, now_ns);
+                if d.verdict.allowed && cost > 0 {
+                    self.next_lease_id = id;
+                    lease_id = id;
+                }
+                store_heap(&mut self.leases, r.bucket, d.state);
+                d.verdict
+            }
+        };
+        LimitVerdict {
+            kind,
+            verdict,
+            lease_id,
+        }
+    }
+
+    /// Gives `units` back to `r`, never above its limit.
+    fn refund_one(&mut self, r: &LimitRef, units: u64, now_ns: u64) -> Verdict {
+        match &r.limit {
+            Limit::TokenBucket(p) => {
+                let d = gcra::refund(self.buckets.get(r.bucket).copied(), p, units, now_ns);
+                store_map(&mut self.buckets, r.bucket, d.bucket, now_ns);
+                d.verdict
+            }
+            Limit::FixedWindow(w) => {
+                let d = fixed_window::refund(
+                    self.fixed.get(r.bucket).map(|s| s.state),
+                    w,
+                    units,
+                    now_ns,
+                );
+                let state = d.state.map(|state| Windowed {
+                    state,
+                    window_ns: w.window_ns,
+                });
+                store_map(&mut self.fixed, r.bucket, state, now_ns);
+                d.verdict
+            }
+            Limit::SlidingCounter(w) => {
+                let d = sliding_counter::refund(
+                    self.counters.get(r.bucket).map(|s| s.state),
+                    w,
+                    units,
+                    now_ns,
+                );
+                let state = d.state.map(|state| Windowed {
+                    state,
+                    window_ns: w.window_ns,
+                });
+                store_map(&mut self.counters, r.bucket, state, now_ns);
+                d.verdict
+            }
+            Limit::SlidingLog(w) => {
+                let old = self.logs.remove(&r.bucket).map(|(l, _)| l);
+                let d = sliding_log::refund(old, w, units, now_ns);
+                store_heap(&mut self.logs, r.bucket, d.state.map(|l| (l, w.window_ns)));
+                d.verdict
+            }
+            // Leases are given back by RELEASE, not by refund.
+            Limit::Concurrency(_) => self.probe_one(r, 0, now_ns),
+        }
+    }
+
+    fn reset_one(&mut self, r: &LimitRef) {
+        match r.limit {
+            Limit::TokenBucket(_) => drop(self.buckets.remove(r.bucket)),
+            Limit::FixedWindow(_) => drop(self.fixed.remove(r.bucket)),
+            Limit::SlidingCounter(_) => drop(self.counters.remove(r.bucket)),
+            Limit::SlidingLog(_) => drop(self.logs.remove(&r.bucket)),
+            Limit::Concurrency(_) => drop(self.leases.remove(&r.bucket)),
+        }
+    }
+
+    /// A DECIDE on the limits `refs` of one routing key, as one atomic
+    /// step: in Spend mode, if any limit denies, nothing is consumed
+    /// anywhere. The caller has validated every limit and `cost` against
+    /// each (for Spend and Probe).
+    pub fn decide_many(
+        &mut self,
+        refs: &[LimitRef],
+        mode: Mode,
+        cost: u64,
+        now_ns: u64,
+    ) -> Result<MultiVerdict, Status> {
+        assert!(
+            !refs.is_empty() && refs.len() <= LIMITS_MAX,
+            "the edge checks the limit count"
+        );
+        let mut out = MultiVerdict {
+            allowed: true,
+            denied_index: None,
+            retry_after_ns: 0,
+            count: refs.len() as u8,
+            verdicts: [LimitVerdict::default(); LIMITS_MAX],
+        };
+        for (i, r) in refs.iter().enumerate() {
+            let verdict = match mode {
+                Mode::Refund => self.refund_one(r, cost, now_ns),
+                Mode::Reset => {
+                    self.reset_one(r);
+                    self.probe_one(r, 0, now_ns)
+                }
+                Mode::Spend | Mode::Probe => self.probe_one(r, cost, now_ns),
+            };
+            out.verdicts[i] = LimitVerdict {
+                kind: r.limit.kind().code(),
+                verdict,
+                lease_id: 0,
+            };
+            if mode == Mode::Spend || mode == Mode::Probe {
+                if !verdict.allowed && out.allowed {
+                    out.allowed = false;
+                    out.denied_index = Some(i as u8);
+                }
+                out.retry_after_ns = out.retry_after_ns.max(verdict.retry_after_ns);
+            }
+        }
+        if mode == Mode::Spend {
+            self.count(out.allowed);
+            if out.allowed {
+                // Every limit admits: apply them all. Peek and throttle agree
+                // at the same instant, so each spend admits too.
+                let new = refs.iter().filter(|r| !self.exists(r)).count();
+                if let Err(e) = self.make_room(new, now_ns) {
+                    self.counters_total.allowed_total -= 1;
+                    return Err(e);
+                }
+                for (i, r) in refs.iter().enumerate() {
+                    let v = self.spend_one(r, cost, now_ns);
+                    debug_assert!(
+                        v.verdict.allowed,
+                        "a probe that admits means a spend that admits"
+                    );
+                    out.verdicts[i] = v;
+                }
+            }
+        }
+        if out.allowed {
+            out.retry_after_ns = 0;
+        }
+        Ok(out)
+    }
+
+    /// Frees lease `lease_id` of the concurrency bucket `bucket`.
+    pub fn release(
+        &mut self,
+        bucket: u128,
+        limit: &Concurrency,
+        lease_id: u64,
+        now_ns: u64,
+    ) -> Result<LimitVerdict, Status> {
+        let d = concurrency::release(self.leases.remove(&bucket), limit, lease_id, now_ns);
+        self.lease_result(bucket, d, lease_id)
+    }
+
+    /// Extends lease `lease_id` to `now + lease_ns`.
+    pub fn renew(
+        &mut self,
+        bucket: u128,
+        limit: &Concurrency,
+        lease_id: u64,
+        now_ns: u64,
+    ) -> Result<LimitVerdict, Status> {
+        let d = concurrency::renew(self.leases.remove(&bucket), limit, lease_id, now_ns);
+        self.lease_result(bucket, d, lease_id)
+    }
+
+    fn lease_result(
+        &mut self,
+        bucket: u128,
+        d: concurrency::LeaseDecision,
+        lease_id: u64,
+    ) -> Result<LimitVerdict, Status> {
+        let verdict = d.decision.verdict;
+        store_heap(&mut self.leases, bucket, d.decision.state);
+        d.outcome.map_err(|_| Status::LeaseNotFound)?;
+        Ok(LimitVerdict {
+            kind: Kind::Concurrency.code(),
+            verdict,
+            lease_id,
+        })
+    }
+}
+
+/// Stores (or, for `None`, removes) a fixed-size record.
+#[inline]
+fn store_map<V: Record>(map: &mut BucketMap<V>, key: u128, value: Option<V>, now_ns: u64) {
+    match value {
+        Some(v) => match map.get_mut(key) {
+            Some(slot) => *slot = v,
+            None => map.insert(key, v, now_ns),
+        },
+        None => {
+            map.remove(key);
+        }
+    }
+}
+
+/// Stores (or drops) a state that was taken out of its map.
+#[inline]
+fn store_heap<V>(map: &mut HashMap<u128, V, FoldState>, key: u128, value: Option<V>) {
+    if let Some(v) = value {
+        map.insert(key, v);
     }
 }
 
@@ -168,6 +699,7 @@ mod tests {
                     1,
                     now
                 )
+                .unwrap()
                 .allowed
             );
         }
@@ -181,11 +713,11 @@ mod tests {
         let mut t = Table::new();
         assert!(t.peek(7, &p, 1, S).allowed);
         assert!(t.is_empty());
-        assert!(t.throttle(7, &p, 1, S).allowed);
+        assert!(t.throttle(7, &p, 1, S).unwrap().allowed);
         assert_eq!(t.len(), 1);
         assert_eq!(t.peek(7, &p, 1, S).remaining, 0);
         // Cost 0 two seconds later: the bucket is full again, so it goes.
-        assert!(t.throttle(7, &p, 0, 3 * S).allowed);
+        assert!(t.throttle(7, &p, 0, 3 * S).unwrap().allowed);
         assert!(t.is_empty());
     }
 
@@ -194,20 +726,144 @@ mod tests {
         // redis-cell's README example, then the bucket refills and goes.
         let p = CellPolicy::new(15, 30, 60).unwrap();
         let mut t = Table::new();
-        let v = t.cell_throttle(9, &p, 1, 100 * S);
+        let v = t.cell_throttle(9, &p, 1, 100 * S).unwrap();
         assert_eq!(v.reply(), [0, 16, 15, -1, 2]);
         assert_eq!(t.len(), 1);
         // Over the limit: limited, nothing stored or changed.
-        assert!(t.cell_throttle(9, &p, 17, 100 * S).limited);
-        assert_eq!(t.cell_throttle(9, &p, 0, 100 * S).remaining, 15);
-        assert!(t.cell_throttle(9, &p, 0, 102 * S).remaining == 16);
+        assert!(t.cell_throttle(9, &p, 17, 100 * S).unwrap().limited);
+        assert_eq!(t.cell_throttle(9, &p, 0, 100 * S).unwrap().remaining, 15);
+        assert!(t.cell_throttle(9, &p, 0, 102 * S).unwrap().remaining == 16);
         assert!(t.is_empty(), "a peek at a full bucket drops it");
         // A v1 bucket and a CL.THROTTLE on the same key see one TAT.
         let v1 = Policy::new(1, S, 2).unwrap();
-        assert!(t.throttle(5, &v1, 2, 100 * S).allowed);
+        assert!(t.throttle(5, &v1, 2, 100 * S).unwrap().allowed);
         let one_per_s = CellPolicy::new(1, 1, 1).unwrap();
-        let v = t.cell_throttle(5, &one_per_s, 1, 100 * S);
+        let v = t.cell_throttle(5, &one_per_s, 1, 100 * S).unwrap();
         assert!(v.limited);
         assert_eq!(v.reset_after_s(), 2);
+    }
+
+    fn refs(limits: &[Limit]) -> Vec<LimitRef> {
+        limits
+            .iter()
+            .enumerate()
+            .map(|(i, l)| LimitRef {
+                bucket: 1_000 + i as u128,
+                limit: *l,
+            })
+            .collect()
+    }
+
+    #[test]
+    fn composite_is_all_or_nothing() {
+        let mut t = Table::new();
+        let limits: Vec<Limit> = [
+            "token-bucket:5/s,burst=5",
+            "fixed-window:3/m",
+            "concurrency:10,lease=30s",
+        ]
+        .iter()
+        .map(|s| s.parse().unwrap())
+        .collect();
+        let r = refs(&limits);
+        let now = 1_000 * S;
+        for i in 0..3 {
+            let m = t.decide_many(&r, Mode::Spend, 1, now).unwrap();
+            assert!(m.allowed, "request {i}");
+            assert!(
+                m.verdicts()[2].lease_id != 0,
+                "an admitted acquire takes a lease"
+            );
+        }
+        // The fixed window (3/m) now denies: nothing else may be consumed.
+        let before: Vec<_> = r.iter().map(|x| t.probe_one(x, 1, now)).collect();
+        let m = t.decide_many(&r, Mode::Spend, 1, now).unwrap();
+        assert!(!m.allowed);
+        assert_eq!(m.denied_index, Some(1));
+        assert_eq!(m.verdicts()[2].lease_id, 0);
+        let after: Vec<_> = r.iter().map(|x| t.probe_one(x, 1, now)).collect();
+        assert_eq!(
+            before, after,
+            "a denied composite consumes nothing anywhere"
+        );
+        // Combined retry_after: when ALL admit (the window's end).
+        assert_eq!(m.retry_after_ns, m.verdicts()[1].verdict.retry_after_ns);
+        assert_eq!(t.counters_total.denied_total, 1);
+        // Probe changes nothing and creates nothing.
+        let fresh = refs(&limits[..1])
+            .into_iter()
+            .map(|mut x| {
+                x.bucket = 9;
+                x
+            })
+            .collect::<Vec<_>>();
+        assert!(t.decide_many(&fresh, Mode::Probe, 1, now).unwrap().allowed);
+        assert!(!t.exists(&fresh[0]));
+        // Reset clears; refund gives back.
+        let m = t.decide_many(&r[1..2], Mode::Reset, 0, now).unwrap();
+        assert_eq!(m.verdicts()[0].verdict.remaining, 3);
+        t.decide_many(&r[..1], Mode::Refund, 5, now).unwrap();
+        assert_eq!(
+            t.probe_one(&r[0], 0, now).remaining,
+            5,
+            "refund never above the limit"
+        );
+    }
+
+    #[test]
+    fn leases_release_renew_and_expire() {
+        let mut t = Table::new();
+        let c: Limit = "concurrency:1,lease=1s".parse().unwrap();
+        let Limit::Concurrency(conc) = c else {
+            unreachable!()
+        };
+        let r = refs(&[c]);
+        let m = t.decide_many(&r, Mode::Spend, 1, 10 * S).unwrap();
+        let id = m.verdicts()[0].lease_id;
+        assert!(
+            !t.decide_many(&r, Mode::Spend, 1, 10 * S).unwrap().allowed,
+            "one slot"
+        );
+        t.renew(r[0].bucket, &conc, id, 10 * S + S / 2).unwrap();
+        assert!(
+            !t.decide_many(&r, Mode::Spend, 1, 11 * S).unwrap().allowed,
+            "renewed past 11 s"
+        );
+        assert!(
+            t.decide_many(&r, Mode::Spend, 1, 11 * S + S / 2)
+                .unwrap()
+                .allowed,
+            "expired by itself"
+        );
+        assert_eq!(
+            t.release(r[0].bucket, &conc, id, 12 * S),
+            Err(Status::LeaseNotFound)
+        );
+    }
+
+    #[test]
+    fn cap_evicts_full_buckets_then_refuses() {
+        let p = Policy::new(1, S, 1).unwrap();
+        let mut t = Table::with_cap(2, 0);
+        t.throttle(1, &p, 1, S).unwrap();
+        t.throttle(2, &p, 1, S).unwrap();
+        // Both partly spent: a third key is refused, nothing is evicted.
+        assert_eq!(t.throttle(3, &p, 1, S), Err(Status::KeysFull));
+        assert_eq!(t.counters_total.refused_total, 1);
+        assert_eq!(t.len(), 2);
+        // A second later both are full again: they are evicted for it.
+        assert!(t.throttle(3, &p, 1, 2 * S + 1).unwrap().allowed);
+        assert_eq!(t.counters_total.evicted_total, 2);
+        // A composite needing two new buckets at the cap is refused whole.
+        let limits: Vec<Limit> = ["token-bucket:1/s,burst=1", "fixed-window:1/s"]
+            .iter()
+            .map(|s| s.parse().unwrap())
+            .collect();
+        let mut t = Table::with_cap(1, 0);
+        assert_eq!(
+            t.decide_many(&refs(&limits), Mode::Spend, 1, S),
+            Err(Status::KeysFull)
+        );
+        assert!(t.is_empty());
     }
 }
