@@ -19,7 +19,10 @@ use std::rc::Rc;
 use bytes::BytesMut;
 use sluice_protocol::codec::{Frame, FrameDecoder, FrameWriter};
 use sluice_protocol::gcra::Verdict;
-use sluice_protocol::message::{self, Hello, HelloOk, Request, RequestError, Throttle};
+use sluice_protocol::message::{
+    self, Decide, Hello, HelloOk, LeaseOk, LeaseOp, LimitVerdict, Request, RequestError,
+    ShardStats, Throttle,
+};
 use sluice_protocol::routing::{key_hash, shard_of, ROUTING_XXH3_128_MULSHIFT};
 use sluice_protocol::{Clock, Status, PROTOCOL_VERSION};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
@@ -27,7 +30,7 @@ use tokio::net::TcpStream;
 use tokio_util::codec::Decoder;
 
 use crate::pipeline::{Pipeline, Protocol};
-use crate::shard::{Adopt, ConnectionGuard, Op, Outcome, ShardCore, ShardMsg};
+use crate::shard::{Adopt, ConnectionGuard, MultiVerdict, Op, Outcome, ShardCore, ShardMsg};
 
 /// Spare read-buffer capacity kept before each read.
 const READ_CHUNK_BYTES: usize = 16 << 10;
@@ -60,6 +63,8 @@ struct Tag {
     request_id: u32,
     /// PEEK rather than THROTTLE (the reply types differ).
     peek: bool,
+    /// For RENEW: how long the renewed lease lasts (its reply says so).
+    renew_ns: Option<u64>,
 }
 
 /// Protocol v1's use of the [`Pipeline`].
@@ -71,13 +76,22 @@ impl Protocol for V1 {
     type Reply = Reply;
 
     fn answered(tag: Tag, outcome: Outcome) -> Reply {
-        let Outcome::Verdict(verdict) = outcome else {
-            unreachable!("protocol v1 forwards only THROTTLE and PEEK");
+        let reply = match outcome {
+            Outcome::Verdict(verdict) => {
+                return Reply::Verdict {
+                    request_id: tag.request_id,
+                    peek: tag.peek,
+                    verdict,
+                };
+            }
+            Outcome::Multi(m) => Local::Decide(m),
+            Outcome::Lease(verdict) => lease_reply(verdict, tag.renew_ns),
+            Outcome::Refused(status) => error(status.into()),
+            Outcome::Cell(_) => unreachable!("protocol v1 never forwards CL.THROTTLE"),
         };
-        Reply::Verdict {
+        Reply::Other {
             request_id: tag.request_id,
-            peek: tag.peek,
-            verdict,
+            reply,
         }
     }
 
@@ -96,6 +110,28 @@ enum Local {
     Pong,
     HelloOk(HelloOk),
     Error(Status, String),
+    Decide(Box<MultiVerdict>),
+    Lease {
+        renew: bool,
+        ok: LeaseOk,
+    },
+    Reload(u32),
+    Stats {
+        shard_count: u16,
+        shard_first: u16,
+        shards: Vec<ShardStats>,
+    },
+}
+
+/// The RELEASE_OK / RENEW_OK for a lease verdict.
+fn lease_reply(verdict: LimitVerdict, renew_ns: Option<u64>) -> Local {
+    Local::Lease {
+        renew: renew_ns.is_some(),
+        ok: LeaseOk {
+            verdict,
+            expires_after_ns: renew_ns.unwrap_or(0),
+        },
+    }
 }
 
 /// Where a HELLO asked this connection to go.
@@ -242,6 +278,7 @@ impl Connection {
             }
         }
         self.send_forwards();
+        self.core.publish_stats();
     }
 
     fn handle_frame(&mut self, frame: &Frame) {
@@ -277,15 +314,11 @@ impl Connection {
                 Ok(Request::Peek(t)) => self.decide(h.request_id, &t, self.hashes[i], true, now_ns),
                 Ok(Request::Ping) => self.push(h.request_id, Local::Pong),
                 Ok(Request::Hello(hello)) => self.hello(h.request_id, &hello, frame.len()),
-                // Not served yet (the shard side comes next): answered as
-                // a server without these ops would.
-                Ok(
-                    Request::Decide(_)
-                    | Request::Release(_)
-                    | Request::Renew(_)
-                    | Request::Reload
-                    | Request::Stats(_),
-                ) => self.push(h.request_id, error(Status::UnknownOp.into())),
+                Ok(Request::Decide(d)) => self.decide_many(h.request_id, &d, now_ns),
+                Ok(Request::Release(op)) => self.lease(h.request_id, &op, false, now_ns),
+                Ok(Request::Renew(op)) => self.lease(h.request_id, &op, true, now_ns),
+                Ok(Request::Reload) => self.reload(h.request_id),
+                Ok(Request::Stats(st)) => self.stats(h.request_id, st.shard_first),
                 Err(e) => self.push(h.request_id, error(e)),
             }
         }
@@ -347,8 +380,129 @@ impl Connection {
             } else {
                 Op::Throttle { policy, cost }
             };
-            self.pipe.forward(shard, Tag { request_id, peek }, key, op);
+            self.pipe.forward(
+                shard,
+                Tag {
+                    request_id,
+                    peek,
+                    renew_ns: None,
+                },
+                key,
+                op,
+            );
         }
+    }
+
+    /// DECIDE: resolves the limits (inline, or the tier in force on this
+    /// shard), then decides here or forwards to the key's owner.
+    fn decide_many(&mut self, request_id: u32, d: &Decide<'_>, now_ns: u64) {
+        let key = key_hash(d.key);
+        let op = match self.core.resolve(key, d) {
+            Ok(op) => op,
+            Err(e) => return self.push(request_id, error(e)),
+        };
+        let shard = shard_of(key, self.core.node.shard_count);
+        if shard != self.core.id {
+            let tag = Tag {
+                request_id,
+                peek: false,
+                renew_ns: None,
+            };
+            return self.pipe.forward(shard, tag, key, Op::Decide(Box::new(op)));
+        }
+        let refs = &op.refs[..usize::from(op.count)];
+        let result = self
+            .core
+            .table
+            .borrow_mut()
+            .decide_many(refs, op.mode, op.cost, now_ns);
+        match result {
+            Ok(m) => self.push(request_id, Local::Decide(Box::new(m))),
+            Err(status) => self.push(request_id, error(status.into())),
+        }
+    }
+
+    /// RELEASE and RENEW of a concurrency lease.
+    fn lease(&mut self, request_id: u32, l: &LeaseOp<'_>, renew: bool, now_ns: u64) {
+        let key = key_hash(l.key);
+        let (bucket, limit) = match self.core.resolve_lease(key, l) {
+            Ok(found) => found,
+            Err(e) => return self.push(request_id, error(e)),
+        };
+        let renew_ns = renew.then_some(limit.lease_ns);
+        let shard = shard_of(key, self.core.node.shard_count);
+        if shard != self.core.id {
+            let op = if renew {
+                Op::Renew {
+                    bucket,
+                    limit,
+                    lease_id: l.lease_id,
+                }
+            } else {
+                Op::Release {
+                    bucket,
+                    limit,
+                    lease_id: l.lease_id,
+                }
+            };
+            return self.pipe.forward(
+                shard,
+                Tag {
+                    request_id,
+                    peek: false,
+                    renew_ns,
+                },
+                key,
+                op,
+            );
+        }
+        let mut table = self.core.table.borrow_mut();
+        let result = if renew {
+            table.renew(bucket, &limit, l.lease_id, now_ns)
+        } else {
+            table.release(bucket, &limit, l.lease_id, now_ns)
+        };
+        drop(table);
+        match result {
+            Ok(v) => self.push(request_id, lease_reply(v, renew_ns)),
+            Err(status) => self.push(request_id, error(status.into())),
+        }
+    }
+
+    /// RELOAD: re-reads the config file's tiers (a small file, read on this
+    /// thread) and hands them to every shard; this shard uses them at once.
+    fn reload(&mut self, request_id: u32) {
+        match self.core.node.reload_tiers() {
+            Ok(tiers) => {
+                let n = tiers.len() as u32;
+                *self.core.tiers.borrow_mut() = tiers;
+                self.push(request_id, Local::Reload(n));
+            }
+            Err(text) => self.push(request_id, Local::Error(Status::ConfigInvalid, text)),
+        }
+    }
+
+    /// STATS: every shard's counters as last published, from `shard_first`.
+    fn stats(&mut self, request_id: u32, shard_first: u16) {
+        let keys_max = self.core.node.config.keys_max as u64;
+        let shards = self
+            .core
+            .node
+            .stats
+            .iter()
+            .skip(usize::from(shard_first))
+            .take(message::STATS_RECORDS_MAX)
+            .map(|s| s.read(keys_max))
+            .collect();
+        let shard_count = self.core.node.shard_count;
+        self.push(
+            request_id,
+            Local::Stats {
+                shard_count,
+                shard_first,
+                shards,
+            },
+        );
     }
 
     /// Answers HELLO: version, token, and an optional move to another shard.
@@ -464,6 +618,16 @@ fn encode_local(w: &mut FrameWriter, buf: &mut BytesMut, request_id: u32, reply:
         Local::Pong => message::put_pong(w, buf, request_id),
         Local::HelloOk(h) => message::put_hello_ok(w, buf, request_id, h),
         Local::Error(status, text) => message::put_error(w, buf, request_id, *status, text),
+        Local::Decide(m) => message::put_decide_ok(w, buf, request_id, m.verdicts()),
+        Local::Lease { renew, ok } => message::put_lease_ok(w, buf, request_id, *renew, ok),
+        Local::Reload(n) => message::put_reload_ok(w, buf, request_id, *n),
+        Local::Stats {
+            shard_count,
+            shard_first,
+            shards,
+        } => {
+            message::put_stats(w, buf, request_id, *shard_count, *shard_first, shards);
+        }
     }
 }
 

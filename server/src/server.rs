@@ -104,6 +104,7 @@ impl Server {
             addr: bound_addr(&listener),
             resp_addr: resp_listener.as_ref().map(bound_addr),
             started,
+            stats: (0..shard_count).map(|_| Default::default()).collect(),
         });
         for tx in node_txs {
             tx.send(node.clone())
@@ -139,10 +140,17 @@ impl Server {
     pub async fn serve(mut self, shutdown: impl Future<Output = ()>) {
         tokio::pin!(shutdown);
         let mut next_shard = 0usize;
+        let mut hangup = Hangup::new();
         loop {
             let accepted = tokio::select! {
                 accepted = self.listener.accept() => (Listener::V1, accepted),
                 accepted = accept(self.resp_listener.as_ref()) => (Listener::Resp, accepted),
+                () = hangup.recv() => {
+                    if let Err(e) = self.node.reload_tiers() {
+                        tracing::warn!(error = %e, "SIGHUP: reload refused; the old tiers stay");
+                    }
+                    continue;
+                }
                 () = &mut shutdown => break,
             };
             match accepted {
@@ -274,5 +282,40 @@ async fn refuse(mut stream: TcpStream, kind: Listener) {
             n = stream.read(&mut sink) => if !matches!(n, Ok(n) if n > 0) { break },
             () = &mut linger => break,
         }
+    }
+}
+
+/// SIGHUP, where the platform has it: the operator's "reload the tiers".
+#[derive(Debug)]
+struct Hangup {
+    #[cfg(unix)]
+    signal: Option<tokio::signal::unix::Signal>,
+}
+
+impl Hangup {
+    fn new() -> Hangup {
+        #[cfg(unix)]
+        {
+            let signal = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::hangup());
+            if let Err(e) = &signal {
+                tracing::warn!(error = %e, "no SIGHUP handler; reload with the RELOAD request");
+            }
+            Hangup {
+                signal: signal.ok(),
+            }
+        }
+        #[cfg(not(unix))]
+        Hangup {}
+    }
+
+    /// Resolves at each SIGHUP; never, without a handler.
+    async fn recv(&mut self) {
+        #[cfg(unix)]
+        if let Some(s) = &mut self.signal {
+            if s.recv().await.is_some() {
+                return;
+            }
+        }
+        std::future::pending::<()>().await;
     }
 }

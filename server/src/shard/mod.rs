@@ -26,7 +26,13 @@ use crate::config::Config;
 use crate::connection;
 use crate::inbox::{Receiver, Sender};
 use crate::resp;
-use crate::sync::{Arc, AtomicUsize, Ordering};
+use crate::sync::{Arc, AtomicU64, AtomicUsize, Ordering};
+use crate::tiers::Tiers;
+use crossbeam_utils::CachePadded;
+use sluice_protocol::identity::bucket_key;
+use sluice_protocol::limit::Kind;
+use sluice_protocol::message::ShardStats;
+use sluice_protocol::message::{Decide, LeaseOp, LeaseTarget, LimitSet, Limits, RequestError};
 pub use table::{LimitRef, LimitVerdict, Mode, MultiVerdict, Table};
 
 /// What other threads may ask of a shard.
@@ -38,6 +44,8 @@ pub enum ShardMsg {
     AdoptResp(AdoptResp),
     /// Decide these requests for keys this shard owns and reply.
     Batch(Batch),
+    /// Use these tiers from now on (a reload).
+    Tiers(Arc<Tiers>),
     /// Shutdown, step 1: stop reading new requests, finish the ones in
     /// flight, close connections, then report drained. Keep serving
     /// batches: other shards' connections may still be finishing.
@@ -227,6 +235,50 @@ pub struct Node {
     pub resp_addr: Option<SocketAddr>,
     /// When the node started (INFO's uptime).
     pub started: Instant,
+    /// Each shard's counters as it last published them (STATS reads them).
+    pub stats: Vec<CachePadded<PublishedStats>>,
+}
+
+/// A shard's counters, published by its own thread after each batch of
+/// work (single writer, relaxed stores: never on the decision itself) and
+/// read by any connection answering STATS.
+#[derive(Debug, Default)]
+pub struct PublishedStats {
+    buckets: AtomicU64,
+    bucket_bytes: AtomicU64,
+    allowed_total: AtomicU64,
+    denied_total: AtomicU64,
+    evicted_total: AtomicU64,
+    refused_total: AtomicU64,
+}
+
+impl PublishedStats {
+    /// The counters as last published.
+    pub fn read(&self, keys_max: u64) -> ShardStats {
+        ShardStats {
+            buckets: self.buckets.load(Ordering::Relaxed),
+            bucket_bytes: self.bucket_bytes.load(Ordering::Relaxed),
+            allowed_total: self.allowed_total.load(Ordering::Relaxed),
+            denied_total: self.denied_total.load(Ordering::Relaxed),
+            evicted_total: self.evicted_total.load(Ordering::Relaxed),
+            refused_total: self.refused_total.load(Ordering::Relaxed),
+            keys_max,
+        }
+    }
+}
+
+impl Node {
+    /// Re-reads the tiers from the config file and hands them to every
+    /// shard (each swaps them in between two messages). The old tiers stay
+    /// in force if the file is not valid.
+    pub fn reload_tiers(&self) -> Result<Arc<Tiers>, String> {
+        let tiers = Arc::new(self.config.reload_tiers().map_err(|e| e.to_string())?);
+        for tx in &self.shards {
+            let _ = tx.send(ShardMsg::Tiers(tiers.clone()));
+        }
+        tracing::info!(tiers = tiers.len(), "tiers reloaded");
+        Ok(tiers)
+    }
 }
 
 /// Everything a shard thread's tasks share. Lives on that thread only
@@ -245,6 +297,8 @@ pub struct ShardCore {
     pub draining: watch::Sender<bool>,
     /// Connection tasks alive on this shard.
     pub connections: Cell<usize>,
+    /// The named tiers in force on this shard (swapped by a reload).
+    pub tiers: RefCell<Arc<Tiers>>,
     /// Told this shard's id once it has drained.
     drained_tx: mpsc::UnboundedSender<u16>,
     /// Whether `drained_tx` has been used.
@@ -252,6 +306,81 @@ pub struct ShardCore {
 }
 
 impl ShardCore {
+    /// A DECIDE's limits as buckets: inline ones as sent (validated by the
+    /// parser), a tier's as in force on this shard (UNKNOWN_TIER if none,
+    /// and its limits checked against the cost).
+    pub fn resolve(&self, key_hash: u128, d: &Decide<'_>) -> Result<DecideOp, RequestError> {
+        let tiers = self.tiers.borrow();
+        let set = match d.limits {
+            Limits::Inline(set) => set,
+            Limits::Tier(name) => {
+                let tier = tiers
+                    .get(name.as_bytes())
+                    .ok_or_else(|| unknown_tier(name))?;
+                let set =
+                    LimitSet::new(&tier.limits).expect("a loaded tier has 1..=LIMITS_MAX limits");
+                set.check_cost(d.mode, d.cost)?;
+                set
+            }
+        };
+        let mut op = DecideOp {
+            mode: d.mode,
+            cost: d.cost,
+            count: set.len() as u8,
+            refs: [LimitRef {
+                bucket: 0,
+                limit: set[0],
+            }; table::LIMITS_MAX],
+        };
+        for (i, limit) in set.iter().enumerate() {
+            let bucket = bucket_key(key_hash, limit.kind(), d.limits.slot(i as u8));
+            op.refs[i] = LimitRef {
+                bucket,
+                limit: *limit,
+            };
+        }
+        Ok(op)
+    }
+
+    /// The bucket and numbers of the concurrency limit a RELEASE or RENEW
+    /// names.
+    pub fn resolve_lease(
+        &self,
+        key_hash: u128,
+        l: &LeaseOp<'_>,
+    ) -> Result<(u128, Concurrency), RequestError> {
+        let limit = match l.target {
+            LeaseTarget::Inline { limit, .. } => limit,
+            LeaseTarget::Tier { name, index } => {
+                let tiers = self.tiers.borrow();
+                let tier = tiers
+                    .get(name.as_bytes())
+                    .ok_or_else(|| unknown_tier(name))?;
+                let set =
+                    LimitSet::new(&tier.limits).expect("a loaded tier has 1..=LIMITS_MAX limits");
+                set.concurrency_at(index)?
+            }
+        };
+        Ok((
+            bucket_key(key_hash, Kind::Concurrency, l.target.slot()),
+            limit,
+        ))
+    }
+
+    /// Publishes this shard's counters for STATS (a few relaxed stores).
+    pub fn publish_stats(&self) {
+        let t = self.table.borrow();
+        let c = t.counters_total;
+        let p = &self.node.stats[usize::from(self.id)];
+        p.buckets.store(t.len() as u64, Ordering::Relaxed);
+        p.bucket_bytes
+            .store(t.memory_bytes() as u64, Ordering::Relaxed);
+        p.allowed_total.store(c.allowed_total, Ordering::Relaxed);
+        p.denied_total.store(c.denied_total, Ordering::Relaxed);
+        p.evicted_total.store(c.evicted_total, Ordering::Relaxed);
+        p.refused_total.store(c.refused_total, Ordering::Relaxed);
+    }
+
     /// Called by a connection task as it ends.
     pub fn connection_closed(&self) {
         self.connections.set(self.connections.get() - 1);
@@ -276,6 +405,8 @@ impl ShardCore {
             .iter()
             .map(|it| (it.seq, table.decide(it.key, &it.op, now_ns)))
             .collect();
+        drop(table);
+        self.publish_stats();
         // A connection that has gone away no longer needs its answers.
         let _ = batch.reply_to.send(BatchReply { outcomes });
     }
@@ -301,10 +432,15 @@ pub fn spawn(
                 .build()
                 .expect("a shard's runtime builds");
             let local = tokio::task::LocalSet::new();
+            let tiers = RefCell::new(Arc::new(node.config.tiers.clone()));
+            // Lease ids are unique per node: each shard counts in its own
+            // range of 2^48.
+            let table = Table::with_cap(node.config.keys_max, u64::from(id) << 48);
             let core = Rc::new(ShardCore {
                 id,
+                tiers,
+                table: RefCell::new(table),
                 node,
-                table: RefCell::new(Table::new()),
                 clock,
                 draining: watch::channel(false).0,
                 connections: Cell::new(0),
@@ -330,6 +466,9 @@ async fn run(core: Rc<ShardCore>, mut rx: Receiver<ShardMsg>) {
                     core.connections.set(core.connections.get() + 1);
                     tokio::task::spawn_local(resp::connection::run(core.clone(), a));
                 }
+                ShardMsg::Tiers(tiers) => {
+                    *core.tiers.borrow_mut() = tiers;
+                }
                 ShardMsg::Drain => {
                     core.draining.send_replace(true);
                     core.report_if_drained();
@@ -346,4 +485,9 @@ async fn run(core: Rc<ShardCore>, mut rx: Receiver<ShardMsg>) {
             }
         }
     }
+}
+
+fn unknown_tier(name: &str) -> RequestError {
+    tracing::debug!(tier = name, "unknown tier");
+    RequestError::from(Status::UnknownTier)
 }

@@ -24,7 +24,7 @@ use sluice_protocol::limit::fixed_window::{self, FixedWindowState};
 use sluice_protocol::limit::sliding_counter::{self, SlidingCounterState};
 use sluice_protocol::limit::sliding_log::{self, SlidingLogState};
 use sluice_protocol::limit::{Concurrency, Kind, Limit, Window};
-pub use sluice_protocol::message::Mode;
+pub use sluice_protocol::message::{LimitVerdict, Mode};
 use sluice_protocol::{Policy, Status};
 
 use super::bucket_map::{BucketMap, Record};
@@ -113,16 +113,18 @@ pub struct LimitRef {
     pub limit: Limit,
 }
 
-/// One limit's verdict.
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
-pub struct LimitVerdict {
-    /// The limit's kind code.
-    pub kind: u8,
-    /// The verdict.
-    pub verdict: Verdict,
-    /// The lease an admitted concurrency acquire took; 0 otherwise.
-    pub lease_id: u64,
-}
+/// A verdict slot not in use.
+const NO_VERDICT: LimitVerdict = LimitVerdict {
+    kind: Kind::TokenBucket,
+    verdict: Verdict {
+        allowed: false,
+        limit: 0,
+        remaining: 0,
+        retry_after_ns: 0,
+        reset_after_ns: 0,
+    },
+    lease_id: 0,
+};
 
 /// The answer to a DECIDE.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -428,7 +430,7 @@ impl Table {
 
     /// Spends `cost` on `r` (an admitted concurrency acquire takes a lease).
     fn spend_one(&mut self, r: &LimitRef, cost: u64, now_ns: u64) -> LimitVerdict {
-        let kind = r.limit.kind().code();
+        let kind = r.limit.kind();
         let mut lease_id = 0;
         let verdict = match &r.limit {
             Limit::TokenBucket(p) => {
@@ -565,7 +567,7 @@ impl Table {
             denied_index: None,
             retry_after_ns: 0,
             count: refs.len() as u8,
-            verdicts: [LimitVerdict::default(); LIMITS_MAX],
+            verdicts: [NO_VERDICT; LIMITS_MAX],
         };
         for (i, r) in refs.iter().enumerate() {
             let verdict = match mode {
@@ -577,7 +579,7 @@ impl Table {
                 Mode::Spend | Mode::Probe => self.probe_one(r, cost, now_ns),
             };
             out.verdicts[i] = LimitVerdict {
-                kind: r.limit.kind().code(),
+                kind: r.limit.kind(),
                 verdict,
                 lease_id: 0,
             };
@@ -649,7 +651,7 @@ impl Table {
         store_heap(&mut self.leases, bucket, d.decision.state);
         d.outcome.map_err(|_| Status::LeaseNotFound)?;
         Ok(LimitVerdict {
-            kind: Kind::Concurrency.code(),
+            kind: Kind::Concurrency,
             verdict,
             lease_id,
         })
