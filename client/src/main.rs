@@ -52,6 +52,12 @@ enum BenchTarget {
     RedisLua,
 }
 
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+enum KeyOrder {
+    Random,
+    Sequential,
+}
+
 #[derive(Debug, Clone, Copy, clap::ValueEnum)]
 enum LimitKind {
     /// Token bucket (GCRA).
@@ -94,6 +100,10 @@ struct BenchArgs {
     /// server forwards), instead of a connection per shard.
     #[arg(long)]
     no_shard_aware: bool,
+    /// Key order: random (uniform over --keys) or sequential (0, 1, 2, ...;
+    /// with --requests equal to --keys, every key exactly once).
+    #[arg(long, value_enum, default_value = "random")]
+    key_order: KeyOrder,
     /// Generator threads.
     #[arg(long, default_value_t = 1)]
     threads: usize,
@@ -194,6 +204,7 @@ async fn bench(addr: &str, auth_token: Option<String>, b: BenchArgs) -> Result<E
         duration: Duration::from_secs_f64(b.duration_s),
         policy,
         shard_aware: !b.no_shard_aware,
+        sequential: b.key_order == KeyOrder::Sequential,
         auth_token,
     };
     let report = sluice_client::bench::run(config).await?;

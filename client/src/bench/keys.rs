@@ -58,6 +58,14 @@ pub enum Keys {
     All(u64),
     /// Only these key numbers (one shard's share of the keyspace).
     Subset(std::sync::Arc<Vec<u32>>),
+    /// `0, 1, 2, ...` (mod `n`) across every connection together: with as
+    /// many requests as keys, each key exactly once (memory measurements).
+    Sequential {
+        /// The next key number, shared by every connection.
+        next: std::sync::Arc<std::sync::atomic::AtomicU64>,
+        /// The keyspace.
+        n: u64,
+    },
 }
 
 impl Keys {
@@ -67,6 +75,9 @@ impl Keys {
         match self {
             Keys::All(n) => rng.below(*n),
             Keys::Subset(v) => u64::from(v[rng.below(v.len() as u64) as usize]),
+            Keys::Sequential { next, n } => {
+                next.fetch_add(1, std::sync::atomic::Ordering::Relaxed) % n
+            }
         }
     }
 }

@@ -63,6 +63,9 @@ pub struct BenchConfig {
     pub policy: Policy,
     /// Sluice only: send each key on a connection bound to its shard.
     pub shard_aware: bool,
+    /// Keys in order `0, 1, 2, ...` instead of at random (each key exactly
+    /// once when `requests == keys`); not shard-aware.
+    pub sequential: bool,
     /// Sluice only: the auth token, if the node needs one.
     pub auth_token: Option<String>,
 }

@@ -84,11 +84,17 @@ pub(crate) async fn prepare(config: &BenchConfig) -> Result<Vec<super::Driver>, 
     };
     let p = config.policy;
     let rate_per_s = p.count as f64 * 1e9 / p.period_ns as f64;
+    let next = std::sync::Arc::new(std::sync::atomic::AtomicU64::new(0));
     let mut drivers = Vec::with_capacity(config.connections);
     for i in 0..config.connections {
+        let keys = if config.sequential {
+            Keys::Sequential { next: next.clone(), n: config.keys }
+        } else {
+            Keys::All(config.keys)
+        };
         drivers.push(super::Driver::Redis(Driver {
             stream: connect(config).await?,
-            keys: Keys::All(config.keys),
+            keys,
             rng: Rng::new(i as u64 + 1),
             pipeline: config.pipeline,
             sha: sha.clone(),

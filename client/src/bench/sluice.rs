@@ -37,15 +37,17 @@ pub(crate) async fn prepare(config: &BenchConfig) -> Result<Vec<super::Driver>, 
     let token = config.auth_token.clone().unwrap_or_default();
     let (_, first) = connect(config, None, token.as_bytes()).await?;
     let shards = first.shard_count;
-    let per_shard: Option<Vec<Arc<Vec<u32>>>> = (config.shard_aware && shards > 1).then(|| {
-        let mut split = vec![Vec::new(); usize::from(shards)];
-        let mut buf = [0u8; KEY_BYTES_MAX];
-        for n in 0..config.keys {
-            let s = shard_of(key_hash(format_key(&mut buf, n)), shards);
-            split[usize::from(s)].push(n as u32);
-        }
-        split.into_iter().map(Arc::new).collect()
-    });
+    let next = Arc::new(std::sync::atomic::AtomicU64::new(0));
+    let per_shard: Option<Vec<Arc<Vec<u32>>>> =
+        (config.shard_aware && shards > 1 && !config.sequential).then(|| {
+            let mut split = vec![Vec::new(); usize::from(shards)];
+            let mut buf = [0u8; KEY_BYTES_MAX];
+            for n in 0..config.keys {
+                let s = shard_of(key_hash(format_key(&mut buf, n)), shards);
+                split[usize::from(s)].push(n as u32);
+            }
+            split.into_iter().map(Arc::new).collect()
+        });
     let mut drivers = Vec::with_capacity(config.connections);
     for i in 0..config.connections {
         let (shard, keys) = match &per_shard {
@@ -53,6 +55,13 @@ pub(crate) async fn prepare(config: &BenchConfig) -> Result<Vec<super::Driver>, 
                 let s = (i % usize::from(shards)) as u16;
                 (Some(s), Keys::Subset(split[usize::from(s)].clone()))
             }
+            None if config.sequential => (
+                None,
+                Keys::Sequential {
+                    next: next.clone(),
+                    n: config.keys,
+                },
+            ),
             None => (None, Keys::All(config.keys)),
         };
         let ((stream, rbuf), _) = connect(config, shard, token.as_bytes()).await?;

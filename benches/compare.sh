@@ -1,0 +1,171 @@
+#!/usr/bin/env bash
+# Side-by-side comparison, one command: builds release binaries, installs
+# redis-server if it is missing, starts Redis and Sluice on loopback, drives
+# both with the same generator (`sluice bench`) and the same settings, adds
+# redis-benchmark against Redis PING (the protocol floor) and against
+# Sluice's RESP CL.THROTTLE, stops everything it started, and writes
+# BENCHMARKS.md with ops/s, p50, p99 and ratios to Redis + Lua from THIS run.
+#
+# Usage: bash benches/compare.sh [--quick]
+#   --quick   smaller request counts (a smoke run; figures are noisier)
+# Environment: SLUICE_SHARDS (default: one per core), OUT (default BENCHMARKS.md).
+set -euo pipefail
+cd "$(dirname "$0")/.."
+ROOT=$PWD
+OUT=${OUT:-$ROOT/BENCHMARKS.md}
+SCALE=1
+[ "${1:-}" = "--quick" ] && SCALE=10
+WORK=$(mktemp -d /tmp/sluice-compare.XXXXXX)
+PIDS=()
+cleanup() {
+  for p in "${PIDS[@]}"; do kill "$p" 2>/dev/null || true; done
+  wait 2>/dev/null || true
+  rm -rf "$WORK"
+}
+trap cleanup EXIT
+
+echo "== build (release)"
+cargo build --release --quiet -p sluice-server -p sluice-client --bins
+SLUICED=$ROOT/target/release/sluiced
+SLUICE=$ROOT/target/release/sluice
+
+if ! command -v redis-server >/dev/null || ! command -v redis-benchmark >/dev/null; then
+  echo "== installing redis-server and redis-tools"
+  apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq redis-server redis-tools >/dev/null
+fi
+
+free_port() { python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])'; }
+
+echo "== start redis-server and sluiced on loopback"
+RPORT=$(free_port)
+redis-server --port "$RPORT" --bind 127.0.0.1 --save '' --appendonly no --protected-mode yes \
+  --daemonize no --logfile "$WORK/redis.log" &
+PIDS+=($!)
+# start_sluiced NAME ARGS...: starts sluiced on free ports; sets NAME_ADDR,
+# NAME_RESP and NAME_PID.
+start_sluiced() {
+  local name=$1; shift
+  "$SLUICED" --port 0 --resp-port 0 "$@" >"$WORK/$name.out" 2>"$WORK/$name.err" &
+  local pid=$!
+  PIDS+=($pid)
+  for _ in $(seq 100); do
+    [ "$(wc -l <"$WORK/$name.out")" -ge 2 ] && break
+    sleep 0.1
+  done
+  local addr resp
+  addr=$(sed -n '1s/^sluiced listening on \([^ ]*\) .*/\1/p' "$WORK/$name.out")
+  resp=$(sed -n '2s/^sluiced resp listening on \([^ ]*\).*/\1/p' "$WORK/$name.out")
+  [ -n "$addr" ] && [ -n "$resp" ] || { echo "sluiced did not start"; cat "$WORK/$name.err"; exit 1; }
+  printf -v "${name}_ADDR" '%s' "$addr"
+  printf -v "${name}_RESP" '%s' "$resp"
+  printf -v "${name}_PID" '%s' "$pid"
+}
+# The generator takes one of the cores, so the main runs give sluiced the
+# other one (--shards 1): more shard threads than free cores makes the
+# kernel time-slice them, which shows up as p99. The default (one shard per
+# core) is measured too, in its own rows.
+SHARDS=${SLUICE_SHARDS:-1}
+start_sluiced S --shards "$SHARDS"
+start_sluiced D
+for _ in $(seq 100); do redis-cli -p "$RPORT" ping >/dev/null 2>&1 && break; sleep 0.1; done
+SADDR=$S_ADDR
+RESPADDR=$S_RESP
+DSHARDS=$(sed -n '1s/.*shards=\([0-9]*\).*/\1/p' "$WORK/D.out")
+echo "   redis 127.0.0.1:$RPORT, sluice $SADDR (resp $RESPADDR, $SHARDS shards), default sluice $D_ADDR ($DSHARDS shards)"
+
+# The limit every request uses: 10/s with burst 100, so buckets persist
+# through a run on both sides (a mix of admits and denials, as in life).
+LIMIT=(--rate 10/s --burst 100)
+RESULTS=$WORK/results.jsonl
+: >"$RESULTS"
+
+# run NAME TARGET CONNS PIPE KEYS REQUESTS [extra args]  (ADDR: which sluiced)
+run() {
+  local name=$1 target=$2 conns=$3 pipe=$4 keys=$5 reqs=$(( $6 / SCALE )); shift 6
+  local json
+  local limit
+  read -r -a limit <<<"${LIMIT_ARGS:-${LIMIT[*]}}"
+  json=$("$SLUICE" --addr "${ADDR:-$SADDR}" bench --target "$target" --redis-addr "127.0.0.1:$RPORT" \
+    --connections "$conns" --pipeline "$pipe" --keys "$keys" --requests "$reqs" --duration-s 20 \
+    "${limit[@]}" --json "$@")
+  echo "   $name: $(python3 -c 'import json,sys; r=json.loads(sys.argv[1]); print("%.0f ops/s p50 %.0f us p99 %.0f us" % (r["ops_per_s"], r["latency_us"]["p50"], r["latency_us"]["p99"]))' "$json")"
+  python3 -c 'import json,sys; r=json.loads(sys.argv[2]); r["name"]=sys.argv[1]; print(json.dumps(r))' "$name" "$json" >>"$RESULTS"
+}
+
+# rb NAME PORT CONNS PIPE REQUESTS ARGS... (redis-benchmark; CSV)
+rb() {
+  local name=$1 port=$2 conns=$3 pipe=$4 reqs=$(( $5 / SCALE )); shift 5
+  local csv
+  csv=$(redis-benchmark -p "$port" -c "$conns" -P "$pipe" -n "$reqs" --csv "$@" 2>/dev/null | tail -n 1)
+  echo "   $name: $csv"
+  python3 - "$name" "$conns" "$pipe" "$csv" >>"$RESULTS" <<'PY'
+import csv, json, sys
+name, conns, pipe, line = sys.argv[1], int(sys.argv[2]), int(sys.argv[3]), sys.argv[4]
+row = next(csv.reader([line]))
+# "test","rps","avg_latency_ms","min_latency_ms","p50_latency_ms","p95_latency_ms","p99_latency_ms","max_latency_ms"
+print(json.dumps({"name": name, "target": "redis-benchmark", "connections": conns, "pipeline": pipe,
+  "keys": 100000, "ops_per_s": float(row[1]),
+  "latency_us": {"p50": float(row[4]) * 1000, "p99": float(row[6]) * 1000}}))
+PY
+}
+
+echo "== same generator, same settings: Sluice (binary) vs Redis + Lua"
+for cp in "50 1" "50 16" "50 64" "1 1"; do
+  set -- $cp
+  c=$1 p=$2
+  base=$(( p == 1 ? (c == 1 ? 100000 : 400000) : 4000000 ))
+  run "sluice c$c p$p" sluice "$c" "$p" 100000 "$base"
+  run "redis-lua c$c p$p" redis-lua "$c" "$p" 100000 $(( base / 8 ))
+done
+
+echo "== the default shard count ($DSHARDS, one per core) with the generator on the same cores"
+ADDR=$D_ADDR run "sluice-default c50 p64" sluice 50 64 100000 4000000
+ADDR=$D_ADDR run "sluice-default c50 p1" sluice 50 1 100000 400000
+
+echo "== redis-benchmark: Redis PING (protocol floor) and Sluice RESP CL.THROTTLE"
+rb "redis PING c50 p64" "$RPORT" 50 64 4000000 -t ping
+rb "redis PING c50 p1" "$RPORT" 50 1 400000 -t ping
+rb "sluice-resp CL.THROTTLE c50 p64" "${RESPADDR##*:}" 50 64 4000000 -r 100000 CL.THROTTLE 'key:__rand_int__' 99 10 1 1
+rb "sluice-resp CL.THROTTLE c50 p1" "${RESPADDR##*:}" 50 1 400000 -r 100000 CL.THROTTLE 'key:__rand_int__' 99 10 1 1
+
+echo "== keyspace: 1k keys vs 10M keys (Sluice, c50 p64; 10M pre-filled first)"
+# Same limit for both sizes (1/h, burst 100: buckets persist), only the
+# keyspace differs.
+LIMIT_ARGS="--rate 1/h --burst 100" run "sluice 1k keys" sluice 50 64 1000 4000000
+"$SLUICE" --addr "$SADDR" bench --connections 50 --pipeline 64 --keys 10000000 --requests $(( 20000000 / SCALE )) \
+  --duration-s 60 --rate 1/h --burst 100 --json >/dev/null
+LIMIT_ARGS="--rate 1/h --burst 100" run "sluice 10M keys" sluice 50 64 10000000 4000000
+RSS_KB=$(ps -o rss= -p "$S_PID" | tr -d ' ')
+kill "$S_PID" "$D_PID" 2>/dev/null || true
+
+echo "== memory: bytes per token-bucket bucket (RSS growth / distinct keys)"
+rss() { awk '/VmRSS/ {print $2}' "/proc/$1/status"; }
+MEM=$WORK/memory.txt
+: >"$MEM"
+for n in 1000000 10000000; do
+  n=$(( n / SCALE ))
+  start_sluiced M --shards 1 --keys-max 0
+  before=$(rss "$M_PID")
+  "$SLUICE" --addr "$M_ADDR" bench --connections 50 --pipeline 64 --keys "$n" --requests "$n" \
+    --key-order sequential --rate 1/h --burst 10 --duration-s 120 >/dev/null
+  after=$(rss "$M_PID")
+  echo "sluice $n $before $after" >>"$MEM"
+  echo "   sluice, $n keys: $(( (after - before) * 1024 / n )) bytes per bucket"
+  kill "$M_PID"
+done
+n=$(( 1000000 / SCALE ))
+MPORT=$(free_port)
+redis-server --port "$MPORT" --bind 127.0.0.1 --save '' --appendonly no --daemonize no --logfile "$WORK/redis-m.log" &
+RM_PID=$!
+PIDS+=($RM_PID)
+for _ in $(seq 100); do redis-cli -p "$MPORT" ping >/dev/null 2>&1 && break; sleep 0.1; done
+before=$(rss "$RM_PID")
+"$SLUICE" bench --target redis-lua --redis-addr "127.0.0.1:$MPORT" --connections 50 --pipeline 64 --keys "$n" \
+  --requests "$n" --key-order sequential --rate 1/h --burst 10 --duration-s 120 >/dev/null
+after=$(rss "$RM_PID")
+echo "redis-lua $n $before $after" >>"$MEM"
+echo "   redis + lua, $n keys: $(( (after - before) * 1024 / n )) bytes per bucket"
+
+echo "== writing $OUT"
+python3 "$ROOT/benches/report.py" "$RESULTS" "$OUT" "$SHARDS" "$RSS_KB" "$SCALE" "$MEM" "$DSHARDS"
+echo "done"

@@ -1,0 +1,157 @@
+"""Writes BENCHMARKS.md from one run of benches/compare.sh.
+
+Usage: report.py RESULTS.jsonl OUT.md SHARDS SLUICED_RSS_KB SCALE MEMORY.txt DEFAULT_SHARDS
+Every figure and ratio comes from RESULTS (this run); benches/notes.md (the
+profile and what limits each figure) is appended as written.
+"""
+import datetime
+import json
+import os
+import platform
+import subprocess
+import sys
+
+results_path, out_path, shards, rss_kb, scale, memory_path, default_shards = sys.argv[1:8]
+rows = {}
+with open(results_path) as f:
+    for line in f:
+        line = line.strip()
+        if line:
+            r = json.loads(line)
+            rows[r["name"]] = r
+
+
+def get(name):
+    return rows.get(name)
+
+
+def fmt_ops(x):
+    return f"{x / 1e6:.2f} M" if x >= 1e6 else f"{x / 1e3:.0f} k"
+
+
+def fmt_us(x):
+    return f"{x / 1000:.2f} ms" if x >= 1000 else f"{x:.0f} us"
+
+
+def ratio(a, b):
+    return a / b if b else float("nan")
+
+
+def redis_version():
+    try:
+        return subprocess.run(["redis-server", "--version"], capture_output=True, text=True).stdout.split()[2]
+    except Exception:
+        return "unknown"
+
+
+out = []
+w = out.append
+w("# Benchmarks\n")
+w("Produced by `bash benches/compare.sh` (do not edit by hand: rerun it). Every ratio is")
+w("against Redis + Lua measured in the same run, on the same machine, by the same")
+w("generator (`sluice bench`) with the same settings; redis-benchmark rows use")
+w("redis-benchmark as the generator.\n")
+w(f"- Run: {datetime.datetime.now(datetime.timezone.utc).strftime('%Y-%m-%d %H:%M UTC')}, "
+  f"{os.cpu_count()} cores, {platform.machine()}, Linux {platform.release()}; "
+  f"redis-server {redis_version()}; sluiced with {shards} shards.")
+w("- The load generator shares the cores with the server under test.")
+w("- Limit: token bucket, 10/s with burst 100, keys `key:N` uniform over 100k keys")
+w("  unless noted. Redis runs the usual token-bucket Lua script (HMGET, lazy refill,")
+w("  HMSET, EXPIRE; reads TIME) via EVALSHA (`client/src/bench/redis.rs`).")
+if scale != "1":
+    w(f"- **Quick run** (request counts divided by {scale}): figures are noisier.")
+w("")
+w("## Same generator, same settings\n")
+w("| connections x pipeline | Sluice ops/s | p50 | p99 | Redis + Lua ops/s | p50 | p99 | throughput ratio | p99 ratio (Sluice / Redis) |")
+w("|---|---|---|---|---|---|---|---|---|")
+for c, p in [(50, 1), (50, 16), (50, 64), (1, 1)]:
+    s, r = get(f"sluice c{c} p{p}"), get(f"redis-lua c{c} p{p}")
+    if not s or not r:
+        continue
+    w(f"| {c} x {p} | {fmt_ops(s['ops_per_s'])} | {fmt_us(s['latency_us']['p50'])} | {fmt_us(s['latency_us']['p99'])} "
+      f"| {fmt_ops(r['ops_per_s'])} | {fmt_us(r['latency_us']['p50'])} | {fmt_us(r['latency_us']['p99'])} "
+      f"| **{ratio(s['ops_per_s'], r['ops_per_s']):.1f}x** | {ratio(s['latency_us']['p99'], r['latency_us']['p99']):.2f} |")
+w("")
+d64, d1 = get("sluice-default c50 p64"), get("sluice-default c50 p1")
+if d64 and d1:
+    w(f"Default shard count ({default_shards}, one per core) on the same machine, generator sharing the cores:\n")
+    w("| connections x pipeline | ops/s | p50 | p99 |")
+    w("|---|---|---|---|")
+    for label, r in [("50 x 64", d64), ("50 x 1", d1)]:
+        w(f"| {label} | {fmt_ops(r['ops_per_s'])} | {fmt_us(r['latency_us']['p50'])} | {fmt_us(r['latency_us']['p99'])} |")
+    w("")
+w("## redis-benchmark as the generator\n")
+w("| what | ops/s | p50 | p99 | ratio to Redis + Lua (same connections x pipeline) |")
+w("|---|---|---|---|---|")
+for name, base in [("redis PING c50 p64", "redis-lua c50 p64"), ("redis PING c50 p1", "redis-lua c50 p1"),
+                   ("sluice-resp CL.THROTTLE c50 p64", "redis-lua c50 p64"),
+                   ("sluice-resp CL.THROTTLE c50 p1", "redis-lua c50 p1")]:
+    r, b = get(name), get(base)
+    if not r:
+        continue
+    rr = f"{ratio(r['ops_per_s'], b['ops_per_s']):.1f}x" if b else "-"
+    w(f"| {name} | {fmt_ops(r['ops_per_s'])} | {fmt_us(r['latency_us']['p50'])} | {fmt_us(r['latency_us']['p99'])} | {rr} |")
+w("")
+w("## Keyspace size (Sluice, 50 x 64)\n")
+k1, k10 = get("sluice 1k keys"), get("sluice 10M keys")
+if k1 and k10:
+    w("| keys | ops/s | p50 | p99 |")
+    w("|---|---|---|---|")
+    for label, r in [("1k", k1), ("10M (pre-filled, buckets persist)", k10)]:
+        w(f"| {label} | {fmt_ops(r['ops_per_s'])} | {fmt_us(r['latency_us']['p50'])} | {fmt_us(r['latency_us']['p99'])} |")
+    w(f"\n10M / 1k throughput: **{ratio(k10['ops_per_s'], k1['ops_per_s']):.2f}**; "
+      f"sluiced RSS after the 10M run: {int(rss_kb) / 1024:.0f} MiB.\n")
+
+w("## Memory: bytes per token-bucket bucket\n")
+w("RSS growth of the server process divided by distinct keys, each key spent once")
+w("(1/h, burst 10, so no bucket refills during the run); a fresh process each.\n")
+w("| server | keys | RSS before | RSS after | bytes per bucket |")
+w("|---|---|---|---|---|")
+mem = []
+with open(memory_path) as f:
+    for line in f:
+        who, n, before, after = line.split()
+        n, before, after = int(n), int(before), int(after)
+        per = (after - before) * 1024 / n
+        mem.append((who, n, per))
+        w(f"| {'Sluice' if who == 'sluice' else 'Redis + Lua (hash per bucket)'} | {n:,} | {before / 1024:.0f} MiB | {after / 1024:.0f} MiB | **{per:.0f}** |")
+w("")
+w("## Targets (from this run)\n")
+w("| target | measured | met |")
+w("|---|---|---|")
+
+
+def target(label, value, ok):
+    w(f"| {label} | {value} | {'yes' if ok else '**no**'} |")
+
+
+s64, r64, ping64 = get("sluice c50 p64"), get("redis-lua c50 p64"), get("redis PING c50 p64")
+s1, r1 = get("sluice c50 p1"), get("redis-lua c50 p1")
+resp64 = get("sluice-resp CL.THROTTLE c50 p64")
+if s64 and r64:
+    x = ratio(s64["ops_per_s"], r64["ops_per_s"])
+    target("binary, 50 x 64: >= 15x Redis + Lua", f"{x:.1f}x", x >= 15)
+if s64 and ping64:
+    x = ratio(s64["ops_per_s"], ping64["ops_per_s"])
+    target("binary, 50 x 64: >= Redis PING at 50 x 64", f"{x:.2f}x PING", x >= 1)
+if s1 and r1:
+    x = ratio(s1["ops_per_s"], r1["ops_per_s"])
+    target("binary, 50 x 1: >= 1.5x Redis + Lua", f"{x:.1f}x", x >= 1.5)
+    y = ratio(s1["latency_us"]["p99"], r1["latency_us"]["p99"])
+    target("binary, 50 x 1: p99 <= 0.5x Redis + Lua's", f"{y:.2f}x", y <= 0.5)
+if resp64 and r64:
+    x = ratio(resp64["ops_per_s"], r64["ops_per_s"])
+    target("RESP CL.THROTTLE (redis-benchmark), 50 x 64: >= 5x Redis + Lua", f"{x:.1f}x", x >= 5)
+if k1 and k10:
+    x = ratio(k10["ops_per_s"], k1["ops_per_s"])
+    target("10M keys within 20% of 1k keys", f"{x:.2f}", x >= 0.8)
+for who, n, per in mem:
+    if who == "sluice":
+        target(f"bytes per token bucket at {n:,} keys <= 48", f"{per:.0f}", per <= 48)
+w("")
+notes = os.path.join(os.path.dirname(os.path.abspath(__file__)), "notes.md")
+if os.path.exists(notes):
+    with open(notes) as f:
+        w(f.read())
+with open(out_path, "w") as f:
+    f.write("\n".join(out) + "\n")
