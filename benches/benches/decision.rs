@@ -124,7 +124,7 @@ fn codec(c: &mut Criterion) {
 /// stay spent (1 per hour): the cost of the lookup as the table outgrows
 /// the caches.
 fn table(c: &mut Criterion) {
-    let policy = Policy::new(1, 3_600 * S, 1_000_000).unwrap();
+    let policy = Policy::new(1, 3_600 * S, 10_000).unwrap();
     let mut g = c.benchmark_group("table_throttle");
     g.throughput(Throughput::Elements(1));
     for (label, n) in [("1k", 1_000u64), ("1M", 1_000_000), ("10M", 10_000_000)] {
