@@ -452,12 +452,18 @@ pub fn spawn(
 }
 
 /// The shard's loop: take every queued message, act on each, repeat.
+/// After Stop the inbox is closed, and whatever it had already accepted is
+/// still handled: batches are decided and answered (every accepted send is
+/// received, as the inbox promises), connections arriving that late are
+/// closed.
 async fn run(core: Rc<ShardCore>, mut rx: Receiver<ShardMsg>) {
     let mut msgs = Vec::new();
+    let mut stopped = false;
     while rx.recv_many(&mut msgs).await {
         for msg in msgs.drain(..) {
             match msg {
                 ShardMsg::Batch(b) => core.decide_batch(b),
+                ShardMsg::Adopt(_) | ShardMsg::AdoptResp(_) if stopped => {}
                 ShardMsg::Adopt(a) => {
                     core.connections.set(core.connections.get() + 1);
                     tokio::task::spawn_local(connection::run(core.clone(), a));
@@ -475,16 +481,16 @@ async fn run(core: Rc<ShardCore>, mut rx: Receiver<ShardMsg>) {
                 }
                 ShardMsg::Stop => {
                     rx.close();
-                    tracing::debug!(
-                        shard = core.id,
-                        buckets = core.table.borrow().len(),
-                        "shard stopped"
-                    );
-                    return;
+                    stopped = true;
                 }
             }
         }
     }
+    tracing::debug!(
+        shard = core.id,
+        buckets = core.table.borrow().len(),
+        "shard stopped"
+    );
 }
 
 fn unknown_tier(name: &str) -> RequestError {
