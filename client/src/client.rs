@@ -4,11 +4,14 @@ use std::net::SocketAddr;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use sluice_protocol::message::{HelloOk, Reply, KEY_BYTES_MAX};
+use sluice_protocol::message::{
+    DecideOk, HelloOk, LeaseOk, LeaseTarget, LimitSet, Limits, Mode, Reply, StatsOk, KEY_BYTES_MAX,
+    LIMITS_MAX, TIER_BYTES_MAX,
+};
 use sluice_protocol::routing::{key_hash, shard_of, ROUTING_XXH3_128_MULSHIFT};
-use sluice_protocol::{Policy, Verdict};
+use sluice_protocol::{Limit, Policy, Verdict};
 
-use crate::connection::{Call, Conn};
+use crate::connection::{Call, Conn, OwnedLimits, OwnedTarget};
 use crate::error::Error;
 
 /// Default deadline of a call.
@@ -127,37 +130,29 @@ impl Client {
 
     /// Spends `cost` units of `key`'s bucket under `policy`.
     pub async fn throttle(&self, key: &[u8], policy: Policy, cost: u64) -> Result<Verdict, Error> {
-        self.decide(key, policy, cost, false).await
+        self.throttle_or_peek(key, policy, cost, false).await
     }
 
     /// Answers as `throttle` would, spending and creating nothing.
     pub async fn peek(&self, key: &[u8], policy: Policy, cost: u64) -> Result<Verdict, Error> {
-        self.decide(key, policy, cost, true).await
+        self.throttle_or_peek(key, policy, cost, true).await
     }
 
-    async fn decide(
+    async fn throttle_or_peek(
         &self,
         key: &[u8],
         policy: Policy,
         cost: u64,
         peek: bool,
     ) -> Result<Verdict, Error> {
-        if key.is_empty() || key.len() > KEY_BYTES_MAX {
-            return Err(Error::Invalid(format!(
-                "a key must be 1..={KEY_BYTES_MAX} bytes"
-            )));
-        }
+        check_key(key)?;
         policy
             .validate()
             .map_err(|e| Error::Invalid(e.to_string()))?;
         policy
             .check_cost(cost)
             .map_err(|e| Error::Invalid(e.to_string()))?;
-        let slot = if self.inner.slots.len() > 1 {
-            usize::from(shard_of(key_hash(key), self.inner.hello.shard_count))
-        } else {
-            0
-        };
+        let slot = self.slot_of(key);
         let call = Call::Throttle {
             key: key.into(),
             policy,
@@ -168,6 +163,172 @@ impl Client {
             Reply::Throttle(v) if !peek => Ok(v),
             Reply::Peek(v) if peek => Ok(v),
             other => Err(unexpected(&other)),
+        }
+    }
+
+    /// Decides `limits` for `key` as one atomic step, in `mode` (DECIDE):
+    /// with [`Mode::Spend`], every limit admits and is applied, or nothing
+    /// is. The arguments are checked before sending ([`Error::Invalid`]):
+    /// the key, a tier name's length, every inline limit's numbers, a
+    /// RESET's cost of 0, and for SPEND and PROBE a cost that fits every
+    /// inline limit (a tier's limits are the server's to check).
+    pub async fn decide(
+        &self,
+        key: &[u8],
+        limits: Limits<'_>,
+        mode: Mode,
+        cost: u64,
+    ) -> Result<DecideOk, Error> {
+        check_decide(key, &limits, mode, cost)?;
+        let call = Call::Decide {
+            mode,
+            key: key.into(),
+            limits: OwnedLimits::new(&limits),
+            cost,
+        };
+        match self.call(self.slot_of(key), call).await? {
+            Reply::Decide(ok) => Ok(ok),
+            other => Err(unexpected(&other)),
+        }
+    }
+
+    /// Spends `cost` units of every limit, or none if any denies; each
+    /// admitted concurrency limit acquires a lease (its `lease_id`).
+    pub async fn spend(
+        &self,
+        key: &[u8],
+        limits: Limits<'_>,
+        cost: u64,
+    ) -> Result<DecideOk, Error> {
+        self.decide(key, limits, Mode::Spend, cost).await
+    }
+
+    /// Answers as [`Client::spend`] would, changing and creating nothing.
+    pub async fn probe(
+        &self,
+        key: &[u8],
+        limits: Limits<'_>,
+        cost: u64,
+    ) -> Result<DecideOk, Error> {
+        self.decide(key, limits, Mode::Probe, cost).await
+    }
+
+    /// Gives `cost` units back to every limit (never above its limit; leases
+    /// are left alone: release them by id).
+    pub async fn refund(
+        &self,
+        key: &[u8],
+        limits: Limits<'_>,
+        cost: u64,
+    ) -> Result<DecideOk, Error> {
+        self.decide(key, limits, Mode::Refund, cost).await
+    }
+
+    /// Clears every limit's bucket (and drops every lease).
+    pub async fn reset(&self, key: &[u8], limits: Limits<'_>) -> Result<DecideOk, Error> {
+        self.decide(key, limits, Mode::Reset, 0).await
+    }
+
+    /// Gives back the lease `lease_id` that a SPEND of `key` acquired from
+    /// the concurrency limit `target` (RELEASE).
+    pub async fn release(
+        &self,
+        key: &[u8],
+        target: LeaseTarget<'_>,
+        lease_id: u64,
+    ) -> Result<LeaseOk, Error> {
+        self.lease(key, target, lease_id, false).await
+    }
+
+    /// Extends the lease `lease_id` by its limit's `lease_ns` from now
+    /// (RENEW); the reply says how long it now has.
+    pub async fn renew(
+        &self,
+        key: &[u8],
+        target: LeaseTarget<'_>,
+        lease_id: u64,
+    ) -> Result<LeaseOk, Error> {
+        self.lease(key, target, lease_id, true).await
+    }
+
+    async fn lease(
+        &self,
+        key: &[u8],
+        target: LeaseTarget<'_>,
+        lease_id: u64,
+        renew: bool,
+    ) -> Result<LeaseOk, Error> {
+        check_lease(key, &target, lease_id)?;
+        let call = Call::Lease {
+            renew,
+            key: key.into(),
+            target: OwnedTarget::new(&target),
+            lease_id,
+        };
+        match self.call(self.slot_of(key), call).await? {
+            Reply::Release(ok) if !renew => Ok(ok),
+            Reply::Renew(ok) if renew => Ok(ok),
+            other => Err(unexpected(&other)),
+        }
+    }
+
+    /// Asks the node to re-read its configuration file, as SIGHUP does
+    /// (RELOAD). Returns how many tiers it now defines; a bad file is
+    /// [`Status::ConfigInvalid`](sluice_protocol::Status::ConfigInvalid)
+    /// and leaves the old tiers in force.
+    pub async fn reload(&self) -> Result<u32, Error> {
+        match self.call(0, Call::Reload).await? {
+            Reply::Reload { tier_count } => Ok(tier_count),
+            other => Err(unexpected(&other)),
+        }
+    }
+
+    /// Every shard's counters (STATS), reading as many pages as the node
+    /// sends: the result has `shard_first` 0 and one record per shard.
+    pub async fn stats(&self) -> Result<StatsOk, Error> {
+        let mut all = StatsOk {
+            shard_count: 0,
+            shard_first: 0,
+            shards: Vec::new(),
+        };
+        // One page per request; a page that adds nothing ends the loop, so
+        // this runs at most `shard_count` times.
+        loop {
+            let shard_first = u16::try_from(all.shards.len())
+                .map_err(|_| Error::Protocol("more than 65,535 shard records".into()))?;
+            let page = match self.call(0, Call::Stats { shard_first }).await? {
+                Reply::Stats(page) => page,
+                other => return Err(unexpected(&other)),
+            };
+            if page.shard_first != shard_first
+                || (shard_first > 0 && page.shard_count != all.shard_count)
+            {
+                return Err(Error::Protocol(format!(
+                    "STATS from shard {shard_first} answered shard {} of {}",
+                    page.shard_first, page.shard_count
+                )));
+            }
+            all.shard_count = page.shard_count;
+            let added = page.shards.len();
+            all.shards.extend(page.shards);
+            if all.shards.len() >= usize::from(all.shard_count) {
+                return Ok(all);
+            }
+            if added == 0 {
+                return Err(Error::Protocol(format!(
+                    "STATS stopped at shard {shard_first} of {}",
+                    all.shard_count
+                )));
+            }
+        }
+    }
+
+    /// The slot whose connection serves `key`: its shard's when shard-aware.
+    fn slot_of(&self, key: &[u8]) -> usize {
+        if self.inner.slots.len() > 1 {
+            usize::from(shard_of(key_hash(key), self.inner.hello.shard_count))
+        } else {
+            0
         }
     }
 
@@ -240,6 +401,172 @@ async fn resolve(addr: impl tokio::net::ToSocketAddrs) -> Result<SocketAddr, Err
     })
 }
 
+/// The inline limits `limits`, in order, for [`Client::decide`]:
+/// [`Error::Invalid`] unless there are 1..=[`LIMITS_MAX`] (their numbers are
+/// checked when deciding).
+pub fn inline_limits(limits: &[Limit]) -> Result<Limits<'static>, Error> {
+    LimitSet::new(limits).map(Limits::Inline).ok_or_else(|| {
+        Error::Invalid(format!(
+            "name 1..={LIMITS_MAX} limits, not {}",
+            limits.len()
+        ))
+    })
+}
+
+fn check_key(key: &[u8]) -> Result<(), Error> {
+    if key.is_empty() || key.len() > KEY_BYTES_MAX {
+        return Err(Error::Invalid(format!(
+            "a key must be 1..={KEY_BYTES_MAX} bytes"
+        )));
+    }
+    Ok(())
+}
+
+fn check_tier(name: &str) -> Result<(), Error> {
+    if name.is_empty() || name.len() > TIER_BYTES_MAX {
+        return Err(Error::Invalid(format!(
+            "a tier name must be 1..={TIER_BYTES_MAX} bytes"
+        )));
+    }
+    Ok(())
+}
+
+/// What the server would refuse in a DECIDE without looking at its state,
+/// in the server's order (key, limits, cost).
+fn check_decide(key: &[u8], limits: &Limits<'_>, mode: Mode, cost: u64) -> Result<(), Error> {
+    if mode == Mode::Reset && cost != 0 {
+        return Err(Error::Invalid("a reset takes cost 0".into()));
+    }
+    check_key(key)?;
+    match limits {
+        Limits::Inline(set) => {
+            set.validate().map_err(|e| Error::Invalid(e.to_string()))?;
+            set.check_cost(mode, cost)
+                .map_err(|e| Error::Invalid(e.to_string()))
+        }
+        Limits::Tier(name) => check_tier(name),
+    }
+}
+
+/// What the server would refuse in a RELEASE or RENEW without looking at
+/// its state.
+fn check_lease(key: &[u8], target: &LeaseTarget<'_>, lease_id: u64) -> Result<(), Error> {
+    if lease_id == 0 {
+        return Err(Error::Invalid("lease id 0 names no lease".into()));
+    }
+    let index = match *target {
+        LeaseTarget::Inline { index, .. } | LeaseTarget::Tier { index, .. } => index,
+    };
+    if usize::from(index) >= LIMITS_MAX {
+        return Err(Error::Invalid(format!(
+            "a limit index must be 0..{LIMITS_MAX}, not {index}"
+        )));
+    }
+    if let LeaseTarget::Tier { name, .. } = target {
+        check_tier(name)?;
+    }
+    check_key(key)?;
+    if let LeaseTarget::Inline { limit, .. } = target {
+        limit
+            .validate()
+            .map_err(|e| Error::Invalid(format!("limit {index}: {e}")))?;
+    }
+    Ok(())
+}
+
 fn unexpected(reply: &Reply) -> Error {
     Error::Protocol(format!("unexpected reply {reply:?}"))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use sluice_protocol::Concurrency;
+
+    fn limits(specs: &[&str]) -> Vec<Limit> {
+        specs.iter().map(|s| s.parse().unwrap()).collect()
+    }
+
+    fn invalid(r: Result<(), Error>) -> String {
+        match r {
+            Err(Error::Invalid(text)) => text,
+            other => panic!("expected Error::Invalid, got {other:?}"),
+        }
+    }
+
+    #[test]
+    fn inline_limits_hold_one_to_eight() {
+        let one = limits(&["token-bucket:5/s"]);
+        assert!(inline_limits(&one).is_ok());
+        assert!(inline_limits(&[one[0]; LIMITS_MAX]).is_ok());
+        assert!(matches!(inline_limits(&[]), Err(Error::Invalid(_))));
+        let nine = [one[0]; LIMITS_MAX + 1];
+        assert!(matches!(inline_limits(&nine), Err(Error::Invalid(_))));
+    }
+
+    #[test]
+    fn decide_arguments_are_checked_like_the_server_does() {
+        let set = limits(&[
+            "token-bucket:5/s,burst=5",
+            "fixed-window:3/m",
+            "concurrency:10",
+        ]);
+        let set = inline_limits(&set).unwrap();
+        for mode in [Mode::Spend, Mode::Probe, Mode::Refund] {
+            assert!(check_decide(b"k", &set, mode, 3).is_ok());
+        }
+        assert!(check_decide(b"k", &set, Mode::Reset, 0).is_ok());
+        // The key.
+        assert!(invalid(check_decide(b"", &set, Mode::Spend, 1)).contains("key"));
+        let long = [b'k'; KEY_BYTES_MAX + 1];
+        assert!(check_decide(&long, &set, Mode::Spend, 1).is_err());
+        assert!(check_decide(&long[1..], &set, Mode::Spend, 1).is_ok());
+        // The cost fits every limit (the fixed window's 3) for SPEND and
+        // PROBE; a refund gives back any number; a reset takes 0.
+        for mode in [Mode::Spend, Mode::Probe] {
+            let text = invalid(check_decide(b"k", &set, mode, 4));
+            assert!(
+                text.contains("limit 1") && text.contains("exceeds"),
+                "{text}"
+            );
+        }
+        assert!(check_decide(b"k", &set, Mode::Refund, u64::MAX).is_ok());
+        assert!(invalid(check_decide(b"k", &set, Mode::Reset, 1)).contains("reset"));
+        // Every limit's numbers, naming the bad one.
+        let bad = Limit::Concurrency(Concurrency {
+            limit: 1,
+            lease_ns: 1,
+        });
+        let with_bad = inline_limits(&[limits(&["sliding-log:9/s"])[0], bad]).unwrap();
+        let text = invalid(check_decide(b"k", &with_bad, Mode::Spend, 1));
+        assert!(text.contains("limit 1"), "{text}");
+        // A tier's name, not its limits.
+        assert!(check_decide(b"k", &Limits::Tier("free"), Mode::Spend, u64::MAX).is_ok());
+        assert!(check_decide(b"k", &Limits::Tier(""), Mode::Spend, 1).is_err());
+        let name = "t".repeat(TIER_BYTES_MAX + 1);
+        assert!(check_decide(b"k", &Limits::Tier(&name), Mode::Spend, 1).is_err());
+        assert!(check_decide(b"k", &Limits::Tier(&name[1..]), Mode::Spend, 1).is_ok());
+    }
+
+    #[test]
+    fn lease_arguments_are_checked_like_the_server_does() {
+        let limit = Concurrency::new(2, 1_000_000_000).unwrap();
+        let inline = |index| LeaseTarget::Inline { index, limit };
+        assert!(check_lease(b"k", &inline(7), 1).is_ok());
+        assert!(invalid(check_lease(b"k", &inline(0), 0)).contains("lease id 0"));
+        assert!(invalid(check_lease(b"k", &inline(8), 1)).contains("index"));
+        assert!(check_lease(b"", &inline(0), 1).is_err());
+        let bad = LeaseTarget::Inline {
+            index: 2,
+            limit: Concurrency {
+                limit: 0,
+                lease_ns: 1_000_000_000,
+            },
+        };
+        assert!(invalid(check_lease(b"k", &bad, 1)).contains("limit 2"));
+        let tier = |name, index| LeaseTarget::Tier { name, index };
+        assert!(check_lease(b"k", &tier("free", 1), 5).is_ok());
+        assert!(check_lease(b"k", &tier("", 1), 5).is_err());
+        assert!(check_lease(b"k", &tier("free", 8), 5).is_err());
+    }
 }

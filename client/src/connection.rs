@@ -9,8 +9,11 @@ use std::time::Duration;
 
 use bytes::BytesMut;
 use sluice_protocol::codec::{FrameDecoder, FrameWriter};
-use sluice_protocol::message::{Hello, HelloOk, Reply, Request, Throttle};
-use sluice_protocol::{Policy, PROTOCOL_VERSION};
+use sluice_protocol::message::{
+    Decide, Hello, HelloOk, LeaseOp, LeaseTarget, LimitSet, Limits, Mode, Reply, Request, Stats,
+    Throttle,
+};
+use sluice_protocol::{Concurrency, Policy, PROTOCOL_VERSION};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::tcp::{OwnedReadHalf, OwnedWriteHalf};
 use tokio::net::TcpStream;
@@ -32,6 +35,141 @@ pub(crate) enum Call {
         cost: u64,
         peek: bool,
     },
+    /// DECIDE in any mode.
+    Decide {
+        mode: Mode,
+        key: Box<[u8]>,
+        limits: OwnedLimits,
+        cost: u64,
+    },
+    /// RELEASE (`renew == false`) or RENEW of one lease.
+    Lease {
+        renew: bool,
+        key: Box<[u8]>,
+        target: OwnedTarget,
+        lease_id: u64,
+    },
+    Reload,
+    /// One page of STATS, from `shard_first` on.
+    Stats {
+        shard_first: u16,
+    },
+}
+
+/// [`Limits`] that outlive the caller's borrow until the writer encodes them.
+/// Inline limits are boxed so that every [`Call`] (THROTTLE's too) stays
+/// small on its way through the channel.
+#[derive(Debug)]
+pub(crate) enum OwnedLimits {
+    Inline(Box<LimitSet>),
+    Tier(Box<str>),
+}
+
+impl OwnedLimits {
+    pub(crate) fn new(limits: &Limits<'_>) -> OwnedLimits {
+        match limits {
+            Limits::Inline(set) => OwnedLimits::Inline(Box::new(*set)),
+            Limits::Tier(name) => OwnedLimits::Tier((*name).into()),
+        }
+    }
+
+    fn borrow(&self) -> Limits<'_> {
+        match self {
+            OwnedLimits::Inline(set) => Limits::Inline(**set),
+            OwnedLimits::Tier(name) => Limits::Tier(name),
+        }
+    }
+}
+
+/// A [`LeaseTarget`] that outlives the caller's borrow.
+#[derive(Debug)]
+pub(crate) enum OwnedTarget {
+    Inline { index: u8, limit: Concurrency },
+    Tier { name: Box<str>, index: u8 },
+}
+
+impl OwnedTarget {
+    pub(crate) fn new(target: &LeaseTarget<'_>) -> OwnedTarget {
+        match *target {
+            LeaseTarget::Inline { index, limit } => OwnedTarget::Inline { index, limit },
+            LeaseTarget::Tier { name, index } => OwnedTarget::Tier {
+                name: name.into(),
+                index,
+            },
+        }
+    }
+
+    fn borrow(&self) -> LeaseTarget<'_> {
+        match self {
+            OwnedTarget::Inline { index, limit } => LeaseTarget::Inline {
+                index: *index,
+                limit: *limit,
+            },
+            OwnedTarget::Tier { name, index } => LeaseTarget::Tier {
+                name,
+                index: *index,
+            },
+        }
+    }
+}
+
+impl Call {
+    /// Appends this call as one request message.
+    fn encode(&self, w: &mut FrameWriter, buf: &mut BytesMut, request_id: u32) {
+        let request = match self {
+            Call::Ping => Request::Ping,
+            Call::Throttle {
+                key,
+                policy,
+                cost,
+                peek,
+            } => {
+                let t = Throttle {
+                    key,
+                    policy: *policy,
+                    cost: *cost,
+                };
+                if *peek {
+                    Request::Peek(t)
+                } else {
+                    Request::Throttle(t)
+                }
+            }
+            Call::Decide {
+                mode,
+                key,
+                limits,
+                cost,
+            } => Request::Decide(Decide {
+                mode: *mode,
+                key,
+                limits: limits.borrow(),
+                cost: *cost,
+            }),
+            Call::Lease {
+                renew,
+                key,
+                target,
+                lease_id,
+            } => {
+                let op = LeaseOp {
+                    key,
+                    target: target.borrow(),
+                    lease_id: *lease_id,
+                };
+                if *renew {
+                    Request::Renew(op)
+                } else {
+                    Request::Release(op)
+                }
+            }
+            Call::Reload => Request::Reload,
+            Call::Stats { shard_first } => Request::Stats(Stats {
+                shard_first: *shard_first,
+            }),
+        };
+        request.encode(w, buf, request_id);
+    }
 }
 
 /// A call on its way to the writer.
@@ -180,27 +318,7 @@ async fn write_loop(
                 // Id 0 is reserved for connection-level errors.
                 next_id = next_id.wrapping_add(1).max(1);
                 let request_id = next_id;
-                match &q.call {
-                    Call::Ping => Request::Ping.encode(&mut w, &mut buf, request_id),
-                    Call::Throttle {
-                        key,
-                        policy,
-                        cost,
-                        peek,
-                    } => {
-                        let t = Throttle {
-                            key,
-                            policy: *policy,
-                            cost: *cost,
-                        };
-                        let r = if *peek {
-                            Request::Peek(t)
-                        } else {
-                            Request::Throttle(t)
-                        };
-                        r.encode(&mut w, &mut buf, request_id);
-                    }
-                }
+                q.call.encode(&mut w, &mut buf, request_id);
                 pending.insert(request_id, q.reply);
             }
         }

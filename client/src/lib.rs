@@ -15,12 +15,24 @@
 //! - [`client`]: `Client`, its configuration and calls.
 //! - [`connection`]: one multiplexed connection (handshake, writer, reader).
 //! - [`error`]: errors that say what to do next.
+//! - [`report`]: what the `sluice` command line prints for each reply.
+//!
+//! Besides THROTTLE and PEEK (one token bucket), the client speaks DECIDE:
+//! one key, 1..=8 limits of any kind ([`Limit`], inline through
+//! [`inline_limits`] or a server tier by name, both a [`Limits`]), decided
+//! as one atomic step in a [`Mode`] ([`Client::spend`], [`Client::probe`],
+//! [`Client::refund`], [`Client::reset`]); RELEASE and RENEW of the leases
+//! a concurrency limit hands out ([`LeaseTarget`]); and RELOAD and STATS.
 
 pub mod bench;
 pub mod client;
 pub mod connection;
 pub mod error;
+pub mod report;
 
-pub use client::{Client, ClientConfig};
+pub use client::{inline_limits, Client, ClientConfig};
 pub use error::{Action, Error};
-pub use sluice_protocol::{Policy, Verdict};
+pub use sluice_protocol::message::{
+    DecideOk, LeaseOk, LeaseTarget, LimitSet, LimitVerdict, Limits, Mode, ShardStats, StatsOk,
+};
+pub use sluice_protocol::{Concurrency, Kind, Limit, Policy, Status, Verdict, Window};

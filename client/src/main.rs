@@ -1,15 +1,21 @@
-//! `sluice`, the command-line tool: ping a node, spend or peek at a bucket.
+//! `sluice`, the command-line tool: ping a node; spend, peek at, refund or
+//! reset a key's limits (one token bucket with `--rate`, any composite with
+//! `--limit SPEC...`, or a server tier with `--tier NAME`); acquire, release
+//! and renew concurrency leases; reload the node's tiers; show its stats.
 //!
-//! Exit codes: 0 allowed (or ping answered), 1 denied, 2 error.
+//! Exit codes: 0 allowed (or the command succeeded), 1 denied (throttle,
+//! peek, acquire), 2 error (including usage errors).
 
 use std::process::ExitCode;
 use std::time::Duration;
 
-use clap::{Args, Parser, Subcommand};
+use clap::{ArgGroup, Args, Parser, Subcommand};
 use sluice_client::bench::{BenchConfig, Target};
-use sluice_client::{Client, ClientConfig, Error};
+use sluice_client::report::{self, verdict_json};
+use sluice_client::{inline_limits, Client, ClientConfig, Error};
+use sluice_protocol::message::{DecideOk, LeaseTarget, Limits, Mode, LIMITS_MAX};
 use sluice_protocol::policy::Rate;
-use sluice_protocol::{Policy, Verdict};
+use sluice_protocol::{Kind, Limit, Policy};
 
 /// Talk to a Sluice node.
 #[derive(Debug, Parser)]
@@ -35,10 +41,28 @@ struct Cli {
 enum Command {
     /// Round trip to the node.
     Ping,
-    /// Spend units from a key's bucket and print the verdict.
+    /// Spend units from a key's bucket (--rate) or limits (--limit, --tier)
+    /// and print the verdict.
     Throttle(Decide),
     /// Ask what a throttle would answer, spending and creating nothing.
     Peek(Decide),
+    /// Give units back to a key's limits (leases are released by id).
+    Refund(Refund),
+    /// Clear a key's buckets for these limits, dropping every lease.
+    Reset(Reset),
+    /// Spend with a concurrency limit among the limits and print the lease
+    /// id(s) to release or renew later.
+    Acquire(Acquire),
+    /// Give a lease back before it expires.
+    Release(LeaseArgs),
+    /// Extend a lease by its limit's lease time, from now.
+    Renew(LeaseArgs),
+    /// Per-shard counters: buckets, bytes, allowed, denied, evicted,
+    /// refused, keys_max.
+    Stats(JsonArg),
+    /// Have the node re-read its configuration file's tiers (as SIGHUP
+    /// does) and print how many it now has.
+    Reload(JsonArg),
     /// Load generator: drive a Sluice node (or Redis + Lua) and print
     /// ops/s and latency percentiles.
     Bench(BenchArgs),
@@ -113,18 +137,117 @@ struct BenchArgs {
 }
 
 #[derive(Debug, Args)]
+#[command(group(ArgGroup::new("limits").required(true).args(["rate", "limit", "tier"])))]
 struct Decide {
     /// The routing key (client id).
     key: String,
-    /// Rate as COUNT/PERIOD: 10/s, 100/250ms, 5/10s, 1000/m, 1/h, 1/d.
+    /// Rate as COUNT/PERIOD: 10/s, 100/250ms, 5/10s, 1000/m, 1/h, 1/d (one
+    /// token bucket, with THROTTLE or PEEK).
     #[arg(long)]
-    rate: Rate,
+    rate: Option<Rate>,
     /// Most units at once; default: the rate's count.
-    #[arg(long)]
+    #[arg(long, conflicts_with_all = ["limit", "tier"])]
     burst: Option<u64>,
+    /// A limit; repeat it for a composite. SPEC is one of
+    /// token-bucket:10/s,burst=20  fixed-window:100/1m  sliding-log:100/1m
+    /// sliding-counter:100/1m  concurrency:10,lease=30s
+    #[arg(long, value_name = "SPEC")]
+    limit: Vec<Limit>,
+    /// A tier of the node's configuration, by name.
+    #[arg(long, value_name = "NAME")]
+    tier: Option<String>,
     /// Units to spend.
     #[arg(long, default_value_t = 1)]
     cost: u64,
+    /// Print exactly one JSON object.
+    #[arg(long)]
+    json: bool,
+}
+
+/// The limits of a DECIDE: inline (`--limit`, repeated) or a tier.
+#[derive(Debug, Args)]
+#[group(id = "limits", required = true, multiple = false)]
+struct LimitsArgs {
+    /// A limit; repeat it for a composite, in the same order every time
+    /// (the position names the bucket). SPEC is one of
+    /// token-bucket:10/s,burst=20  fixed-window:100/1m  sliding-log:100/1m
+    /// sliding-counter:100/1m  concurrency:10,lease=30s
+    #[arg(long, value_name = "SPEC")]
+    limit: Vec<Limit>,
+    /// A tier of the node's configuration, by name.
+    #[arg(long, value_name = "NAME")]
+    tier: Option<String>,
+}
+
+impl LimitsArgs {
+    fn get(&self) -> Result<Limits<'_>, Error> {
+        limits_of(&self.limit, &self.tier)
+    }
+}
+
+#[derive(Debug, Args)]
+struct Refund {
+    /// The routing key (client id).
+    key: String,
+    #[command(flatten)]
+    limits: LimitsArgs,
+    /// Units to give back to every limit (never above its limit).
+    #[arg(long)]
+    cost: u64,
+    /// Print exactly one JSON object.
+    #[arg(long)]
+    json: bool,
+}
+
+#[derive(Debug, Args)]
+struct Reset {
+    /// The routing key (client id).
+    key: String,
+    #[command(flatten)]
+    limits: LimitsArgs,
+    /// Print exactly one JSON object.
+    #[arg(long)]
+    json: bool,
+}
+
+#[derive(Debug, Args)]
+struct Acquire {
+    /// The routing key (client id).
+    key: String,
+    #[command(flatten)]
+    limits: LimitsArgs,
+    /// Slots to take (and units of every other limit to spend).
+    #[arg(long, default_value_t = 1)]
+    cost: u64,
+    /// Print exactly one JSON object.
+    #[arg(long)]
+    json: bool,
+}
+
+#[derive(Debug, Args)]
+struct LeaseArgs {
+    /// The routing key the lease was acquired under.
+    key: String,
+    /// The lease id, as acquire printed it.
+    #[arg(long, value_name = "ID")]
+    lease: u64,
+    /// The concurrency limit: either that one limit, or every limit of the
+    /// acquire, in order; or the acquire's tier.
+    #[command(flatten)]
+    limits: LimitsArgs,
+    /// The concurrency limit's position among the limits that acquired the
+    /// lease. Default with --limit: the position of the one concurrency
+    /// limit among the --limit flags (0 for a single one). Required with
+    /// --tier.
+    #[arg(long, required_unless_present = "limit")]
+    index: Option<u8>,
+    /// Print exactly one JSON object.
+    #[arg(long)]
+    json: bool,
+}
+
+#[derive(Debug, Args)]
+struct JsonArg {
     /// Print exactly one JSON object.
     #[arg(long)]
     json: bool,
@@ -173,6 +296,39 @@ async fn run(cli: Cli) -> Result<ExitCode, Error> {
         }
         Command::Throttle(d) => decide(&client, d, false).await,
         Command::Peek(d) => decide(&client, d, true).await,
+        Command::Refund(r) => {
+            let ok = client
+                .refund(r.key.as_bytes(), r.limits.get()?, r.cost)
+                .await?;
+            print_decide(&ok, r.json);
+            Ok(ExitCode::SUCCESS)
+        }
+        Command::Reset(r) => {
+            let ok = client.reset(r.key.as_bytes(), r.limits.get()?).await?;
+            print_decide(&ok, r.json);
+            Ok(ExitCode::SUCCESS)
+        }
+        Command::Acquire(a) => acquire(&client, a).await,
+        Command::Release(a) => lease(&client, a, false).await,
+        Command::Renew(a) => lease(&client, a, true).await,
+        Command::Stats(a) => {
+            let stats = client.stats().await?;
+            if a.json {
+                println!("{}", report::stats_json(&stats));
+            } else {
+                println!("{}", report::stats_text(&stats));
+            }
+            Ok(ExitCode::SUCCESS)
+        }
+        Command::Reload(a) => {
+            let tier_count = client.reload().await?;
+            if a.json {
+                println!("{}", serde_json::json!({ "tier_count": tier_count }));
+            } else {
+                println!("reloaded: {tier_count} tiers");
+            }
+            Ok(ExitCode::SUCCESS)
+        }
         Command::Bench(_) => unreachable!("handled above"),
     }
 }
@@ -219,9 +375,20 @@ async fn bench(addr: &str, auth_token: Option<String>, b: BenchArgs) -> Result<E
     Ok(ExitCode::SUCCESS)
 }
 
+/// THROTTLE or PEEK with `--rate`, exactly as before DECIDE existed;
+/// otherwise DECIDE in SPEND or PROBE mode.
 async fn decide(client: &Client, d: Decide, peek: bool) -> Result<ExitCode, Error> {
-    let burst = d.burst.unwrap_or(d.rate.count);
-    let policy = Policy::new(d.rate.count, d.rate.period_ns, burst)
+    let Some(rate) = d.rate else {
+        let limits = limits_of(&d.limit, &d.tier)?;
+        let mode = if peek { Mode::Probe } else { Mode::Spend };
+        let ok = client
+            .decide(d.key.as_bytes(), limits, mode, d.cost)
+            .await?;
+        print_decide(&ok, d.json);
+        return Ok(allowed_code(ok.allowed));
+    };
+    let burst = d.burst.unwrap_or(rate.count);
+    let policy = Policy::new(rate.count, rate.period_ns, burst)
         .map_err(|e| Error::Invalid(e.to_string()))?;
     let v = if peek {
         client.peek(d.key.as_bytes(), policy, d.cost).await?
@@ -231,34 +398,253 @@ async fn decide(client: &Client, d: Decide, peek: bool) -> Result<ExitCode, Erro
     if d.json {
         println!("{}", verdict_json(&v));
     } else {
-        println!(
-            "{} limit={} remaining={} retry_after={}ms reset_after={}ms",
-            if v.allowed { "allowed" } else { "denied" },
-            v.limit,
-            v.remaining,
-            ceil_ms(v.retry_after_ns),
-            ceil_ms(v.reset_after_ns)
-        );
+        println!("{}", report::verdict_line(&v));
     }
-    Ok(if v.allowed {
+    Ok(allowed_code(v.allowed))
+}
+
+/// A SPEND that must take a lease: with inline limits, one of them is a
+/// concurrency limit (a tier's limits are the node's to know).
+async fn acquire(client: &Client, a: Acquire) -> Result<ExitCode, Error> {
+    let limits = a.limits.get()?;
+    if let Limits::Inline(set) = &limits {
+        if !set.iter().any(|l| l.kind() == Kind::Concurrency) {
+            return Err(Error::Invalid(
+                "acquire takes a lease: add a --limit concurrency:N[,lease=PERIOD]".into(),
+            ));
+        }
+    }
+    if a.cost == 0 {
+        return Err(Error::Invalid("a cost of 0 acquires no lease".into()));
+    }
+    let ok = client.spend(a.key.as_bytes(), limits, a.cost).await?;
+    print_decide(&ok, a.json);
+    Ok(allowed_code(ok.allowed))
+}
+
+/// RELEASE (`renew == false`) or RENEW.
+async fn lease(client: &Client, a: LeaseArgs, renew: bool) -> Result<ExitCode, Error> {
+    let target = lease_target(&a.limits, a.index)?;
+    let key = a.key.as_bytes();
+    let ok = if renew {
+        client.renew(key, target, a.lease).await?
+    } else {
+        client.release(key, target, a.lease).await?
+    };
+    if a.json {
+        println!("{}", report::lease_json(&ok));
+    } else {
+        println!("{}", report::lease_text(&ok, renew));
+    }
+    Ok(ExitCode::SUCCESS)
+}
+
+/// The limits named by `--limit` flags or `--tier` (clap lets exactly one
+/// of them through).
+fn limits_of<'a>(limit: &[Limit], tier: &'a Option<String>) -> Result<Limits<'a>, Error> {
+    match tier {
+        Some(name) => Ok(Limits::Tier(name)),
+        None => inline_limits(limit),
+    }
+}
+
+/// The concurrency limit a RELEASE or RENEW names. `--tier` takes
+/// `--index` as is. A single `--limit` is that concurrency limit, at
+/// position `--index` (default 0) of the acquire; several are the
+/// acquire's limits, and `--index` (default: the one concurrency limit's
+/// position) picks one of them.
+fn lease_target(limits: &LimitsArgs, index: Option<u8>) -> Result<LeaseTarget<'_>, Error> {
+    if let Some(name) = &limits.tier {
+        let index = index.ok_or_else(|| Error::Invalid("--tier needs --index".into()))?;
+        return Ok(LeaseTarget::Tier { name, index });
+    }
+    let (position, at) = match (limits.limit.as_slice(), index) {
+        ([one], index) => (index.unwrap_or(0), *one),
+        (_, _) if limits.limit.len() > LIMITS_MAX => {
+            return Err(Error::Invalid(format!(
+                "at most {LIMITS_MAX} --limit flags"
+            )))
+        }
+        (all, Some(i)) => {
+            let limit = all.get(usize::from(i)).ok_or_else(|| {
+                Error::Invalid(format!(
+                    "--index {i} names none of the {} limits",
+                    all.len()
+                ))
+            })?;
+            (i, *limit)
+        }
+        (all, None) => {
+            let mut found = all
+                .iter()
+                .enumerate()
+                .filter(|(_, l)| l.kind() == Kind::Concurrency);
+            match (found.next(), found.next()) {
+                (Some((i, l)), None) => (i as u8, *l),
+                _ => {
+                    return Err(Error::Invalid(
+                        "name the concurrency limit's position with --index".into(),
+                    ))
+                }
+            }
+        }
+    };
+    match at {
+        Limit::Concurrency(limit) => Ok(LeaseTarget::Inline {
+            index: position,
+            limit,
+        }),
+        other => Err(Error::Invalid(format!(
+            "leases belong to concurrency limits, not to {} (limit {position})",
+            other.kind()
+        ))),
+    }
+}
+
+fn print_decide(ok: &DecideOk, json: bool) {
+    if json {
+        println!("{}", report::decide_json(ok));
+    } else {
+        println!("{}", report::decide_text(ok));
+    }
+}
+
+fn allowed_code(allowed: bool) -> ExitCode {
+    if allowed {
         ExitCode::SUCCESS
     } else {
         ExitCode::from(1)
-    })
+    }
 }
 
-/// The verdict as the one JSON object `--json` promises.
-fn verdict_json(v: &Verdict) -> serde_json::Value {
-    serde_json::json!({
-        "allowed": v.allowed,
-        "limit": v.limit,
-        "remaining": v.remaining,
-        "retry_after_ms": ceil_ms(v.retry_after_ns),
-        "reset_after_ms": ceil_ms(v.reset_after_ns),
-    })
-}
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use clap::CommandFactory;
 
-/// Milliseconds, rounded up so that waiting that long is always enough.
-fn ceil_ms(ns: u64) -> u64 {
-    ns.div_ceil(1_000_000)
+    fn parse(args: &[&str]) -> Result<Cli, clap::Error> {
+        Cli::try_parse_from(std::iter::once("sluice").chain(args.iter().copied()))
+    }
+
+    fn usage_error(args: &[&str]) -> clap::error::ErrorKind {
+        parse(args).expect_err("a usage error").kind()
+    }
+
+    #[test]
+    fn the_command_line_is_well_formed() {
+        Cli::command().debug_assert();
+    }
+
+    #[test]
+    fn throttle_takes_exactly_one_of_rate_limits_and_tier() {
+        use clap::error::ErrorKind;
+        assert!(parse(&["throttle", "k", "--rate", "5/s", "--burst", "2"]).is_ok());
+        assert!(parse(&["peek", "k", "--limit", "fixed-window:3/m"]).is_ok());
+        let composite = [
+            "throttle",
+            "k",
+            "--limit",
+            "token-bucket:5/s",
+            "--limit",
+            "concurrency:2",
+        ];
+        let Command::Throttle(d) = parse(&composite).unwrap().command else {
+            panic!("throttle");
+        };
+        assert_eq!(d.limit.len(), 2);
+        assert!(parse(&["throttle", "k", "--tier", "free", "--cost", "3"]).is_ok());
+        assert_eq!(
+            usage_error(&["throttle", "k"]),
+            ErrorKind::MissingRequiredArgument
+        );
+        for both in [
+            ["throttle", "k", "--rate", "5/s", "--tier", "free"],
+            ["throttle", "k", "--rate", "5/s", "--limit", "concurrency:1"],
+            ["peek", "k", "--tier", "free", "--limit", "concurrency:1"],
+        ] {
+            assert_eq!(usage_error(&both), ErrorKind::ArgumentConflict, "{both:?}");
+        }
+        // --burst belongs to --rate.
+        let burst = ["throttle", "k", "--limit", "concurrency:1", "--burst", "2"];
+        assert_eq!(usage_error(&burst), ErrorKind::ArgumentConflict);
+        let burst = ["throttle", "k", "--burst", "2"];
+        assert_eq!(usage_error(&burst), ErrorKind::MissingRequiredArgument);
+        let bad = ["throttle", "k", "--limit", "leaky-bucket:1/s"];
+        assert_eq!(usage_error(&bad), ErrorKind::ValueValidation);
+    }
+
+    #[test]
+    fn new_subcommands_parse() {
+        use clap::error::ErrorKind;
+        assert!(parse(&["refund", "k", "--tier", "free", "--cost", "2"]).is_ok());
+        assert_eq!(
+            usage_error(&["refund", "k", "--tier", "free"]),
+            ErrorKind::MissingRequiredArgument
+        );
+        assert!(parse(&["reset", "k", "--limit", "sliding-log:3/s"]).is_ok());
+        assert_eq!(
+            usage_error(&["reset", "k"]),
+            ErrorKind::MissingRequiredArgument
+        );
+        assert!(parse(&["acquire", "k", "--limit", "concurrency:1,lease=200ms"]).is_ok());
+        assert!(parse(&["release", "k", "--lease", "7", "--limit", "concurrency:1"]).is_ok());
+        assert!(parse(&["renew", "k", "--lease", "7", "--tier", "t", "--index", "1"]).is_ok());
+        assert_eq!(
+            usage_error(&["renew", "k", "--lease", "7", "--tier", "t"]),
+            ErrorKind::MissingRequiredArgument
+        );
+        assert_eq!(
+            usage_error(&["release", "k", "--limit", "concurrency:1"]),
+            ErrorKind::MissingRequiredArgument
+        );
+        assert!(parse(&["stats", "--json"]).is_ok());
+        assert!(parse(&["reload"]).is_ok());
+    }
+
+    fn target(args: &[&str]) -> Result<(u8, u64), String> {
+        let mut all = vec!["release", "k", "--lease", "1"];
+        all.extend_from_slice(args);
+        let Command::Release(a) = parse(&all).unwrap().command else {
+            panic!("release");
+        };
+        match lease_target(&a.limits, a.index) {
+            Ok(LeaseTarget::Inline { index, limit }) => Ok((index, limit.limit)),
+            Ok(other) => panic!("{other:?}"),
+            Err(e) => Err(e.to_string()),
+        }
+    }
+
+    #[test]
+    fn a_lease_names_its_concurrency_limit_by_position() {
+        let c = "concurrency:4,lease=1s";
+        assert_eq!(target(&["--limit", c]), Ok((0, 4)));
+        assert_eq!(target(&["--limit", c, "--index", "2"]), Ok((2, 4)));
+        // The acquire's limits again: the concurrency limit is found.
+        let tb = "token-bucket:5/s";
+        assert_eq!(target(&["--limit", tb, "--limit", c]), Ok((1, 4)));
+        assert_eq!(
+            target(&["--limit", c, "--limit", tb, "--index", "0"]),
+            Ok((0, 4))
+        );
+        let not = target(&["--limit", c, "--limit", tb, "--index", "1"]).unwrap_err();
+        assert!(not.contains("token-bucket"), "{not}");
+        assert!(target(&["--limit", tb]).is_err());
+        let two = target(&["--limit", c, "--limit", c]).unwrap_err();
+        assert!(two.contains("--index"), "{two}");
+        assert!(target(&["--limit", c, "--limit", tb, "--index", "2"]).is_err());
+        let Command::Renew(a) =
+            parse(&["renew", "k", "--lease", "3", "--tier", "t", "--index", "1"])
+                .unwrap()
+                .command
+        else {
+            panic!("renew");
+        };
+        assert_eq!(
+            lease_target(&a.limits, a.index).unwrap(),
+            LeaseTarget::Tier {
+                name: "t",
+                index: 1
+            }
+        );
+    }
 }

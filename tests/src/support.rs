@@ -1,11 +1,13 @@
 //! Real processes: build (once) and locate the workspace's binaries, start
 //! `sluiced` on port 0 and learn its port from its first stdout line (and,
-//! with `--resp-port`, its RESP address from the second).
+//! with `--resp-port`, its RESP address from the second); write the
+//! temporary config files `sluiced --config` reads; run the `sluice` CLI.
 
 use std::io::{BufRead, BufReader};
 use std::net::SocketAddr;
-use std::path::PathBuf;
-use std::process::{Child, Command, ExitStatus, Stdio};
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, ExitStatus, Output, Stdio};
+use std::sync::atomic::{AtomicU32, Ordering};
 use std::sync::OnceLock;
 use std::time::{Duration, Instant};
 
@@ -154,6 +156,16 @@ impl Sluiced {
         }
     }
 
+    /// Sends SIGHUP: the server re-reads its config file's tiers. Returns
+    /// at once; the reload happens soon after (poll for its effect).
+    pub fn hangup(&self) {
+        let ok = Command::new("kill")
+            .args(["-HUP", &self.child.id().to_string()])
+            .status()
+            .expect("kill runs");
+        assert!(ok.success());
+    }
+
     /// Whether the process is still running.
     pub fn is_running(&mut self) -> bool {
         self.child.try_wait().expect("wait").is_none()
@@ -165,4 +177,117 @@ impl Drop for Sluiced {
         let _ = self.child.kill();
         let _ = self.child.wait();
     }
+}
+
+/// A TOML config file for `sluiced --config` in a fresh directory of its
+/// own, removed when dropped.
+#[derive(Debug)]
+pub struct ConfigFile {
+    /// The directory, private to this file.
+    dir: PathBuf,
+    /// The file.
+    path: PathBuf,
+}
+
+impl ConfigFile {
+    /// Writes `toml` to a new file.
+    pub fn new(toml: &str) -> ConfigFile {
+        static NEXT: AtomicU32 = AtomicU32::new(0);
+        let dir = std::env::temp_dir().join(format!(
+            "sluice-test-{}-{}",
+            std::process::id(),
+            NEXT.fetch_add(1, Ordering::Relaxed)
+        ));
+        std::fs::create_dir_all(&dir).expect("create the config directory");
+        let file = ConfigFile {
+            path: dir.join("sluiced.toml"),
+            dir,
+        };
+        file.write(toml);
+        file
+    }
+
+    /// Replaces the file's contents in one step (write, then rename), so
+    /// that a reload never reads half a file.
+    pub fn write(&self, toml: &str) {
+        let tmp = self.dir.join("sluiced.toml.tmp");
+        std::fs::write(&tmp, toml).expect("write the config");
+        std::fs::rename(&tmp, &self.path).expect("replace the config");
+    }
+
+    /// The file's path.
+    pub fn path(&self) -> &Path {
+        &self.path
+    }
+
+    /// The file's path as `sluiced --config` takes it.
+    pub fn arg(&self) -> &str {
+        self.path.to_str().expect("a UTF-8 temporary path")
+    }
+}
+
+impl Drop for ConfigFile {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_dir_all(&self.dir);
+    }
+}
+
+/// The TOML of `tiers`: `[tiers.NAME] limits = ["SPEC", ...]` for each.
+pub fn tiers_toml(tiers: &[(&str, &[&str])]) -> String {
+    let mut toml = String::new();
+    for (name, specs) in tiers {
+        let quoted: Vec<String> = specs.iter().map(|s| format!("{s:?}")).collect();
+        toml.push_str(&format!(
+            "[tiers.{name}]\nlimits = [{}]\n",
+            quoted.join(", ")
+        ));
+    }
+    toml
+}
+
+/// Runs `sluice --addr ADDR ARGS...` and waits for it.
+pub fn sluice_cli(server: &Sluiced, args: &[&str]) -> Output {
+    Command::new(binary("sluice"))
+        .arg("--addr")
+        .arg(server.addr.to_string())
+        .args(args)
+        .output()
+        .expect("sluice runs")
+}
+
+/// The one JSON object `--json` printed on one line of `out`'s stdout.
+pub fn json_object(out: &Output) -> serde_json::Map<String, serde_json::Value> {
+    let text = String::from_utf8(out.stdout.clone()).expect("UTF-8 output");
+    assert_eq!(
+        text.lines().count(),
+        1,
+        "exactly one line: {text:?}, stderr {:?}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    match serde_json::from_str(&text) {
+        Ok(serde_json::Value::Object(map)) => map,
+        _ => panic!("not one JSON object: {text}"),
+    }
+}
+
+/// A client of `server` with deadlines generous enough for shared machines
+/// and debug builds; `shard_aware: false` makes the server forward.
+pub async fn client(server: &Sluiced, shard_aware: bool) -> sluice_client::Client {
+    let config = sluice_client::ClientConfig {
+        deadline: Duration::from_secs(20),
+        connect_timeout: Duration::from_secs(20),
+        shard_aware,
+        ..sluice_client::ClientConfig::default()
+    };
+    sluice_client::Client::connect_with(server.addr, config)
+        .await
+        .expect("connect")
+}
+
+/// Limits in the CLI's spec syntax (`token-bucket:5/s,burst=5`, ...).
+pub fn specs(specs: &[&str]) -> Vec<sluice_protocol::Limit> {
+    specs
+        .iter()
+        .map(|s| s.parse().unwrap_or_else(|e| panic!("{s}: {e}")))
+        .collect()
 }

@@ -88,7 +88,10 @@ pub(crate) async fn prepare(config: &BenchConfig) -> Result<Vec<super::Driver>, 
     let mut drivers = Vec::with_capacity(config.connections);
     for i in 0..config.connections {
         let keys = if config.sequential {
-            Keys::Sequential { next: next.clone(), n: config.keys }
+            Keys::Sequential {
+                next: next.clone(),
+                n: config.keys,
+            }
         } else {
             Keys::All(config.keys)
         };

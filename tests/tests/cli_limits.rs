@@ -1,0 +1,401 @@
+//! The `sluice` command line's limits against a real `sluiced`: `--limit`
+//! and `--tier` on throttle and peek (DECIDE), every kind end to end,
+//! refund, reset, acquire, release, renew, reload and stats; human and
+//! `--json` output and exit codes.
+
+use std::process::Output;
+
+use serde_json::Value;
+use sluice_tests::support::{json_object, sluice_cli, tiers_toml, ConfigFile, Sluiced};
+
+const KINDS: [(&str, &str); 5] = [
+    ("token-bucket", "token-bucket:10/s,burst=20"),
+    ("fixed-window", "fixed-window:100/1h"),
+    ("sliding-log", "sliding-log:100/1h"),
+    ("sliding-counter", "sliding-counter:100/1h"),
+    ("concurrency", "concurrency:10,lease=30s"),
+];
+
+/// `args` with `--limit SPEC` added for each spec.
+fn with_limits<'a>(args: &[&'a str], specs: &[&'a str]) -> Vec<&'a str> {
+    let mut all = args.to_vec();
+    for spec in specs {
+        all.extend(["--limit", spec]);
+    }
+    all
+}
+
+fn stdout(out: &Output) -> String {
+    String::from_utf8(out.stdout.clone()).unwrap()
+}
+
+fn stderr(out: &Output) -> String {
+    String::from_utf8(out.stderr.clone()).unwrap()
+}
+
+fn sorted_keys(v: &Value) -> Vec<&str> {
+    let mut keys: Vec<&str> = v.as_object().unwrap().keys().map(String::as_str).collect();
+    keys.sort_unstable();
+    keys
+}
+
+/// The `remaining` of every verdict.
+fn remaining(v: &serde_json::Map<String, Value>) -> Vec<u64> {
+    v["verdicts"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|v| v["remaining"].as_u64().unwrap())
+        .collect()
+}
+
+#[test]
+fn every_kind_works_end_to_end_with_json() {
+    let server = Sluiced::start(&["--shards", "2"]);
+    let specs: Vec<&str> = KINDS.iter().map(|(_, s)| *s).collect();
+    let out = sluice_cli(
+        &server,
+        &with_limits(&["throttle", "all", "--json"], &specs),
+    );
+    assert_eq!(out.status.code(), Some(0), "{}", stderr(&out));
+    let v = json_object(&out);
+    assert_eq!(
+        sorted_keys(&Value::Object(v.clone())),
+        [
+            "allowed",
+            "denied_index",
+            "limit",
+            "remaining",
+            "reset_after_ms",
+            "retry_after_ms",
+            "verdicts"
+        ]
+    );
+    assert_eq!(
+        (v["allowed"].as_bool(), &v["denied_index"]),
+        (Some(true), &Value::Null)
+    );
+    // The summary is the limit with the least remaining: 9 of 10 slots.
+    assert_eq!(
+        (v["limit"].as_u64(), v["remaining"].as_u64()),
+        (Some(10), Some(9))
+    );
+    let verdicts = v["verdicts"].as_array().unwrap();
+    let kinds: Vec<&str> = verdicts
+        .iter()
+        .map(|v| v["kind"].as_str().unwrap())
+        .collect();
+    let names: Vec<&str> = KINDS.iter().map(|(k, _)| *k).collect();
+    assert_eq!(kinds, names);
+    for v in verdicts {
+        assert_eq!(
+            sorted_keys(v),
+            [
+                "allowed",
+                "kind",
+                "lease_id",
+                "limit",
+                "remaining",
+                "reset_after_ms",
+                "retry_after_ms"
+            ]
+        );
+        assert_eq!(v["allowed"], true);
+        assert_eq!(v["lease_id"].is_u64(), v["kind"] == "concurrency", "{v}");
+    }
+    assert_eq!(remaining(&v), [19, 99, 99, 99, 9]);
+    // PROBE spends nothing and takes no lease: what is left after the
+    // throttle's unit and this probe's (twice, to show nothing was spent).
+    for _ in 0..2 {
+        let out = sluice_cli(&server, &with_limits(&["peek", "all", "--json"], &specs));
+        assert_eq!(out.status.code(), Some(0));
+        let v = json_object(&out);
+        assert_eq!(remaining(&v)[1..], [98, 98, 98, 8]);
+        assert!(v["verdicts"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .all(|v| v["lease_id"].is_null()));
+    }
+    // Each kind alone.
+    for (name, spec) in KINDS {
+        let key = format!("alone-{name}");
+        let out = sluice_cli(&server, &["throttle", &key, "--limit", spec, "--json"]);
+        assert_eq!(out.status.code(), Some(0), "{spec}: {}", stderr(&out));
+        let v = json_object(&out);
+        assert_eq!(v["verdicts"][0]["kind"], name);
+        assert_eq!(v["verdicts"].as_array().unwrap().len(), 1);
+    }
+}
+
+#[test]
+fn human_output_has_a_summary_and_a_line_per_limit() {
+    let server = Sluiced::start(&[]);
+    let args = with_limits(
+        &["throttle", "h"],
+        &["token-bucket:5/s,burst=5", "concurrency:2,lease=30s"],
+    );
+    let out = sluice_cli(&server, &args);
+    assert_eq!(out.status.code(), Some(0));
+    let text = stdout(&out);
+    let lines: Vec<&str> = text.lines().collect();
+    assert_eq!(lines.len(), 3, "{text}");
+    assert!(
+        lines[0].starts_with("allowed limit=2 remaining=1 retry_after=0ms reset_after="),
+        "{text}"
+    );
+    assert!(
+        lines[1].starts_with(
+            "  [0] token-bucket allowed limit=5 remaining=4 retry_after=0ms reset_after="
+        ),
+        "{text}"
+    );
+    assert!(!lines[1].contains("lease="));
+    assert!(
+        lines[2].starts_with(
+            "  [1] concurrency allowed limit=2 remaining=1 retry_after=0ms reset_after="
+        ),
+        "{text}"
+    );
+    assert!(lines[2].contains(" lease="), "{text}");
+}
+
+#[test]
+fn a_denial_exits_1_and_names_the_denying_limit() {
+    let server = Sluiced::start(&[]);
+    let specs = [
+        "token-bucket:1/h,burst=5",
+        "sliding-log:1/h",
+        "concurrency:3",
+    ];
+    let args = with_limits(&["throttle", "d", "--json"], &specs);
+    assert_eq!(sluice_cli(&server, &args).status.code(), Some(0));
+    let out = sluice_cli(&server, &args);
+    assert_eq!(out.status.code(), Some(1), "denied exits 1");
+    let v = json_object(&out);
+    assert_eq!(
+        (v["allowed"].as_bool(), v["denied_index"].as_u64()),
+        (Some(false), Some(1))
+    );
+    let verdicts = v["verdicts"].as_array().unwrap();
+    let longest = verdicts
+        .iter()
+        .map(|v| v["retry_after_ms"].as_u64().unwrap())
+        .max();
+    assert_eq!(v["retry_after_ms"].as_u64(), longest);
+    assert!(longest.unwrap() > 3_500_000, "an hour's log: {v:?}");
+    assert_eq!(
+        (v["limit"].as_u64(), v["remaining"].as_u64()),
+        (Some(1), Some(0)),
+        "the summary is the denying limit"
+    );
+    assert_eq!(
+        verdicts[2]["lease_id"],
+        Value::Null,
+        "a denial takes no lease"
+    );
+    let text = stdout(&sluice_cli(&server, &with_limits(&["peek", "d"], &specs)));
+    assert!(
+        text.starts_with("denied limit=1 remaining=0 retry_after="),
+        "{text}"
+    );
+    assert!(text
+        .lines()
+        .nth(2)
+        .unwrap()
+        .starts_with("  [1] sliding-log denied "));
+}
+
+#[test]
+fn refund_and_reset_give_units_back() {
+    let server = Sluiced::start(&["--shards", "3"]);
+    let specs = ["token-bucket:1/h,burst=3", "fixed-window:5/h"];
+    let spend = |cost: &'static str| {
+        let args = with_limits(&["throttle", "r", "--cost", cost, "--json"], &specs);
+        sluice_cli(&server, &args)
+    };
+    let out = spend("3");
+    assert_eq!(out.status.code(), Some(0));
+    assert_eq!(remaining(&json_object(&out)), [0, 2]);
+    let out = spend("1");
+    assert_eq!(out.status.code(), Some(1));
+    assert_eq!(json_object(&out)["denied_index"], 0);
+    let out = sluice_cli(
+        &server,
+        &with_limits(&["refund", "r", "--cost", "2", "--json"], &specs),
+    );
+    assert_eq!(out.status.code(), Some(0), "{}", stderr(&out));
+    assert_eq!(remaining(&json_object(&out)), [2, 4]);
+    // Never above the limit.
+    let out = sluice_cli(
+        &server,
+        &with_limits(&["refund", "r", "--cost", "100", "--json"], &specs),
+    );
+    assert_eq!(remaining(&json_object(&out)), [3, 5]);
+    assert_eq!(spend("3").status.code(), Some(0));
+    let out = sluice_cli(&server, &with_limits(&["reset", "r"], &specs));
+    assert_eq!(out.status.code(), Some(0), "{}", stderr(&out));
+    let text = stdout(&out);
+    assert!(text.starts_with("allowed limit=3 remaining=3 "), "{text}");
+    assert_eq!(text.lines().count(), 3);
+    // --rate (THROTTLE) and a first --limit token bucket share a bucket.
+    let throttle = [
+        "throttle", "s", "--rate", "1/h", "--burst", "3", "--cost", "2",
+    ];
+    assert_eq!(sluice_cli(&server, &throttle).status.code(), Some(0));
+    let tb = "token-bucket:1/h,burst=3";
+    let out = sluice_cli(
+        &server,
+        &["peek", "s", "--limit", tb, "--cost", "0", "--json"],
+    );
+    assert_eq!(json_object(&out)["remaining"], 1);
+    assert_eq!(
+        sluice_cli(&server, &["reset", "s", "--limit", tb])
+            .status
+            .code(),
+        Some(0)
+    );
+    let out = sluice_cli(
+        &server,
+        &["peek", "s", "--rate", "1/h", "--burst", "3", "--json"],
+    );
+    assert_eq!(json_object(&out)["remaining"], 2);
+    // Usage: refund needs a cost; a reset needs limits.
+    let out = sluice_cli(&server, &with_limits(&["refund", "r"], &specs));
+    assert_eq!(out.status.code(), Some(2));
+    assert_eq!(sluice_cli(&server, &["reset", "r"]).status.code(), Some(2));
+}
+
+#[test]
+fn acquire_release_and_renew_through_the_cli() {
+    let server = Sluiced::start(&["--shards", "2"]);
+    let c = "concurrency:1,lease=30s";
+    let out = sluice_cli(&server, &["acquire", "w", "--limit", c, "--json"]);
+    assert_eq!(out.status.code(), Some(0), "{}", stderr(&out));
+    let lease = json_object(&out)["verdicts"][0]["lease_id"]
+        .as_u64()
+        .unwrap();
+    let id = lease.to_string();
+    assert_eq!(
+        sluice_cli(&server, &["acquire", "w", "--limit", c])
+            .status
+            .code(),
+        Some(1)
+    );
+    let out = sluice_cli(
+        &server,
+        &["renew", "w", "--lease", &id, "--limit", c, "--json"],
+    );
+    assert_eq!(out.status.code(), Some(0), "{}", stderr(&out));
+    let v = json_object(&out);
+    assert_eq!(v["lease_id"].as_u64(), Some(lease));
+    let expires = v["expires_after_ms"].as_u64().unwrap();
+    assert!((29_000..=30_000).contains(&expires), "{expires}");
+    let out = sluice_cli(&server, &["release", "w", "--lease", &id, "--limit", c]);
+    assert_eq!(out.status.code(), Some(0));
+    assert!(stdout(&out).starts_with(&format!("released lease={lease} limit=1 remaining=1 ")));
+    let out = sluice_cli(&server, &["release", "w", "--lease", &id, "--limit", c]);
+    assert_eq!(out.status.code(), Some(2), "released twice");
+    assert!(stderr(&out).contains("lease not found"), "{}", stderr(&out));
+    // In a composite, the lease belongs to the concurrency limit's position.
+    let specs = ["token-bucket:5/s", "concurrency:2,lease=30s"];
+    let out = sluice_cli(&server, &with_limits(&["acquire", "x"], &specs));
+    let text = stdout(&out);
+    let line = text
+        .lines()
+        .find(|l| l.starts_with("  [1] concurrency allowed"))
+        .unwrap();
+    let id = line.rsplit_once(" lease=").unwrap().1.to_owned();
+    let out = sluice_cli(
+        &server,
+        &with_limits(&["renew", "x", "--lease", &id], &specs),
+    );
+    assert_eq!(
+        out.status.code(),
+        Some(0),
+        "the position is found: {}",
+        stderr(&out)
+    );
+    let wrong = ["release", "x", "--lease", &id, "--limit", specs[1]];
+    assert_eq!(
+        sluice_cli(&server, &wrong).status.code(),
+        Some(2),
+        "position 0 holds nothing"
+    );
+    let right = [
+        "release", "x", "--lease", &id, "--limit", specs[1], "--index", "1",
+    ];
+    assert_eq!(sluice_cli(&server, &right).status.code(), Some(0));
+    // Acquire needs a concurrency limit.
+    let out = sluice_cli(&server, &["acquire", "y", "--limit", "token-bucket:5/s"]);
+    assert_eq!(out.status.code(), Some(2));
+    assert!(stderr(&out).contains("concurrency"), "{}", stderr(&out));
+}
+
+#[test]
+fn tiers_reload_and_usage_errors() {
+    let free: &[&str] = &["token-bucket:2/h,burst=2", "concurrency:1,lease=30s"];
+    let config = ConfigFile::new(&tiers_toml(&[("free", free)]));
+    let server = Sluiced::start(&["--config", config.arg()]);
+    let out = sluice_cli(&server, &["throttle", "t", "--tier", "free", "--json"]);
+    assert_eq!(out.status.code(), Some(0), "{}", stderr(&out));
+    let v = json_object(&out);
+    assert_eq!(v["verdicts"][0]["kind"], "token-bucket");
+    let lease = v["verdicts"][1]["lease_id"].as_u64().unwrap().to_string();
+    assert_eq!(
+        sluice_cli(&server, &["acquire", "t", "--tier", "free"])
+            .status
+            .code(),
+        Some(1)
+    );
+    let release = [
+        "release", "t", "--lease", &lease, "--tier", "free", "--index", "1",
+    ];
+    assert_eq!(sluice_cli(&server, &release).status.code(), Some(0));
+    let out = sluice_cli(&server, &["peek", "t", "--tier", "nope"]);
+    assert_eq!(out.status.code(), Some(2));
+    assert!(stderr(&out).contains("unknown tier"), "{}", stderr(&out));
+    config.write(&tiers_toml(&[
+        ("free", free),
+        ("paid", &["fixed-window:10/h"]),
+    ]));
+    let out = sluice_cli(&server, &["reload"]);
+    assert_eq!(
+        (out.status.code(), stdout(&out).as_str()),
+        (Some(0), "reloaded: 2 tiers\n")
+    );
+    let out = sluice_cli(&server, &["reload", "--json"]);
+    assert_eq!(json_object(&out)["tier_count"], 2);
+    config.write("[tiers.paid]\nlimits = [\"fixed-window:0/h\"]\n");
+    let out = sluice_cli(&server, &["reload"]);
+    assert_eq!(out.status.code(), Some(2));
+    assert!(stderr(&out).contains("config invalid"), "{}", stderr(&out));
+    assert_eq!(
+        sluice_cli(&server, &["throttle", "t", "--tier", "paid"])
+            .status
+            .code(),
+        Some(0)
+    );
+    // Exactly one of --rate, --limit, --tier.
+    for args in [
+        &["throttle", "u"][..],
+        &["throttle", "u", "--rate", "1/s", "--tier", "free"],
+        &["peek", "u", "--rate", "1/s", "--limit", "concurrency:1"],
+        &[
+            "throttle",
+            "u",
+            "--tier",
+            "free",
+            "--limit",
+            "concurrency:1",
+        ],
+        &["throttle", "u", "--limit", "leaky-bucket:1/s"],
+        &["throttle", "u", "--limit", "concurrency:1", "--burst", "2"],
+        &["release", "u", "--lease", "1", "--tier", "free"],
+    ] {
+        let out = sluice_cli(&server, args);
+        assert_eq!(out.status.code(), Some(2), "{args:?}");
+        assert!(stdout(&out).is_empty(), "{args:?}");
+        assert!(!stderr(&out).is_empty(), "{args:?}");
+    }
+}
