@@ -178,6 +178,9 @@ pub struct Table {
     keys_max: usize,
     /// The next lease id this shard hands out (ids are unique per shard).
     next_lease_id: u64,
+    /// Heap bytes owned by the logs and lease lists, kept up to date as
+    /// they are stored and dropped (so reading it is O(1)).
+    heap_bytes: usize,
     /// Decisions, evictions and refusals so far.
     pub counters_total: Counters,
 }
@@ -224,8 +227,6 @@ impl Table {
 
     /// Bytes the tables occupy (slot arrays, and the heap of logs and leases).
     pub fn memory_bytes(&self) -> usize {
-        let logs: usize = self.logs.values().map(|(l, _)| l.heap_bytes()).sum();
-        let leases: usize = self.leases.values().map(ConcurrencyState::heap_bytes).sum();
         let entry = |n: usize, size: usize| n * (size + 1);
         self.buckets.memory_bytes()
             + self.fixed.memory_bytes()
@@ -238,8 +239,7 @@ impl Table {
                 self.leases.capacity(),
                 std::mem::size_of::<(u128, ConcurrencyState)>(),
             )
-            + logs
-            + leases
+            + self.heap_bytes
     }
 
     /// Starts loading `key`'s token-bucket slot into cache.
@@ -383,16 +383,51 @@ impl Table {
         self.buckets.sweep(now_ns);
         self.fixed.sweep(now_ns);
         self.counters.sweep(now_ns);
+        let heap = &mut self.heap_bytes;
         self.logs.retain(|_, (log, window_ns)| {
-            !log.is_full(
-                &Window {
-                    limit: u64::MAX,
-                    window_ns: (*window_ns).max(1),
-                },
-                now_ns,
-            )
+            let window = Window {
+                limit: u64::MAX,
+                window_ns: (*window_ns).max(1),
+            };
+            let keep = !log.is_full(&window, now_ns);
+            if !keep {
+                *heap -= log.heap_bytes();
+            }
+            keep
         });
-        self.leases.retain(|_, l| !l.is_full(now_ns));
+        self.leases.retain(|_, l| {
+            let keep = !l.is_full(now_ns);
+            if !keep {
+                *heap -= l.heap_bytes();
+            }
+            keep
+        });
+    }
+
+    fn take_log(&mut self, bucket: u128) -> Option<SlidingLogState> {
+        let (log, _) = self.logs.remove(&bucket)?;
+        self.heap_bytes -= log.heap_bytes();
+        Some(log)
+    }
+
+    fn put_log(&mut self, bucket: u128, log: Option<(SlidingLogState, u64)>) {
+        if let Some((l, w)) = log {
+            self.heap_bytes += l.heap_bytes();
+            self.logs.insert(bucket, (l, w));
+        }
+    }
+
+    fn take_leases(&mut self, bucket: u128) -> Option<ConcurrencyState> {
+        let leases = self.leases.remove(&bucket)?;
+        self.heap_bytes -= leases.heap_bytes();
+        Some(leases)
+    }
+
+    fn put_leases(&mut self, bucket: u128, leases: Option<ConcurrencyState>) {
+        if let Some(l) = leases {
+            self.heap_bytes += l.heap_bytes();
+            self.leases.insert(bucket, l);
+        }
     }
 
     /// Whether `r` has a stored bucket.
@@ -467,19 +502,19 @@ impl Table {
                 d.verdict
             }
             Limit::SlidingLog(w) => {
-                let old = self.logs.remove(&r.bucket).map(|(l, _)| l);
+                let old = self.take_log(r.bucket);
                 let d = sliding_log::throttle(old, w, cost, now_ns);
-                store_heap(&mut self.logs, r.bucket, d.state.map(|l| (l, w.window_ns)));
+                self.put_log(r.bucket, d.state.map(|l| (l, w.window_ns)));
                 d.verdict
             }
             Limit::Concurrency(c) => {
                 let id = self.next_lease_id.wrapping_add(1).max(1);
-                let d = concurrency::acquire(self.leases.remove(&r.bucket), c, cost, id, now_ns);
+                let d = concurrency::acquire(self.take_leases(r.bucket), c, cost, id, now_ns);
                 if d.verdict.allowed && cost > 0 {
                     self.next_lease_id = id;
                     lease_id = id;
                 }
-                store_heap(&mut self.leases, r.bucket, d.state);
+                self.put_leases(r.bucket, d.state);
                 d.verdict
             }
         };
@@ -527,9 +562,9 @@ impl Table {
                 d.verdict
             }
             Limit::SlidingLog(w) => {
-                let old = self.logs.remove(&r.bucket).map(|(l, _)| l);
+                let old = self.take_log(r.bucket);
                 let d = sliding_log::refund(old, w, units, now_ns);
-                store_heap(&mut self.logs, r.bucket, d.state.map(|l| (l, w.window_ns)));
+                self.put_log(r.bucket, d.state.map(|l| (l, w.window_ns)));
                 d.verdict
             }
             // Leases are given back by RELEASE, not by refund.
@@ -542,8 +577,8 @@ impl Table {
             Limit::TokenBucket(_) => drop(self.buckets.remove(r.bucket)),
             Limit::FixedWindow(_) => drop(self.fixed.remove(r.bucket)),
             Limit::SlidingCounter(_) => drop(self.counters.remove(r.bucket)),
-            Limit::SlidingLog(_) => drop(self.logs.remove(&r.bucket)),
-            Limit::Concurrency(_) => drop(self.leases.remove(&r.bucket)),
+            Limit::SlidingLog(_) => drop(self.take_log(r.bucket)),
+            Limit::Concurrency(_) => drop(self.take_leases(r.bucket)),
         }
     }
 
@@ -625,7 +660,7 @@ impl Table {
         lease_id: u64,
         now_ns: u64,
     ) -> Result<LimitVerdict, Status> {
-        let d = concurrency::release(self.leases.remove(&bucket), limit, lease_id, now_ns);
+        let d = concurrency::release(self.take_leases(bucket), limit, lease_id, now_ns);
         self.lease_result(bucket, d, lease_id)
     }
 
@@ -637,7 +672,7 @@ impl Table {
         lease_id: u64,
         now_ns: u64,
     ) -> Result<LimitVerdict, Status> {
-        let d = concurrency::renew(self.leases.remove(&bucket), limit, lease_id, now_ns);
+        let d = concurrency::renew(self.take_leases(bucket), limit, lease_id, now_ns);
         self.lease_result(bucket, d, lease_id)
     }
 
@@ -648,7 +683,7 @@ impl Table {
         lease_id: u64,
     ) -> Result<LimitVerdict, Status> {
         let verdict = d.decision.verdict;
-        store_heap(&mut self.leases, bucket, d.decision.state);
+        self.put_leases(bucket, d.decision.state);
         d.outcome.map_err(|_| Status::LeaseNotFound)?;
         Ok(LimitVerdict {
             kind: Kind::Concurrency,
@@ -669,14 +704,6 @@ fn store_map<V: Record>(map: &mut BucketMap<V>, key: u128, value: Option<V>, now
         None => {
             map.remove(key);
         }
-    }
-}
-
-/// Stores (or drops) a state that was taken out of its map.
-#[inline]
-fn store_heap<V>(map: &mut HashMap<u128, V, FoldState>, key: u128, value: Option<V>) {
-    if let Some(v) = value {
-        map.insert(key, v);
     }
 }
 
@@ -867,5 +894,47 @@ mod tests {
             Err(Status::KeysFull)
         );
         assert!(t.is_empty());
+    }
+
+    #[test]
+    fn heap_bytes_are_kept_up_to_date() {
+        let mut t = Table::new();
+        let limits: Vec<Limit> = ["sliding-log:50/s", "concurrency:20,lease=1s"]
+            .iter()
+            .map(|s| s.parse().unwrap())
+            .collect();
+        let recount = |t: &Table| -> usize {
+            t.logs.values().map(|(l, _)| l.heap_bytes()).sum::<usize>()
+                + t.leases
+                    .values()
+                    .map(ConcurrencyState::heap_bytes)
+                    .sum::<usize>()
+        };
+        for k in 0..40u128 {
+            let r: Vec<LimitRef> = limits
+                .iter()
+                .enumerate()
+                .map(|(i, l)| LimitRef {
+                    bucket: k * 10 + i as u128,
+                    limit: *l,
+                })
+                .collect();
+            for step in 0..(k % 7 + 1) {
+                let now = S + step as u64 * 1_000_000;
+                let _ = t.decide_many(&r, Mode::Spend, 1, now);
+            }
+            if k % 5 == 0 {
+                t.decide_many(&r, Mode::Reset, 0, S).unwrap();
+            }
+            assert_eq!(t.heap_bytes, recount(&t));
+        }
+        assert!(t.heap_bytes > 0);
+        t.sweep(100 * S);
+        assert_eq!(t.heap_bytes, recount(&t));
+        assert_eq!(
+            (t.logs.len(), t.leases.len(), t.heap_bytes),
+            (0, 0, 0),
+            "everything expired and was swept"
+        );
     }
 }
