@@ -131,7 +131,8 @@ fn table(c: &mut Criterion) {
         let mut t = Table::new();
         let keys: Vec<u128> = (0..n).map(|i| key_hash(&i.to_le_bytes())).collect();
         for &k in &keys {
-            t.throttle(k, &policy, 1, T0).expect("no cap on a bench table");
+            t.throttle(k, &policy, 1, T0)
+                .expect("no cap on a bench table");
         }
         g.bench_function(label, |b| {
             let mut x = 0x9e37_79b9_7f4a_7c15u64;
