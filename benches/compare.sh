@@ -109,6 +109,13 @@ print(json.dumps({"name": name, "target": "redis-benchmark", "connections": conn
 PY
 }
 
+echo "== warm-up (not measured): every server grows its table over the keyspace first"
+for target_addr in "sluice $SADDR" "sluice $D_ADDR" "redis-lua -"; do
+  set -- $target_addr
+  "$SLUICE" --addr "${2/-/$SADDR}" bench --target "$1" --redis-addr "127.0.0.1:$RPORT" --connections 50 \
+    --pipeline 64 --keys 100000 --requests $(( 400000 / SCALE )) --duration-s 20 "${LIMIT[@]}" >/dev/null
+done
+
 echo "== same generator, same settings: Sluice (binary) vs Redis + Lua"
 for cp in "50 1" "50 16" "50 64" "1 1"; do
   set -- $cp

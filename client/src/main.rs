@@ -13,6 +13,7 @@ use clap::{ArgGroup, Args, Parser, Subcommand};
 use sluice_client::bench::{BenchConfig, Target};
 use sluice_client::report::{self, verdict_json};
 use sluice_client::{inline_limits, Client, ClientConfig, Error};
+use sluice_protocol::limit::{Concurrency, Window};
 use sluice_protocol::message::{DecideOk, LeaseTarget, Limits, Mode, LIMITS_MAX};
 use sluice_protocol::policy::Rate;
 use sluice_protocol::{Kind, Limit, Policy};
@@ -82,10 +83,18 @@ enum KeyOrder {
     Sequential,
 }
 
-#[derive(Debug, Clone, Copy, clap::ValueEnum)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
 enum LimitKind {
-    /// Token bucket (GCRA).
+    /// Token bucket (GCRA): --rate COUNT/PERIOD, --burst (THROTTLE).
     TokenBucket,
+    /// Fixed window: --rate LIMIT/WINDOW (DECIDE).
+    FixedWindow,
+    /// Sliding window log: --rate LIMIT/WINDOW (DECIDE).
+    SlidingLog,
+    /// Sliding window counter: --rate LIMIT/WINDOW (DECIDE).
+    SlidingCounter,
+    /// Concurrency: --rate SLOTS/LEASE, leases never released (DECIDE).
+    Concurrency,
 }
 
 #[derive(Debug, Args)]
@@ -338,7 +347,6 @@ async fn bench(addr: &str, auth_token: Option<String>, b: BenchArgs) -> Result<E
         BenchTarget::Sluice => (Target::Sluice, addr),
         BenchTarget::RedisLua => (Target::RedisLua, b.redis_addr.as_str()),
     };
-    let LimitKind::TokenBucket = b.kind;
     let addr = tokio::net::lookup_host(addr)
         .await
         .ok()
@@ -347,6 +355,18 @@ async fn bench(addr: &str, auth_token: Option<String>, b: BenchArgs) -> Result<E
     let burst = b.burst.unwrap_or(b.rate.count);
     let policy = Policy::new(b.rate.count, b.rate.period_ns, burst)
         .map_err(|e| Error::Invalid(e.to_string()))?;
+    let (count, period_ns) = (b.rate.count, b.rate.period_ns);
+    let limit = match b.kind {
+        LimitKind::TokenBucket => Limit::TokenBucket(policy),
+        LimitKind::FixedWindow => Limit::FixedWindow(Window { limit: count, window_ns: period_ns }),
+        LimitKind::SlidingLog => Limit::SlidingLog(Window { limit: count, window_ns: period_ns }),
+        LimitKind::SlidingCounter => Limit::SlidingCounter(Window { limit: count, window_ns: period_ns }),
+        LimitKind::Concurrency => Limit::Concurrency(Concurrency { limit: count, lease_ns: period_ns }),
+    };
+    limit.validate().map_err(|e| Error::Invalid(e.to_string()))?;
+    if target == Target::RedisLua && b.kind != LimitKind::TokenBucket {
+        return Err(Error::Invalid("--target redis-lua runs the token-bucket script only".into()));
+    }
     if !(b.duration_s > 0.0 && b.duration_s <= 3_600.0) {
         return Err(Error::Invalid("--duration-s must be in (0, 3600]".into()));
     }
@@ -359,6 +379,7 @@ async fn bench(addr: &str, auth_token: Option<String>, b: BenchArgs) -> Result<E
         requests: b.requests,
         duration: Duration::from_secs_f64(b.duration_s),
         policy,
+        limit,
         shard_aware: !b.no_shard_aware,
         sequential: b.key_order == KeyOrder::Sequential,
         auth_token,

@@ -21,6 +21,7 @@ use std::time::{Duration, Instant};
 
 use hdrhistogram::Histogram;
 use serde::Serialize;
+use sluice_protocol::limit::Limit;
 use sluice_protocol::Policy;
 
 use crate::error::Error;
@@ -59,8 +60,12 @@ pub struct BenchConfig {
     pub requests: u64,
     /// ... or after this long, whichever comes first.
     pub duration: Duration,
-    /// The limit every request spends one unit of.
+    /// The token-bucket limit every request spends one unit of (THROTTLE,
+    /// and the Redis script), when `limit` is a token bucket.
     pub policy: Policy,
+    /// The limit every request spends one unit of: a token bucket goes as
+    /// THROTTLE, every other kind as a one-limit DECIDE.
+    pub limit: Limit,
     /// Sluice only: send each key on a connection bound to its shard.
     pub shard_aware: bool,
     /// Keys in order `0, 1, 2, ...` instead of at random (each key exactly
@@ -231,7 +236,7 @@ pub async fn run(config: BenchConfig) -> Result<Report, Error> {
         connections: config.connections,
         pipeline: config.pipeline,
         keys: config.keys,
-        kind: "token-bucket",
+        kind: config.limit.kind().name(),
         requests,
         seconds,
         ops_per_s: requests as f64 / seconds,

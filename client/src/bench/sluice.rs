@@ -8,7 +8,8 @@ use std::time::Instant;
 
 use bytes::BytesMut;
 use sluice_protocol::codec::{FrameDecoder, FrameWriter};
-use sluice_protocol::message::{Reply, Request, Throttle};
+use sluice_protocol::limit::Limit;
+use sluice_protocol::message::{Decide, LimitSet, Limits, Mode, Reply, Request, Throttle};
 use sluice_protocol::routing::{key_hash, shard_of};
 use sluice_protocol::Policy;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
@@ -29,6 +30,8 @@ pub struct Driver {
     rng: Rng,
     pipeline: usize,
     policy: Policy,
+    /// Set for every kind but the token bucket: sent as a one-limit DECIDE.
+    limits: Option<LimitSet>,
 }
 
 /// Opens every connection (so that connecting is not timed) and splits the
@@ -72,6 +75,10 @@ pub(crate) async fn prepare(config: &BenchConfig) -> Result<Vec<super::Driver>, 
             rng: Rng::new(i as u64 + 1),
             pipeline: config.pipeline,
             policy: config.policy,
+            limits: match config.limit {
+                Limit::TokenBucket(_) => None,
+                other => LimitSet::new(&[other]),
+            },
         }));
     }
     Ok(drivers)
@@ -107,12 +114,12 @@ impl Driver {
             let mut w = FrameWriter::new();
             for i in 0..n {
                 let k = self.keys.pick(&mut self.rng);
-                let t = Throttle {
-                    key: format_key(&mut key, k),
-                    policy: self.policy,
-                    cost: 1,
+                let key = format_key(&mut key, k);
+                let request = match self.limits {
+                    None => Request::Throttle(Throttle { key, policy: self.policy, cost: 1 }),
+                    Some(set) => Request::Decide(Decide { mode: Mode::Spend, key, limits: Limits::Inline(set), cost: 1 }),
                 };
-                Request::Throttle(t).encode(&mut w, &mut wbuf, i as u32 + 1);
+                request.encode(&mut w, &mut wbuf, i as u32 + 1);
             }
             w.finish(&mut wbuf);
             let sent = Instant::now();
@@ -131,6 +138,8 @@ impl Driver {
                         match Reply::parse(h, p) {
                             Some(Reply::Throttle(v)) if v.allowed => tally.allowed += 1,
                             Some(Reply::Throttle(_)) => tally.denied += 1,
+                            Some(Reply::Decide(d)) if d.allowed => tally.allowed += 1,
+                            Some(Reply::Decide(_)) => tally.denied += 1,
                             _ => tally.errors += 1,
                         }
                         got += 1;
