@@ -358,14 +358,30 @@ async fn bench(addr: &str, auth_token: Option<String>, b: BenchArgs) -> Result<E
     let (count, period_ns) = (b.rate.count, b.rate.period_ns);
     let limit = match b.kind {
         LimitKind::TokenBucket => Limit::TokenBucket(policy),
-        LimitKind::FixedWindow => Limit::FixedWindow(Window { limit: count, window_ns: period_ns }),
-        LimitKind::SlidingLog => Limit::SlidingLog(Window { limit: count, window_ns: period_ns }),
-        LimitKind::SlidingCounter => Limit::SlidingCounter(Window { limit: count, window_ns: period_ns }),
-        LimitKind::Concurrency => Limit::Concurrency(Concurrency { limit: count, lease_ns: period_ns }),
+        LimitKind::FixedWindow => Limit::FixedWindow(Window {
+            limit: count,
+            window_ns: period_ns,
+        }),
+        LimitKind::SlidingLog => Limit::SlidingLog(Window {
+            limit: count,
+            window_ns: period_ns,
+        }),
+        LimitKind::SlidingCounter => Limit::SlidingCounter(Window {
+            limit: count,
+            window_ns: period_ns,
+        }),
+        LimitKind::Concurrency => Limit::Concurrency(Concurrency {
+            limit: count,
+            lease_ns: period_ns,
+        }),
     };
-    limit.validate().map_err(|e| Error::Invalid(e.to_string()))?;
+    limit
+        .validate()
+        .map_err(|e| Error::Invalid(e.to_string()))?;
     if target == Target::RedisLua && b.kind != LimitKind::TokenBucket {
-        return Err(Error::Invalid("--target redis-lua runs the token-bucket script only".into()));
+        return Err(Error::Invalid(
+            "--target redis-lua runs the token-bucket script only".into(),
+        ));
     }
     if !(b.duration_s > 0.0 && b.duration_s <= 3_600.0) {
         return Err(Error::Invalid("--duration-s must be in (0, 3600]".into()));

@@ -5,7 +5,15 @@ use sluice_tests::support::{binary, Sluiced};
 
 fn bench(server: &Sluiced, args: &[&str]) -> std::process::Output {
     std::process::Command::new(binary("sluice"))
-        .args(["--addr", &server.addr.to_string(), "bench", "--connections", "4", "--requests", "3000"])
+        .args([
+            "--addr",
+            &server.addr.to_string(),
+            "bench",
+            "--connections",
+            "4",
+            "--requests",
+            "3000",
+        ])
         .args(args)
         .output()
         .expect("sluice runs")
@@ -14,22 +22,56 @@ fn bench(server: &Sluiced, args: &[&str]) -> std::process::Output {
 #[test]
 fn every_kind_reports_one_json_object_with_percentiles() {
     let server = Sluiced::start(&["--shards", "2"]);
-    for kind in ["token-bucket", "fixed-window", "sliding-log", "sliding-counter", "concurrency"] {
-        let out = bench(&server, &["--pipeline", "16", "--keys", "500", "--kind", kind, "--rate", "5/s", "--json"]);
-        assert!(out.status.success(), "{kind}: {}", String::from_utf8_lossy(&out.stderr));
+    for kind in [
+        "token-bucket",
+        "fixed-window",
+        "sliding-log",
+        "sliding-counter",
+        "concurrency",
+    ] {
+        let out = bench(
+            &server,
+            &[
+                "--pipeline",
+                "16",
+                "--keys",
+                "500",
+                "--kind",
+                kind,
+                "--rate",
+                "5/s",
+                "--json",
+            ],
+        );
+        assert!(
+            out.status.success(),
+            "{kind}: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
         let text = String::from_utf8(out.stdout).unwrap();
         assert_eq!(text.lines().count(), 1, "{text}");
         let v: serde_json::Value = serde_json::from_str(&text).unwrap();
         assert_eq!(v["kind"], kind);
         assert_eq!(v["requests"], 3000);
         assert_eq!(v["errors"], 0, "{kind}: {text}");
-        let (allowed, denied) = (v["allowed"].as_u64().unwrap(), v["denied"].as_u64().unwrap());
+        let (allowed, denied) = (
+            v["allowed"].as_u64().unwrap(),
+            v["denied"].as_u64().unwrap(),
+        );
         assert_eq!(allowed + denied, 3000);
         // 500 keys x 5 units each is the most any kind admits here.
         assert!(allowed <= 2500 && allowed > 0, "{kind}: {allowed} admitted");
         let lat = &v["latency_us"];
-        let (p50, p99, p999, max) = (lat["p50"].as_f64().unwrap(), lat["p99"].as_f64().unwrap(), lat["p999"].as_f64().unwrap(), lat["max"].as_f64().unwrap());
-        assert!(0.0 < p50 && p50 <= p99 && p99 <= p999 && p999 <= max, "{lat}");
+        let (p50, p99, p999, max) = (
+            lat["p50"].as_f64().unwrap(),
+            lat["p99"].as_f64().unwrap(),
+            lat["p999"].as_f64().unwrap(),
+            lat["max"].as_f64().unwrap(),
+        );
+        assert!(
+            0.0 < p50 && p50 <= p99 && p99 <= p999 && p999 <= max,
+            "{lat}"
+        );
         assert!(v["ops_per_s"].as_f64().unwrap() > 0.0);
     }
 }
@@ -37,12 +79,34 @@ fn every_kind_reports_one_json_object_with_percentiles() {
 #[test]
 fn human_output_and_sequential_keys() {
     let server = Sluiced::start(&["--shards", "1"]);
-    let out = bench(&server, &["--keys", "3000", "--key-order", "sequential", "--rate", "1/h", "--burst", "1"]);
+    let out = bench(
+        &server,
+        &[
+            "--keys",
+            "3000",
+            "--key-order",
+            "sequential",
+            "--rate",
+            "1/h",
+            "--burst",
+            "1",
+        ],
+    );
     assert!(out.status.success());
     let text = String::from_utf8(out.stdout).unwrap();
     assert!(text.contains("ops/s") && text.contains("p99.9"), "{text}");
     // Every key exactly once, each with a burst of 1: all admitted.
-    assert!(text.contains("(allowed 3000, denied 0, errors 0)"), "{text}");
-    let out = bench(&server, &["--kind", "fixed-window", "--target", "redis-lua"]);
-    assert_eq!(out.status.code(), Some(2), "redis-lua runs the token-bucket script only");
+    assert!(
+        text.contains("(allowed 3000, denied 0, errors 0)"),
+        "{text}"
+    );
+    let out = bench(
+        &server,
+        &["--kind", "fixed-window", "--target", "redis-lua"],
+    );
+    assert_eq!(
+        out.status.code(),
+        Some(2),
+        "redis-lua runs the token-bucket script only"
+    );
 }

@@ -116,8 +116,17 @@ impl Driver {
                 let k = self.keys.pick(&mut self.rng);
                 let key = format_key(&mut key, k);
                 let request = match self.limits {
-                    None => Request::Throttle(Throttle { key, policy: self.policy, cost: 1 }),
-                    Some(set) => Request::Decide(Decide { mode: Mode::Spend, key, limits: Limits::Inline(set), cost: 1 }),
+                    None => Request::Throttle(Throttle {
+                        key,
+                        policy: self.policy,
+                        cost: 1,
+                    }),
+                    Some(set) => Request::Decide(Decide {
+                        mode: Mode::Spend,
+                        key,
+                        limits: Limits::Inline(set),
+                        cost: 1,
+                    }),
                 };
                 request.encode(&mut w, &mut wbuf, i as u32 + 1);
             }
