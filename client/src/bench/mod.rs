@@ -255,7 +255,7 @@ pub async fn run(config: BenchConfig) -> Result<Report, Error> {
 /// One connection's load loop, for either target.
 #[derive(Debug)]
 pub(crate) enum Driver {
-    Sluice(sluice::Driver),
+    Sluice(Box<sluice::Driver>),
     Redis(redis::Driver),
 }
 

@@ -68,7 +68,7 @@ pub(crate) async fn prepare(config: &BenchConfig) -> Result<Vec<super::Driver>, 
             None => (None, Keys::All(config.keys)),
         };
         let ((stream, rbuf), _) = connect(config, shard, token.as_bytes()).await?;
-        drivers.push(super::Driver::Sluice(Driver {
+        drivers.push(super::Driver::Sluice(Box::new(Driver {
             stream,
             rbuf,
             keys,
@@ -79,7 +79,7 @@ pub(crate) async fn prepare(config: &BenchConfig) -> Result<Vec<super::Driver>, 
                 Limit::TokenBucket(_) => None,
                 other => LimitSet::new(&[other]),
             },
-        }));
+        })));
     }
     Ok(drivers)
 }
