@@ -23,7 +23,7 @@ use sluice_protocol::limit::concurrency::{self, ConcurrencyState};
 use sluice_protocol::limit::fixed_window::{self, FixedWindowState};
 use sluice_protocol::limit::sliding_counter::{self, SlidingCounterState};
 use sluice_protocol::limit::sliding_log::{self, SlidingLogState};
-use sluice_protocol::limit::{Concurrency, Kind, Limit, Window};
+use sluice_protocol::limit::{Concurrency, Decision, Kind, Limit, Window};
 pub use sluice_protocol::message::{LimitVerdict, Mode};
 use sluice_protocol::{Policy, Status};
 
@@ -473,33 +473,13 @@ impl Table {
                 store_map(&mut self.buckets, r.bucket, d.bucket, now_ns);
                 d.verdict
             }
-            Limit::FixedWindow(w) => {
-                let d = fixed_window::throttle(
-                    self.fixed.get(r.bucket).map(|s| s.state),
-                    w,
-                    cost,
-                    now_ns,
-                );
-                let state = d.state.map(|state| Windowed {
-                    state,
-                    window_ns: w.window_ns,
-                });
-                store_map(&mut self.fixed, r.bucket, state, now_ns);
-                d.verdict
-            }
+            Limit::FixedWindow(w) => apply_window(&mut self.fixed, r.bucket, w, now_ns, |s| {
+                fixed_window::throttle(s, w, cost, now_ns)
+            }),
             Limit::SlidingCounter(w) => {
-                let d = sliding_counter::throttle(
-                    self.counters.get(r.bucket).map(|s| s.state),
-                    w,
-                    cost,
-                    now_ns,
-                );
-                let state = d.state.map(|state| Windowed {
-                    state,
-                    window_ns: w.window_ns,
-                });
-                store_map(&mut self.counters, r.bucket, state, now_ns);
-                d.verdict
+                apply_window(&mut self.counters, r.bucket, w, now_ns, |s| {
+                    sliding_counter::throttle(s, w, cost, now_ns)
+                })
             }
             Limit::SlidingLog(w) => {
                 let old = self.take_log(r.bucket);
@@ -533,33 +513,13 @@ impl Table {
                 store_map(&mut self.buckets, r.bucket, d.bucket, now_ns);
                 d.verdict
             }
-            Limit::FixedWindow(w) => {
-                let d = fixed_window::refund(
-                    self.fixed.get(r.bucket).map(|s| s.state),
-                    w,
-                    units,
-                    now_ns,
-                );
-                let state = d.state.map(|state| Windowed {
-                    state,
-                    window_ns: w.window_ns,
-                });
-                store_map(&mut self.fixed, r.bucket, state, now_ns);
-                d.verdict
-            }
+            Limit::FixedWindow(w) => apply_window(&mut self.fixed, r.bucket, w, now_ns, |s| {
+                fixed_window::refund(s, w, units, now_ns)
+            }),
             Limit::SlidingCounter(w) => {
-                let d = sliding_counter::refund(
-                    self.counters.get(r.bucket).map(|s| s.state),
-                    w,
-                    units,
-                    now_ns,
-                );
-                let state = d.state.map(|state| Windowed {
-                    state,
-                    window_ns: w.window_ns,
-                });
-                store_map(&mut self.counters, r.bucket, state, now_ns);
-                d.verdict
+                apply_window(&mut self.counters, r.bucket, w, now_ns, |s| {
+                    sliding_counter::refund(s, w, units, now_ns)
+                })
             }
             Limit::SlidingLog(w) => {
                 let old = self.take_log(r.bucket);
@@ -691,6 +651,28 @@ impl Table {
             lease_id,
         })
     }
+}
+
+/// Runs a window kind's pure function on its stored state and stores what
+/// it returns, with the window length the sweep needs.
+#[inline]
+fn apply_window<S: Copy>(
+    map: &mut BucketMap<Windowed<S>>,
+    bucket: u128,
+    w: &Window,
+    now_ns: u64,
+    decide: impl FnOnce(Option<S>) -> Decision<S>,
+) -> Verdict
+where
+    Windowed<S>: Record,
+{
+    let d = decide(map.get(bucket).map(|s| s.state));
+    let state = d.state.map(|state| Windowed {
+        state,
+        window_ns: w.window_ns,
+    });
+    store_map(map, bucket, state, now_ns);
+    d.verdict
 }
 
 /// Stores (or, for `None`, removes) a fixed-size record.
