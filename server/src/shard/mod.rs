@@ -457,6 +457,7 @@ pub fn spawn(
 /// received, as the inbox promises), connections arriving that late are
 /// closed.
 async fn run(core: Rc<ShardCore>, mut rx: Receiver<ShardMsg>) {
+    tokio::task::spawn_local(sweep_heap_periodically(core.clone()));
     let mut msgs = Vec::new();
     let mut stopped = false;
     while rx.recv_many(&mut msgs).await {
@@ -491,6 +492,19 @@ async fn run(core: Rc<ShardCore>, mut rx: Receiver<ShardMsg>) {
         buckets = core.table.borrow().len(),
         "shard stopped"
     );
+}
+
+/// Sliding logs and lease lists do not sweep themselves as they go (the
+/// fixed-size tables do): drop the full ones every HEAP_SWEEP_MS. Ends with
+/// the shard's runtime.
+async fn sweep_heap_periodically(core: Rc<ShardCore>) {
+    let mut tick = tokio::time::interval(std::time::Duration::from_millis(table::HEAP_SWEEP_MS));
+    tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    loop {
+        tick.tick().await;
+        core.table.borrow_mut().sweep_heap(core.clock.now_ns());
+        core.publish_stats();
+    }
 }
 
 fn unknown_tier(name: &str) -> RequestError {

@@ -32,6 +32,14 @@ use super::{Op, Outcome};
 
 pub use sluice_protocol::message::LIMITS_MAX;
 
+/// Slots each fixed-size table examines for full buckets when a new bucket
+/// meets `keys_max`: the cap costs bounded work per request, never a pass
+/// over the whole table.
+pub const EVICT_SCAN_SLOTS: usize = 1024;
+
+/// How often a shard sweeps its sliding logs and lease lists.
+pub const HEAP_SWEEP_MS: u64 = 1_000;
+
 impl Record for Bucket {
     #[inline]
     fn is_full(&self, now_ns: u64) -> bool {
@@ -255,7 +263,16 @@ impl Table {
             return Ok(());
         }
         let before = self.len();
-        self.sweep(now_ns);
+        // Bounded work per request: each fixed-size table examines the next
+        // EVICT_SCAN_SLOTS slots at its sweep cursor (so repeated attempts
+        // cover the whole table); the heap tables only while they are small
+        // (a shard task sweeps them every second anyway).
+        self.buckets.sweep_step(now_ns, EVICT_SCAN_SLOTS);
+        self.fixed.sweep_step(now_ns, EVICT_SCAN_SLOTS);
+        self.counters.sweep_step(now_ns, EVICT_SCAN_SLOTS);
+        if self.logs.len() + self.leases.len() <= EVICT_SCAN_SLOTS {
+            self.sweep_heap(now_ns);
+        }
         self.counters_total.evicted_total += (before - self.len()) as u64;
         if self.len() + new <= self.keys_max {
             return Ok(());
@@ -383,6 +400,13 @@ impl Table {
         self.buckets.sweep(now_ns);
         self.fixed.sweep(now_ns);
         self.counters.sweep(now_ns);
+        self.sweep_heap(now_ns);
+    }
+
+    /// Drops every sliding log and lease list that is full at `now_ns` (the
+    /// fixed-size tables sweep themselves a few slots per insert; these do
+    /// not, so a shard task calls this periodically).
+    pub fn sweep_heap(&mut self, now_ns: u64) {
         let heap = &mut self.heap_bytes;
         self.logs.retain(|_, (log, window_ns)| {
             let window = Window {
@@ -918,5 +942,30 @@ mod tests {
             (0, 0, 0),
             "everything expired and was swept"
         );
+    }
+
+    #[test]
+    fn the_cap_costs_bounded_work_per_request() {
+        let p = Policy::new(1, S, 1).unwrap();
+        let mut t = Table::with_cap(10_000, 0);
+        for k in 0..10_000u128 {
+            t.throttle(
+                k.wrapping_mul(0x9e37_79b9_7f4a_7c15_f39c_c060_5ced_c834) | 1,
+                &p,
+                1,
+                S,
+            )
+            .unwrap();
+        }
+        assert_eq!(t.len(), 10_000);
+        // Two seconds later every bucket is full, but a new key at the cap
+        // evicts only what one bounded scan finds, not the whole table.
+        assert!(t.throttle(7 << 64, &p, 1, 3 * S).unwrap().allowed);
+        let evicted = t.counters_total.evicted_total;
+        assert!(
+            (1..=EVICT_SCAN_SLOTS as u64).contains(&evicted),
+            "evicted {evicted}"
+        );
+        assert!(t.len() > 10_000 - EVICT_SCAN_SLOTS);
     }
 }
