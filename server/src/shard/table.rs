@@ -40,7 +40,9 @@ pub const EVICT_SCAN_SLOTS: usize = 1024;
 /// How often a shard sweeps its sliding logs and lease lists.
 pub const HEAP_SWEEP_MS: u64 = 1_000;
 
-impl Record for Bucket {
+// SAFETY: a Bucket is one u128; zero is a valid (full) bucket.
+#[allow(unsafe_code)]
+unsafe impl Record for Bucket {
     #[inline]
     fn is_full(&self, now_ns: u64) -> bool {
         Bucket::is_full(self, now_ns)
@@ -66,13 +68,17 @@ impl<S> Windowed<S> {
     }
 }
 
-impl Record for Windowed<FixedWindowState> {
+// SAFETY: u64 fields only; all-zero is a valid (empty) window.
+#[allow(unsafe_code)]
+unsafe impl Record for Windowed<FixedWindowState> {
     fn is_full(&self, now_ns: u64) -> bool {
         self.state.is_full(&self.window(), now_ns)
     }
 }
 
-impl Record for Windowed<SlidingCounterState> {
+// SAFETY: u64 fields only; all-zero is a valid (empty) counter.
+#[allow(unsafe_code)]
+unsafe impl Record for Windowed<SlidingCounterState> {
     fn is_full(&self, now_ns: u64) -> bool {
         self.state.is_full(&self.window(), now_ns)
     }
