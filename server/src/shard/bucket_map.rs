@@ -18,11 +18,8 @@
 //!   instead of halving at every doubling.
 //! - A sweep cursor: every insert also examines a few slots and drops
 //!   buckets that have refilled (equivalent to absent), so memory follows
-//!   the live keys without a stop-the-world pass; the migration after a
-//!   growth drops full records too, instead of moving them.
-//! - Incremental growth: a growth allocates the larger table and then moves
-//!   [`MIGRATE_SLOTS_PER_INSERT`] old slots per insert (lookups read both
-//!   tables meanwhile), so a shard never stops for a whole rehash.
+//!   the live keys without a stop-the-world pass; before growing, one full
+//!   sweep runs (its cost is of the same order as the rehash it may avoid).
 
 /// Most slots in use, per mille of capacity, before the table grows.
 pub const LOAD_MAX_PERMILLE: usize = 875;
@@ -31,11 +28,6 @@ pub const GROWTH_NUM: usize = 13;
 pub const GROWTH_DEN: usize = 10;
 /// Slots the sweep cursor examines per insert.
 pub const SWEEP_SLOTS_PER_INSERT: usize = 4;
-/// Old-table slots migrated per insert after a growth. A growth leaves the
-/// new table at 1/1.3 of the load that triggers the next one, which takes
-/// at least 0.2 x capacity inserts to reach; migrating 16 slots per insert
-/// empties the old table (1/1.3 of the new capacity) long before that.
-pub const MIGRATE_SLOTS_PER_INSERT: usize = 16;
 /// Smallest capacity.
 const CAPACITY_MIN: usize = 16;
 
@@ -49,8 +41,8 @@ const _: () = assert!(LOAD_MAX_PERMILLE * GROWTH_DEN / GROWTH_NUM < LOAD_MAX_PER
 /// # Safety
 ///
 /// The all-zero bit pattern must be a valid value of the type (plain
-/// integers): new tables are allocated zeroed, so that their pages are only
-/// touched as records land in them instead of all at once at a growth.
+/// integers): tables are allocated zeroed, so that a growth does not write
+/// the whole new array before using it.
 #[allow(unsafe_code)]
 pub unsafe trait Record: Copy + Default {
     /// Whether the record, at `now_ns`, is the same as no record at all.
@@ -69,136 +61,14 @@ struct Slot<V> {
 /// A map from non-zero 128-bit key hashes to records.
 #[derive(Debug)]
 pub struct BucketMap<V> {
-    /// The current slots; new records go here.
-    table: Slots<V>,
-    /// Records in `table`.
+    /// The slots; `slots.len()` is the capacity.
+    slots: Vec<Slot<V>>,
+    /// Slots in use.
     len: usize,
-    /// The smaller table being migrated into `table` after a growth, a few
-    /// slots per insert, so that growing never stops the shard for a whole
-    /// rehash.
-    old: Option<Old<V>>,
-    /// Where the incremental sweep examines next (in `table`).
+    /// Where the incremental sweep examines next.
     cursor: usize,
     /// Records dropped because they had refilled.
     swept_total: u64,
-}
-
-/// A table being migrated out of. It is never changed structurally while
-/// it is read, so its probe sequences stay valid: a record that has moved
-/// (or been removed) is marked in `moved` instead.
-#[derive(Debug)]
-struct Old<V> {
-    /// The old slots, as they were at the growth.
-    table: Slots<V>,
-    /// One bit per slot: set once the slot's record no longer lives here.
-    moved: Vec<u64>,
-    /// The next slot to migrate.
-    next: usize,
-    /// Records still here (occupied and not moved).
-    live: usize,
-}
-
-impl<V> Old<V> {
-    #[inline]
-    fn is_moved(&self, i: usize) -> bool {
-        self.moved[i / 64] & (1 << (i % 64)) != 0
-    }
-
-    #[inline]
-    fn mark_moved(&mut self, i: usize) {
-        self.moved[i / 64] |= 1 << (i % 64);
-        self.live -= 1;
-    }
-}
-
-/// One open-addressing array: Robin Hood probing, backward-shift deletion.
-#[derive(Debug)]
-struct Slots<V>(Vec<Slot<V>>);
-
-impl<V: Record> Slots<V> {
-    fn new(capacity: usize) -> Slots<V> {
-        Slots(zeroed_slots(capacity))
-    }
-
-    #[inline]
-    fn home(&self, key: u128) -> usize {
-        // The low 64 bits: the high ones chose the shard, so within a shard
-        // they are not uniform.
-        ((u128::from(key as u64) * self.0.len() as u128) >> 64) as usize
-    }
-
-    /// How far the slot at `index` is from its key's home.
-    #[inline]
-    fn distance(&self, index: usize) -> usize {
-        let home = self.home(self.0[index].key);
-        if index >= home {
-            index - home
-        } else {
-            index + self.0.len() - home
-        }
-    }
-
-    #[inline]
-    fn next(&self, index: usize) -> usize {
-        if index + 1 == self.0.len() {
-            0
-        } else {
-            index + 1
-        }
-    }
-
-    /// The index of the slot holding `key` (already tagged), if any.
-    #[inline]
-    fn find(&self, key: u128) -> Option<usize> {
-        let mut index = self.home(key);
-        let mut dist = 0;
-        loop {
-            let slot = &self.0[index];
-            if slot.key == key {
-                return Some(index);
-            }
-            // Robin Hood: a resident closer to its home than we are to ours
-            // means our key would have displaced it; it is not here.
-            if slot.key == 0 || self.distance(index) < dist {
-                return None;
-            }
-            index = self.next(index);
-            dist += 1;
-        }
-    }
-
-    /// Robin Hood insertion of a key known to be absent, with room for it.
-    fn place(&mut self, mut moving: Slot<V>) {
-        let mut index = self.home(moving.key);
-        let mut dist = 0;
-        loop {
-            if self.0[index].key == 0 {
-                self.0[index] = moving;
-                return;
-            }
-            let resident = self.distance(index);
-            if resident < dist {
-                std::mem::swap(&mut self.0[index], &mut moving);
-                dist = resident;
-            }
-            index = self.next(index);
-            dist += 1;
-        }
-    }
-
-    /// Backward-shift deletion: pull each following displaced slot one
-    /// step back, so no tombstone is left.
-    fn remove_at(&mut self, mut index: usize) {
-        loop {
-            let next = self.next(index);
-            if self.0[next].key == 0 || self.distance(next) == 0 {
-                self.0[index] = Slot::default();
-                return;
-            }
-            self.0[index] = self.0[next];
-            index = next;
-        }
-    }
 }
 
 /// Key 0 marks an empty slot, so the one key hash that is 0 is stored as 1
@@ -219,9 +89,8 @@ impl<V: Record> BucketMap<V> {
     pub fn with_capacity(n: usize) -> BucketMap<V> {
         let capacity = (n * 1000 / LOAD_MAX_PERMILLE + 1).max(CAPACITY_MIN);
         BucketMap {
-            table: Slots::new(capacity),
+            slots: zeroed_slots(capacity),
             len: 0,
-            old: None,
             cursor: 0,
             swept_total: 0,
         }
@@ -229,25 +98,22 @@ impl<V: Record> BucketMap<V> {
 
     /// Records held.
     pub fn len(&self) -> usize {
-        self.len + self.old.as_ref().map_or(0, |o| o.live)
+        self.len
     }
 
     /// Whether no record is held.
     pub fn is_empty(&self) -> bool {
-        self.len() == 0
+        self.len == 0
     }
 
-    /// Slots allocated in the current table.
+    /// Slots allocated.
     pub fn capacity(&self) -> usize {
-        self.table.0.len()
+        self.slots.len()
     }
 
-    /// Bytes the slot arrays occupy (both, while migrating).
+    /// Bytes the slot array occupies.
     pub fn memory_bytes(&self) -> usize {
-        let old = self.old.as_ref().map_or(0, |o| {
-            o.table.0.len() * size_of::<Slot<V>>() + o.moved.len() * 8
-        });
-        self.table.0.len() * size_of::<Slot<V>>() + old
+        self.slots.len() * std::mem::size_of::<Slot<V>>()
     }
 
     /// Records dropped by sweeps so far.
@@ -255,129 +121,161 @@ impl<V: Record> BucketMap<V> {
         self.swept_total
     }
 
+    #[inline]
+    fn home(&self, key: u128) -> usize {
+        // The low 64 bits: the high ones chose the shard, so within a shard
+        // they are not uniform.
+        ((u128::from(key as u64) * self.slots.len() as u128) >> 64) as usize
+    }
+
+    /// How far the slot at `index` is from its key's home.
+    #[inline]
+    fn distance(&self, index: usize) -> usize {
+        let home = self.home(self.slots[index].key);
+        if index >= home {
+            index - home
+        } else {
+            index + self.slots.len() - home
+        }
+    }
+
+    #[inline]
+    fn next(&self, index: usize) -> usize {
+        if index + 1 == self.slots.len() {
+            0
+        } else {
+            index + 1
+        }
+    }
+
     /// Starts loading `key`'s home slot into the cache without waiting for
     /// it, so a caller can overlap the misses of a whole batch of lookups.
     #[inline]
     pub fn prefetch(&self, key: u128) {
-        let key = tag(key);
-        prefetch_read(&self.table.0[self.table.home(key)]);
-        if let Some(old) = &self.old {
-            prefetch_read(&old.table.0[old.table.home(key)]);
-        }
+        prefetch_read(&self.slots[self.home(tag(key))]);
     }
 
-    /// Where `key` (tagged) lives in the old table, if it still does.
+    /// The index of `key`'s slot, if present.
     #[inline]
-    fn find_old(&self, key: u128) -> Option<usize> {
-        let old = self.old.as_ref()?;
-        old.table.find(key).filter(|&i| !old.is_moved(i))
+    fn find(&self, key: u128) -> Option<usize> {
+        let key = tag(key);
+        let mut index = self.home(key);
+        let mut dist = 0;
+        loop {
+            let slot = &self.slots[index];
+            if slot.key == key {
+                return Some(index);
+            }
+            // Robin Hood: a resident closer to its home than we are to ours
+            // means our key would have displaced it; it is not here.
+            if slot.key == 0 || self.distance(index) < dist {
+                return None;
+            }
+            index = self.next(index);
+            dist += 1;
+        }
     }
 
     /// The record for `key`.
     #[inline]
     pub fn get(&self, key: u128) -> Option<&V> {
-        let key = tag(key);
-        match self.table.find(key) {
-            Some(i) => Some(&self.table.0[i].value),
-            None => {
-                let i = self.find_old(key)?;
-                self.old.as_ref().map(|o| &o.table.0[i].value)
-            }
-        }
+        self.find(key).map(|i| &self.slots[i].value)
     }
 
-    /// The record for `key`, to change in place (a record still in the old
-    /// table moves to the current one first).
+    /// The record for `key`, to change in place.
     #[inline]
     pub fn get_mut(&mut self, key: u128) -> Option<&mut V> {
-        let key = tag(key);
-        let i = match self.table.find(key) {
-            Some(i) => i,
-            None => {
-                let slot = self.take_old(key)?;
-                self.table.place(slot);
-                self.len += 1;
-                self.table.find(key).expect("just placed")
-            }
-        };
-        Some(&mut self.table.0[i].value)
+        self.find(key).map(|i| &mut self.slots[i].value)
     }
 
-    /// Removes `key` from the old table, returning its slot.
-    fn take_old(&mut self, key: u128) -> Option<Slot<V>> {
-        let i = self.find_old(key)?;
-        let old = self.old.as_mut().expect("find_old found it there");
-        old.mark_moved(i);
-        Some(old.table.0[i])
-    }
-
-    /// Stores `value` for `key`, replacing any record it had. Also sweeps a
-    /// few slots and migrates a few from the old table, at `now_ns`.
+    /// Stores `value` for `key`, replacing any record it had. First sweeps a
+    /// few slots, and before growing sweeps them all, at `now_ns`.
     pub fn insert(&mut self, key: u128, value: V, now_ns: u64) {
-        let key = tag(key);
-        if let Some(i) = self.table.find(key) {
-            self.table.0[i].value = value;
+        if let Some(i) = self.find(key) {
+            self.slots[i].value = value;
             return;
         }
-        // A stale copy in the old table must not come back later.
-        let _ = self.take_old(key);
-        self.migrate_step(now_ns, MIGRATE_SLOTS_PER_INSERT);
         self.sweep_step(now_ns, SWEEP_SLOTS_PER_INSERT);
-        if (self.len + 1) * 1000 > self.table.0.len() * LOAD_MAX_PERMILLE {
-            // Rare: only if inserts outran the migration.
-            self.finish_migration(now_ns);
+        if (self.len + 1) * 1000 > self.slots.len() * LOAD_MAX_PERMILLE {
             self.sweep(now_ns);
             if (self.len + 1) * 1000
-                > self.table.0.len() * LOAD_MAX_PERMILLE * GROWTH_DEN / GROWTH_NUM
+                > self.slots.len() * LOAD_MAX_PERMILLE * GROWTH_DEN / GROWTH_NUM
             {
                 self.grow();
             }
         }
-        self.table.place(Slot { key, value });
+        self.place(Slot {
+            key: tag(key),
+            value,
+        });
         self.len += 1;
+    }
+
+    /// Robin Hood insertion of a key known to be absent, with room for it.
+    fn place(&mut self, mut moving: Slot<V>) {
+        let mut index = self.home(moving.key);
+        let mut dist = 0;
+        loop {
+            if self.slots[index].key == 0 {
+                self.slots[index] = moving;
+                return;
+            }
+            let resident = self.distance(index);
+            if resident < dist {
+                std::mem::swap(&mut self.slots[index], &mut moving);
+                dist = resident;
+            }
+            index = self.next(index);
+            dist += 1;
+        }
     }
 
     /// Removes `key`'s record.
     pub fn remove(&mut self, key: u128) -> Option<V> {
-        let key = tag(key);
-        match self.table.find(key) {
-            Some(i) => {
-                let value = self.table.0[i].value;
-                self.table.remove_at(i);
-                self.len -= 1;
-                Some(value)
-            }
-            None => self.take_old(key).map(|s| s.value),
-        }
+        let index = self.find(key)?;
+        let value = self.slots[index].value;
+        self.remove_at(index);
+        Some(value)
     }
 
-    /// Examines `n` slots of the current table at the cursor, dropping full
-    /// records.
+    /// Backward-shift deletion: pull each following displaced slot one
+    /// step back, so no tombstone is left.
+    fn remove_at(&mut self, mut index: usize) {
+        loop {
+            let next = self.next(index);
+            if self.slots[next].key == 0 || self.distance(next) == 0 {
+                self.slots[index] = Slot::default();
+                break;
+            }
+            self.slots[index] = self.slots[next];
+            index = next;
+        }
+        self.len -= 1;
+    }
+
+    /// Examines `n` slots at the cursor, dropping full records.
     pub fn sweep_step(&mut self, now_ns: u64, n: usize) {
-        for _ in 0..n.min(self.table.0.len()) {
+        for _ in 0..n.min(self.slots.len()) {
             let i = self.cursor;
-            let slot = self.table.0[i];
+            let slot = self.slots[i];
             if slot.key != 0 && slot.value.is_full(now_ns) {
                 // The shift may pull an unexamined slot into `i`; look at
                 // `i` again next time rather than skip it.
-                self.table.remove_at(i);
-                self.len -= 1;
+                self.remove_at(i);
                 self.swept_total += 1;
             } else {
-                self.cursor = self.table.next(i);
+                self.cursor = self.next(i);
             }
         }
     }
 
-    /// Drops every full record (finishing any migration first).
+    /// Drops every full record.
     pub fn sweep(&mut self, now_ns: u64) {
-        self.finish_migration(now_ns);
         let mut i = 0;
-        while i < self.table.0.len() {
-            let slot = self.table.0[i];
+        while i < self.slots.len() {
+            let slot = self.slots[i];
             if slot.key != 0 && slot.value.is_full(now_ns) {
-                self.table.remove_at(i);
-                self.len -= 1;
+                self.remove_at(i);
                 self.swept_total += 1;
                 // A slot shifted into `i`: examine it too.
             } else {
@@ -386,82 +284,28 @@ impl<V: Record> BucketMap<V> {
         }
     }
 
-    /// Moves up to `n` slots' records from the old table to the current one
-    /// (dropping the full ones on the way).
-    fn migrate_step(&mut self, now_ns: u64, n: usize) {
-        let Some(old) = &mut self.old else { return };
-        let end = (old.next + n).min(old.table.0.len());
-        for i in old.next..end {
-            let slot = old.table.0[i];
-            if slot.key == 0 || old.is_moved(i) {
-                continue;
-            }
-            old.mark_moved(i);
-            if slot.value.is_full(now_ns) {
-                self.swept_total += 1;
-            } else {
-                self.table.place(slot);
-                self.len += 1;
-            }
-        }
-        old.next = end;
-        if old.next == old.table.0.len() {
-            debug_assert_eq!(old.live, 0, "every old record was moved");
-            self.old = None;
-        }
-    }
-
-    fn finish_migration(&mut self, now_ns: u64) {
-        if let Some(old) = &self.old {
-            let rest = old.table.0.len() - old.next;
-            self.migrate_step(now_ns, rest);
-        }
-    }
-
-    /// Starts a growth: a larger empty current table, and the full one to
-    /// migrate out of, a few slots per insert.
     fn grow(&mut self) {
-        debug_assert!(
-            self.old.is_none(),
-            "a growth starts after the last one finished"
-        );
-        let capacity = self.table.0.len() * GROWTH_NUM / GROWTH_DEN + 1;
-        let table = std::mem::replace(&mut self.table, Slots::new(capacity));
-        let moved = vec![0u64; table.0.len().div_ceil(64)];
-        self.old = Some(Old {
-            table,
-            moved,
-            next: 0,
-            live: self.len,
-        });
-        self.len = 0;
+        let capacity = self.slots.len() * GROWTH_NUM / GROWTH_DEN + 1;
+        let old = std::mem::replace(&mut self.slots, zeroed_slots(capacity));
         self.cursor = 0;
+        for slot in old {
+            if slot.key != 0 {
+                self.place(slot);
+            }
+        }
     }
 
-    /// Every `(key, record)`.
+    /// Every `(key, record)`, in slot order.
     pub fn iter(&self) -> impl Iterator<Item = (u128, &V)> {
-        let current = self
-            .table
-            .0
+        self.slots
             .iter()
             .filter(|s| s.key != 0)
-            .map(|s| (s.key, &s.value));
-        let old = self.old.iter().flat_map(|o| {
-            o.table
-                .0
-                .iter()
-                .enumerate()
-                .filter(|&(i, s)| s.key != 0 && !o.is_moved(i))
-                .map(|(_, s)| (s.key, &s.value))
-        });
-        current.chain(old)
+            .map(|s| (s.key, &s.value))
     }
 }
 
 /// `n` empty slots, from zeroed memory: the allocator hands out fresh
-/// pages for a large table without writing them, so a growth costs page
-/// faults spread over the inserts that follow rather than one pass over the
-/// whole array.
+/// pages for a large table without writing them first.
 #[allow(unsafe_code)]
 fn zeroed_slots<V: Record>(n: usize) -> Vec<Slot<V>> {
     let layout = std::alloc::Layout::array::<Slot<V>>(n).expect("a table fits the address space");
