@@ -6,6 +6,7 @@
 //! Exit codes: 0 allowed (or the command succeeded), 1 denied (throttle,
 //! peek, acquire), 2 error (including usage errors).
 
+use std::net::SocketAddr;
 use std::process::ExitCode;
 use std::time::Duration;
 
@@ -69,12 +70,14 @@ enum Command {
     Bench(BenchArgs),
 }
 
-#[derive(Debug, Clone, Copy, clap::ValueEnum)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
 enum BenchTarget {
     /// The node at --addr, over protocol v1.
     Sluice,
     /// Redis at --redis-addr, with the token-bucket Lua script (EVALSHA).
     RedisLua,
+    /// Both, one after the other with the same settings, and their ratio.
+    Both,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
@@ -343,33 +346,19 @@ async fn run(cli: Cli) -> Result<ExitCode, Error> {
 }
 
 async fn bench(addr: &str, auth_token: Option<String>, b: BenchArgs) -> Result<ExitCode, Error> {
-    let (target, addr) = match b.target {
-        BenchTarget::Sluice => (Target::Sluice, addr),
-        BenchTarget::RedisLua => (Target::RedisLua, b.redis_addr.as_str()),
-    };
-    let addr = tokio::net::lookup_host(addr)
-        .await
-        .ok()
-        .and_then(|mut a| a.next())
-        .ok_or_else(|| Error::Invalid(format!("cannot resolve {addr}")))?;
     let burst = b.burst.unwrap_or(b.rate.count);
     let policy = Policy::new(b.rate.count, b.rate.period_ns, burst)
         .map_err(|e| Error::Invalid(e.to_string()))?;
     let (count, period_ns) = (b.rate.count, b.rate.period_ns);
+    let window = Window {
+        limit: count,
+        window_ns: period_ns,
+    };
     let limit = match b.kind {
         LimitKind::TokenBucket => Limit::TokenBucket(policy),
-        LimitKind::FixedWindow => Limit::FixedWindow(Window {
-            limit: count,
-            window_ns: period_ns,
-        }),
-        LimitKind::SlidingLog => Limit::SlidingLog(Window {
-            limit: count,
-            window_ns: period_ns,
-        }),
-        LimitKind::SlidingCounter => Limit::SlidingCounter(Window {
-            limit: count,
-            window_ns: period_ns,
-        }),
+        LimitKind::FixedWindow => Limit::FixedWindow(window),
+        LimitKind::SlidingLog => Limit::SlidingLog(window),
+        LimitKind::SlidingCounter => Limit::SlidingCounter(window),
         LimitKind::Concurrency => Limit::Concurrency(Concurrency {
             limit: count,
             lease_ns: period_ns,
@@ -378,15 +367,15 @@ async fn bench(addr: &str, auth_token: Option<String>, b: BenchArgs) -> Result<E
     limit
         .validate()
         .map_err(|e| Error::Invalid(e.to_string()))?;
-    if target == Target::RedisLua && b.kind != LimitKind::TokenBucket {
+    if b.target != BenchTarget::Sluice && b.kind != LimitKind::TokenBucket {
         return Err(Error::Invalid(
-            "--target redis-lua runs the token-bucket script only".into(),
+            "Redis runs the token-bucket script only: use --kind token-bucket".into(),
         ));
     }
     if !(b.duration_s > 0.0 && b.duration_s <= 3_600.0) {
         return Err(Error::Invalid("--duration-s must be in (0, 3600]".into()));
     }
-    let config = BenchConfig {
+    let config = |target: Target, addr: SocketAddr| BenchConfig {
         target,
         addr,
         connections: b.connections,
@@ -398,18 +387,52 @@ async fn bench(addr: &str, auth_token: Option<String>, b: BenchArgs) -> Result<E
         limit,
         shard_aware: !b.no_shard_aware,
         sequential: b.key_order == KeyOrder::Sequential,
-        auth_token,
+        auth_token: auth_token.clone(),
     };
-    let report = sluice_client::bench::run(config).await?;
-    if b.json {
-        println!(
-            "{}",
-            serde_json::to_string(&report).expect("a report serializes")
-        );
-    } else {
-        println!("{report}");
+    let sluice = |a| async move {
+        sluice_client::bench::run(config(Target::Sluice, resolve(a).await?)).await
+    };
+    let redis = || async {
+        sluice_client::bench::run(config(Target::RedisLua, resolve(&b.redis_addr).await?)).await
+    };
+    match b.target {
+        BenchTarget::Sluice | BenchTarget::RedisLua => {
+            let report = if b.target == BenchTarget::Sluice {
+                sluice(addr).await?
+            } else {
+                redis().await?
+            };
+            if b.json {
+                println!(
+                    "{}",
+                    serde_json::to_string(&report).expect("a report serializes")
+                );
+            } else {
+                println!("{report}");
+            }
+        }
+        BenchTarget::Both => {
+            let s = sluice(addr).await?;
+            let r = redis().await?;
+            let ratio = s.ops_per_s / r.ops_per_s;
+            let p99_ratio = s.latency_us.p99 / r.latency_us.p99;
+            if b.json {
+                let both = serde_json::json!({"sluice": s, "redis_lua": r, "ops_ratio": ratio, "p99_ratio": p99_ratio});
+                println!("{both}");
+            } else {
+                println!("{s}\n{r}\nSluice / Redis + Lua: {ratio:.1}x ops/s, p99 {p99_ratio:.2}x");
+            }
+        }
     }
     Ok(ExitCode::SUCCESS)
+}
+
+async fn resolve(addr: &str) -> Result<SocketAddr, Error> {
+    tokio::net::lookup_host(addr)
+        .await
+        .ok()
+        .and_then(|mut a| a.next())
+        .ok_or_else(|| Error::Invalid(format!("cannot resolve {addr}")))
 }
 
 /// THROTTLE or PEEK with `--rate`, exactly as before DECIDE existed;
