@@ -85,7 +85,7 @@ impl Server {
         let mut threads = Vec::new();
         for id in 0..shard_count {
             let (tx, rx) = inbox::inbox();
-            let (node_tx, node_rx) = std::sync::mpsc::channel();
+            let (node_tx, node_rx) = crate::sync::mpsc::channel();
             let thread = shard::spawn(id, rx, node_rx, drained_tx.clone(), clock)
                 .map_err(StartError::Thread)?;
             senders.push(tx);

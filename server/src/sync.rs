@@ -8,9 +8,9 @@
 #[cfg(sluice_loom)]
 pub(crate) use loom::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 #[cfg(sluice_loom)]
-pub(crate) use loom::sync::{Arc, Mutex};
+pub(crate) use loom::sync::{mpsc, Arc, Mutex};
 
 #[cfg(not(sluice_loom))]
 pub(crate) use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 #[cfg(not(sluice_loom))]
-pub(crate) use std::sync::{Arc, Mutex};
+pub(crate) use std::sync::{mpsc, Arc, Mutex};

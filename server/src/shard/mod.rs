@@ -417,7 +417,7 @@ impl ShardCore {
 pub fn spawn(
     id: u16,
     rx: Receiver<ShardMsg>,
-    node_rx: std::sync::mpsc::Receiver<Arc<Node>>,
+    node_rx: crate::sync::mpsc::Receiver<Arc<Node>>,
     drained_tx: mpsc::UnboundedSender<u16>,
     clock: MonotonicClock,
 ) -> std::io::Result<std::thread::JoinHandle<()>> {
