@@ -8,6 +8,7 @@ use sluice_protocol::message::{
     DecideOk, HelloOk, LeaseOk, LeaseTarget, LimitSet, Limits, Mode, Reply, StatsOk, KEY_BYTES_MAX,
     LIMITS_MAX, TIER_BYTES_MAX,
 };
+use sluice_protocol::replication::RoleOk;
 use sluice_protocol::routing::{key_hash, shard_of, ROUTING_XXH3_128_MULSHIFT};
 use sluice_protocol::{Limit, Policy, Verdict};
 
@@ -279,6 +280,36 @@ impl Client {
     pub async fn reload(&self) -> Result<u32, Error> {
         match self.call(0, Call::Reload).await? {
             Reply::Reload { tier_count } => Ok(tier_count),
+            other => Err(unexpected(&other)),
+        }
+    }
+
+    /// The node's role (primary or follower), epoch and replication state
+    /// (ROLE).
+    pub async fn role(&self) -> Result<RoleOk, Error> {
+        match self.call(0, Call::Role).await? {
+            Reply::Role(ok) => Ok(ok),
+            other => Err(unexpected(&other)),
+        }
+    }
+
+    /// Makes the node the primary (PROMOTE), as when its primary has died.
+    /// Returns the node's new epoch.
+    pub async fn promote(&self) -> Result<u64, Error> {
+        match self.call(0, Call::Promote).await? {
+            Reply::Promote { epoch } => Ok(epoch),
+            other => Err(unexpected(&other)),
+        }
+    }
+
+    /// Planned handover (FAILOVER, sent to the primary): the primary stops
+    /// admitting, waits until its follower has everything, hands over at a
+    /// new epoch and follows it. Returns the new epoch and how long the
+    /// group admitted nothing. Takes up to a few seconds: give this call a
+    /// deadline of that order.
+    pub async fn failover(&self) -> Result<sluice_protocol::replication::FailoverOk, Error> {
+        match self.call(0, Call::Failover).await? {
+            Reply::Failover(ok) => Ok(ok),
             other => Err(unexpected(&other)),
         }
     }

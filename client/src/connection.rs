@@ -54,6 +54,12 @@ pub(crate) enum Call {
     Stats {
         shard_first: u16,
     },
+    /// ROLE: the node's role and replication state.
+    Role,
+    /// PROMOTE: make the node (a follower) the primary.
+    Promote,
+    /// FAILOVER: planned handover from the node (a primary) to its follower.
+    Failover,
 }
 
 /// [`Limits`] that outlive the caller's borrow until the writer encodes them.
@@ -167,6 +173,9 @@ impl Call {
             Call::Stats { shard_first } => Request::Stats(Stats {
                 shard_first: *shard_first,
             }),
+            Call::Role => Request::Role,
+            Call::Promote => Request::Promote,
+            Call::Failover => Request::Failover,
         };
         request.encode(w, buf, request_id);
     }

@@ -69,3 +69,22 @@ impl Error {
         }
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn not_primary_says_where_the_primary_is_and_to_reconnect() {
+        let text = "not primary: the primary is 127.0.0.1:7700 (epoch 3)".to_owned();
+        let e = Error::server(19, text.clone());
+        assert_eq!(e.status(), Some(Status::NotPrimary));
+        assert_eq!(e.action(), Action::Reconnect);
+        let shown = e.to_string();
+        assert!(shown.contains(&text), "{shown}");
+        // A code this client does not know still shows the server's text.
+        let unknown = Error::server(999, "later".into());
+        assert_eq!(unknown.action(), Action::GiveUp);
+        assert!(unknown.to_string().contains("unknown code 999: later"));
+    }
+}

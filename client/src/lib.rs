@@ -22,7 +22,8 @@
 //! [`inline_limits`] or a server tier by name, both a [`Limits`]), decided
 //! as one atomic step in a [`Mode`] ([`Client::spend`], [`Client::probe`],
 //! [`Client::refund`], [`Client::reset`]); RELEASE and RENEW of the leases
-//! a concurrency limit hands out ([`LeaseTarget`]); and RELOAD and STATS.
+//! a concurrency limit hands out ([`LeaseTarget`]); RELOAD and STATS; and
+//! ROLE and PROMOTE ([`Client::role`], [`Client::promote`], [`RoleOk`]).
 
 pub mod bench;
 pub mod client;
@@ -35,4 +36,6 @@ pub use error::{Action, Error};
 pub use sluice_protocol::message::{
     DecideOk, LeaseOk, LeaseTarget, LimitSet, LimitVerdict, Limits, Mode, ShardStats, StatsOk,
 };
+// Replication's `Mode` is renamed: `Mode` is DECIDE's.
+pub use sluice_protocol::replication::{Mode as ReplMode, ReplState, Role, RoleOk};
 pub use sluice_protocol::{Concurrency, Kind, Limit, Policy, Status, Verdict, Window};

@@ -1,7 +1,8 @@
 //! `sluice`, the command-line tool: ping a node; spend, peek at, refund or
 //! reset a key's limits (one token bucket with `--rate`, any composite with
 //! `--limit SPEC...`, or a server tier with `--tier NAME`); acquire, release
-//! and renew concurrency leases; reload the node's tiers; show its stats.
+//! and renew concurrency leases; reload the node's tiers; show its stats;
+//! show its replication role; promote a follower to primary.
 //!
 //! Exit codes: 0 allowed (or the command succeeded), 1 denied (throttle,
 //! peek, acquire), 2 error (including usage errors).
@@ -65,6 +66,16 @@ enum Command {
     /// Have the node re-read its configuration file's tiers (as SIGHUP
     /// does) and print how many it now has.
     Reload(JsonArg),
+    /// The node's role (primary or follower), epoch and replication state:
+    /// role, epoch, state, mode, lag_ms, keys_synced, primary, follower.
+    Role(JsonArg),
+    /// Make this follower the primary (after its primary has died) and
+    /// print its new epoch. On a fenced primary: lift the fence.
+    Promote,
+    /// Planned handover, sent to the primary: it stops admitting, waits
+    /// until its follower has everything, hands over at a new epoch and
+    /// follows it. Prints `failover: epoch=N unavailable_ms=M`.
+    Failover(JsonArg),
     /// Load generator: drive a Sluice node (or Redis + Lua) and print
     /// ops/s and latency percentiles.
     Bench(BenchArgs),
@@ -280,12 +291,21 @@ fn main() -> ExitCode {
     }
 }
 
+/// Shortest deadline `sluice failover` uses (acks, then the promotion).
+const FAILOVER_TIMEOUT_MS: u64 = 5_000;
+
 async fn run(cli: Cli) -> Result<ExitCode, Error> {
     if let Command::Bench(b) = cli.command {
         return bench(&cli.addr, cli.auth_token, b).await;
     }
+    // A handover waits for acks and for the follower's promotion.
+    let timeout_ms = if matches!(cli.command, Command::Failover(_)) {
+        cli.timeout_ms.max(FAILOVER_TIMEOUT_MS)
+    } else {
+        cli.timeout_ms
+    };
     let config = ClientConfig {
-        deadline: Duration::from_millis(cli.timeout_ms),
+        deadline: Duration::from_millis(timeout_ms),
         connect_timeout: Duration::from_millis(cli.timeout_ms),
         // One call: no point opening a connection per shard.
         shard_aware: false,
@@ -338,6 +358,34 @@ async fn run(cli: Cli) -> Result<ExitCode, Error> {
                 println!("{}", serde_json::json!({ "tier_count": tier_count }));
             } else {
                 println!("reloaded: {tier_count} tiers");
+            }
+            Ok(ExitCode::SUCCESS)
+        }
+        Command::Role(a) => {
+            let role = client.role().await?;
+            if a.json {
+                println!("{}", report::role_json(&role));
+            } else {
+                println!("{}", report::role_text(&role));
+            }
+            Ok(ExitCode::SUCCESS)
+        }
+        Command::Promote => {
+            let epoch = client.promote().await?;
+            println!("{}", report::promote_text(epoch));
+            Ok(ExitCode::SUCCESS)
+        }
+        Command::Failover(a) => {
+            let ok = client.failover().await?;
+            let unavailable_ms = ok.unavailable_us as f64 / 1_000.0;
+            if a.json {
+                let v = serde_json::json!({"epoch": ok.epoch, "unavailable_ms": unavailable_ms});
+                println!("{v}");
+            } else {
+                println!(
+                    "failover: epoch={} unavailable_ms={unavailable_ms:.3}",
+                    ok.epoch
+                );
             }
             Ok(ExitCode::SUCCESS)
         }
@@ -659,6 +707,19 @@ mod tests {
         );
         assert!(parse(&["stats", "--json"]).is_ok());
         assert!(parse(&["reload"]).is_ok());
+        assert!(matches!(
+            parse(&["role", "--json"]).unwrap().command,
+            Command::Role(JsonArg { json: true })
+        ));
+        assert!(parse(&["--addr", "127.0.0.1:7701", "role"]).is_ok());
+        assert!(matches!(
+            parse(&["promote"]).unwrap().command,
+            Command::Promote
+        ));
+        assert_eq!(
+            usage_error(&["promote", "--json"]),
+            ErrorKind::UnknownArgument
+        );
     }
 
     fn target(args: &[&str]) -> Result<(u8, u64), String> {

@@ -12,6 +12,7 @@
 
 use serde_json::{json, Value};
 use sluice_protocol::message::{DecideOk, LeaseOk, LimitVerdict, ShardStats, StatsOk};
+use sluice_protocol::replication::RoleOk;
 use sluice_protocol::Verdict;
 
 /// Milliseconds, rounded up so that waiting that long is always enough.
@@ -246,9 +247,52 @@ pub fn stats_json(stats: &StatsOk) -> Value {
     })
 }
 
+/// Microseconds as (fractional) milliseconds: 400 is 0.4.
+pub fn us_to_ms(us: u64) -> f64 {
+    us as f64 / 1_000.0
+}
+
+/// `role=follower epoch=3 state=streaming mode=sync lag_ms=0.4
+/// keys_synced=12345 primary=127.0.0.1:7700 follower=` (one line; an
+/// address the node does not have is empty).
+pub fn role_text(r: &RoleOk) -> String {
+    format!(
+        "role={} epoch={} state={} mode={} lag_ms={} keys_synced={} primary={} follower={}",
+        r.role.name(),
+        r.epoch,
+        r.state.name(),
+        r.mode.name(),
+        us_to_ms(r.lag_us),
+        r.keys_synced,
+        r.primary,
+        r.follower
+    )
+}
+
+/// Exactly `role`, `epoch`, `state`, `mode`, `lag_ms` (a float),
+/// `keys_synced`, `primary` and `follower` (strings, `""` when none).
+pub fn role_json(r: &RoleOk) -> Value {
+    json!({
+        "role": r.role.name(),
+        "epoch": r.epoch,
+        "state": r.state.name(),
+        "mode": r.mode.name(),
+        "lag_ms": us_to_ms(r.lag_us),
+        "keys_synced": r.keys_synced,
+        "primary": r.primary,
+        "follower": r.follower,
+    })
+}
+
+/// `promoted: epoch=4`.
+pub fn promote_text(epoch: u64) -> String {
+    format!("promoted: epoch={epoch}")
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+    use sluice_protocol::replication::{Mode as ReplMode, ReplState, Role};
     use sluice_protocol::Kind;
 
     fn lv(kind: Kind, allowed: bool, remaining: u64, retry_ns: u64, lease_id: u64) -> LimitVerdict {
@@ -422,5 +466,102 @@ mod tests {
             lines[3],
             "total       21   2100       42       6        0       21         4"
         );
+    }
+
+    fn follower() -> RoleOk {
+        RoleOk {
+            role: Role::Follower,
+            state: ReplState::Streaming,
+            mode: ReplMode::Sync,
+            epoch: 3,
+            lag_us: 400,
+            keys_synced: 12_345,
+            primary: "127.0.0.1:7700".into(),
+            follower: String::new(),
+        }
+    }
+
+    #[test]
+    fn role_prints_one_line() {
+        assert_eq!(
+            role_text(&follower()),
+            "role=follower epoch=3 state=streaming mode=sync lag_ms=0.4 keys_synced=12345 \
+             primary=127.0.0.1:7700 follower="
+        );
+        let primary = RoleOk {
+            role: Role::Primary,
+            state: ReplState::Alone,
+            mode: ReplMode::Async,
+            epoch: 1,
+            lag_us: 0,
+            keys_synced: 0,
+            primary: "10.0.0.1:7700".into(),
+            follower: "10.0.0.2:51234".into(),
+        };
+        assert_eq!(
+            role_text(&primary),
+            "role=primary epoch=1 state=alone mode=async lag_ms=0 keys_synced=0 \
+             primary=10.0.0.1:7700 follower=10.0.0.2:51234"
+        );
+        assert_eq!(promote_text(4), "promoted: epoch=4");
+    }
+
+    #[test]
+    fn role_json_has_exactly_its_keys_and_types() {
+        let v = role_json(&follower());
+        let map = v.as_object().unwrap();
+        let mut keys: Vec<&str> = map.keys().map(String::as_str).collect();
+        keys.sort_unstable();
+        assert_eq!(
+            keys,
+            [
+                "epoch",
+                "follower",
+                "keys_synced",
+                "lag_ms",
+                "mode",
+                "primary",
+                "role",
+                "state"
+            ]
+        );
+        assert_eq!(v["role"], "follower");
+        assert_eq!(v["epoch"].as_u64(), Some(3));
+        assert_eq!(v["state"], "streaming");
+        assert_eq!(v["mode"], "sync");
+        assert!(v["lag_ms"].is_f64());
+        assert_eq!(v["lag_ms"].as_f64(), Some(0.4));
+        assert_eq!(v["keys_synced"].as_u64(), Some(12_345));
+        assert_eq!(v["primary"], "127.0.0.1:7700");
+        assert_eq!(v["follower"], "");
+        // A whole number of milliseconds is still a float.
+        let none = role_json(&RoleOk {
+            lag_us: 0,
+            ..follower()
+        });
+        assert!(none["lag_ms"].is_f64());
+        assert_eq!(none.to_string().matches("\"lag_ms\":0.0").count(), 1);
+        // Every role, state and mode prints its word.
+        for (role, word) in [(Role::Primary, "primary"), (Role::Follower, "follower")] {
+            let r = RoleOk { role, ..follower() };
+            assert_eq!(role_json(&r)["role"], word);
+        }
+        for (state, word) in [
+            (ReplState::Alone, "alone"),
+            (ReplState::Syncing, "syncing"),
+            (ReplState::Streaming, "streaming"),
+            (ReplState::Down, "down"),
+        ] {
+            let r = RoleOk {
+                state,
+                ..follower()
+            };
+            assert_eq!(role_json(&r)["state"], word);
+        }
+        let r = RoleOk {
+            mode: ReplMode::Async,
+            ..follower()
+        };
+        assert_eq!(role_json(&r)["mode"], "async");
     }
 }

@@ -17,6 +17,8 @@
 //!   exactly, for the server's RESP listener.
 //! - [`clock`]: where `now` comes from (a monotonic clock, or a manual one in
 //!   tests); the decision never reads a clock itself.
+//! - [`replication`]: what a follower and its primary exchange (SUBSCRIBE,
+//!   SYNC, ACK), the state record of every limit kind, ROLE and PROMOTE.
 //! - [`routing`]: how a routing key maps to its 128-bit hash and its shard.
 //! - [`identity`]: which requests share a bucket: the 128-bit bucket key of
 //!   `(routing key, limit kind, slot)`.
@@ -29,6 +31,7 @@ pub mod identity;
 pub mod limit;
 pub mod message;
 pub mod policy;
+pub mod replication;
 pub mod routing;
 pub mod status;
 

@@ -98,6 +98,10 @@ statuses! {
     LeaseNotFound = 17, "lease not found", GiveUp;
     /// RELOAD found the configuration invalid; the old one stays in force.
     ConfigInvalid = 18, "config invalid", GiveUp;
+    /// This node is a follower: it refuses every request that spends,
+    /// refunds or resets. The error text names the primary and the epoch;
+    /// send the request there.
+    NotPrimary = 19, "not primary", Reconnect;
 }
 
 impl std::fmt::Display for Status {

@@ -418,6 +418,13 @@ fn encode_reply(w: &mut FrameWriter, buf: &mut BytesMut, request_id: u32, reply:
         Reply::Stats(s) => {
             message::put_stats(w, buf, request_id, s.shard_count, s.shard_first, &s.shards);
         }
+        Reply::Role(r) => sluice_protocol::replication::put_role_ok(w, buf, request_id, r),
+        Reply::Promote { epoch } => {
+            sluice_protocol::replication::put_promote_ok(w, buf, request_id, *epoch);
+        }
+        Reply::Failover(ok) => {
+            sluice_protocol::replication::put_failover_ok(w, buf, request_id, ok)
+        }
         Reply::Error { code, text } => {
             let status = Status::from_code(*code).expect("golden errors use known codes");
             message::put_error(w, buf, request_id, status, text);

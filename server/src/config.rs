@@ -34,6 +34,28 @@ pub const DRAIN_MS_DEFAULT: u64 = 5_000;
 /// its client a free burst.
 pub const KEYS_MAX_DEFAULT: usize = 20_000_000;
 
+/// Default time a sync-mode primary waits for its follower's ack before it
+/// serves alone (and says so: role, logs).
+pub const REPLICA_TIMEOUT_MS_DEFAULT: u64 = 300;
+
+/// Shortest `--promote-after-ms`: the primary's lease is half of it, and
+/// heartbeats go every 50 ms, so a few must fit in a lease.
+pub const PROMOTE_AFTER_MS_MIN: u64 = 200;
+
+/// A primary's replication mode (`--replication`).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, clap::ValueEnum, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Replication {
+    /// A reply that reflects a change leaves only once the follower has
+    /// acknowledged it: a kill -9 of the primary loses no decision a client
+    /// saw.
+    #[default]
+    Sync,
+    /// Replies do not wait; a crash may re-grant what the primary admitted
+    /// in its last unacknowledged interval.
+    Async,
+}
+
 // A batch must fit in flight, or a frame at the batch limit could never be read.
 const _: () = assert!(BATCH_MAX_DEFAULT <= INFLIGHT_MAX_DEFAULT);
 
@@ -103,6 +125,40 @@ pub struct Config {
     /// (RESP connections: AUTH).
     #[arg(long, env = "SLUICE_AUTH_TOKEN", hide_env_values = true)]
     pub auth_token: Option<String>,
+
+    /// Start as a follower of the primary at HOST:PORT: a full sync, then
+    /// the stream of changed buckets. A follower refuses to spend
+    /// (NOT_PRIMARY) until `sluice promote`.
+    #[arg(long, value_name = "HOST:PORT")]
+    pub replica_of: Option<String>,
+
+    /// On a primary: `sync` (a reply that reflects a change waits for the
+    /// follower's ack) or `async` (replies never wait).
+    #[arg(long, value_enum, default_value_t = Replication::Sync)]
+    pub replication: Replication,
+
+    /// Sync mode: milliseconds a reply waits for the follower's ack before
+    /// the primary gives up on it and serves alone (with automatic
+    /// promotion on, it closes those connections instead: it cannot know
+    /// whether the follower has what it decided).
+    #[arg(long, default_value_t = REPLICA_TIMEOUT_MS_DEFAULT)]
+    pub replica_timeout_ms: u64,
+
+    /// On a follower: promote itself when it has heard nothing from its
+    /// primary for this many milliseconds (it must have been in sync). Its
+    /// primary then fences itself: it stops admitting once it has had no
+    /// ack for half of it, so two primaries never admit at once. Off
+    /// unless given.
+    #[arg(long, value_name = "MS")]
+    pub promote_after_ms: Option<u64>,
+
+    /// The group's other node (HOST:PORT), for a node started as primary:
+    /// before it admits anything, and then every PEER_CHECK_MS, it asks the
+    /// peer's role, and if the peer is a primary of a newer epoch (it took
+    /// over while this node was down, paused or cut off) this node steps
+    /// down and follows it.
+    #[arg(long, value_name = "HOST:PORT")]
+    pub peer: Option<String>,
 }
 
 /// A configuration value out of its range.
@@ -149,6 +205,11 @@ struct FileConfig {
     drain_ms: Option<u64>,
     keys_max: Option<usize>,
     auth_token: Option<String>,
+    replica_of: Option<String>,
+    replication: Option<Replication>,
+    replica_timeout_ms: Option<u64>,
+    promote_after_ms: Option<u64>,
+    peer: Option<String>,
     #[serde(default)]
     tiers: BTreeMap<String, FileTier>,
 }
@@ -241,8 +302,25 @@ impl Config {
                 batch_max,
                 inflight_max,
                 drain_ms,
-                keys_max
+                keys_max,
+                replication,
+                replica_timeout_ms
             );
+            if let Some(v) = file.replica_of.clone() {
+                if from_file("replica_of") {
+                    config.replica_of = Some(v);
+                }
+            }
+            if let Some(v) = file.peer.clone() {
+                if from_file("peer") {
+                    config.peer = Some(v);
+                }
+            }
+            if let Some(v) = file.promote_after_ms {
+                if from_file("promote_after_ms") {
+                    config.promote_after_ms = Some(v);
+                }
+            }
             if let Some(v) = file.resp_port {
                 if from_file("resp_port") {
                     config.resp_port = Some(v);
@@ -296,6 +374,10 @@ impl Config {
         check("inflight-max", self.inflight_max, 1, 1 << 20)?;
         check("drain-ms", self.drain_ms, 0, 600_000)?;
         check("keys-max", self.keys_max, 0, 1 << 32)?;
+        check("replica-timeout-ms", self.replica_timeout_ms, 1, 60_000)?;
+        if let Some(ms) = self.promote_after_ms {
+            check("promote-after-ms", ms, PROMOTE_AFTER_MS_MIN, 600_000)?;
+        }
         if let Some(resp_port) = self.resp_port {
             if resp_port != 0 && resp_port == self.port {
                 return Err(ConfigError {

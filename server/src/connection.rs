@@ -30,7 +30,9 @@ use tokio::net::TcpStream;
 use tokio_util::codec::Decoder;
 
 use crate::pipeline::{Pipeline, Protocol};
+use crate::replication::primary::{replication_wait, wait_replicated};
 use crate::shard::{Adopt, ConnectionGuard, MultiVerdict, Op, Outcome, ShardCore, ShardMsg};
+use sluice_protocol::replication::{self, RoleOk, Subscribe};
 
 /// Spare read-buffer capacity kept before each read.
 const READ_CHUNK_BYTES: usize = 16 << 10;
@@ -87,6 +89,8 @@ impl Protocol for V1 {
             Outcome::Multi(m) => Local::Decide(m),
             Outcome::Lease(verdict) => lease_reply(verdict, tag.renew_ns),
             Outcome::Refused(status) => error(status.into()),
+            Outcome::Failover(Ok(ok)) => Local::Failover(ok),
+            Outcome::Failover(Err(text)) => Local::Error(Status::BadRequest, text),
             Outcome::Cell(_) => unreachable!("protocol v1 never forwards CL.THROTTLE"),
         };
         Reply::Other {
@@ -116,6 +120,9 @@ enum Local {
         ok: LeaseOk,
     },
     Reload(u32),
+    Role(Box<RoleOk>),
+    Promote(u64),
+    Failover(replication::FailoverOk),
     Stats {
         shard_count: u16,
         shard_first: u16,
@@ -139,6 +146,15 @@ fn lease_reply(verdict: LimitVerdict, renew_ns: Option<u64>) -> Local {
 struct Migration {
     shard: u16,
     request_id: u32,
+}
+
+/// Why the read-decide-write loop handed the socket on.
+#[derive(Debug)]
+enum Handoff {
+    /// HELLO bound the connection to another shard.
+    Move(Migration),
+    /// A follower subscribed: the socket becomes this shard's flow.
+    Flow(u32, Subscribe),
 }
 
 /// The state of one connection task.
@@ -167,8 +183,9 @@ struct Connection {
     authed: bool,
     /// Stop reading; close once every pending reply is written.
     closing: bool,
-    /// Set by a HELLO that binds the connection to another shard.
-    migrate: Option<Migration>,
+    /// Set by a HELLO that binds the connection to another shard, or by a
+    /// follower's SUBSCRIBE.
+    migrate: Option<Handoff>,
     /// Keeps the node's connection count while the connection lives.
     guard: ConnectionGuard,
 }
@@ -215,18 +232,36 @@ pub async fn run(core: Rc<ShardCore>, adopt: Adopt) {
     if let Err(e) = &result {
         tracing::debug!(shard = core.id, error = %e, "connection ended");
     }
-    if let Ok(Some(m)) = result {
-        conn.move_to(m);
+    match result {
+        Ok(Some(Handoff::Move(m))) => conn.move_to(m),
+        Ok(Some(Handoff::Flow(request_id, sub))) => {
+            // A flow is not a client connection: it does not hold a slot.
+            core.connection_closed();
+            let Connection { stream, rbuf, .. } = conn;
+            return crate::replication::primary::serve_flow(core, stream, rbuf, request_id, sub)
+                .await;
+        }
+        _ => {}
     }
     core.connection_closed();
 }
 
 impl Connection {
-    /// The read-decide-write loop. `Ok(Some(m))` when HELLO asked to move.
-    async fn serve(&mut self) -> std::io::Result<Option<Migration>> {
+    /// The read-decide-write loop. `Ok(Some(h))` when the socket moves on.
+    async fn serve(&mut self) -> std::io::Result<Option<Handoff>> {
         let mut draining = self.core.draining.subscribe();
         let mut replies = Vec::new();
         loop {
+            if let Some(need) = replication_wait(&self.core) {
+                // Sync mode: these replies reflect changes the follower
+                // must have first.
+                if !wait_replicated(&self.core, need).await && self.core.node.repl.fencing() {
+                    // The follower may be promoted without them: the
+                    // client must not learn they were admitted. It sees
+                    // the connection drop (outcome unknown).
+                    return Ok(None);
+                }
+            }
             self.flush().await?;
             if let Some(m) = self.migrate.take() {
                 return Ok(Some(m));
@@ -297,9 +332,11 @@ impl Connection {
             return;
         }
         let now_ns = self.core.clock.now_ns();
+        self.core.sync_epoch();
+        let primary = self.core.node.repl.admits(now_ns);
         self.hash_and_prefetch(frame);
         for (i, (h, payload)) in frame.messages().enumerate() {
-            if self.closing {
+            if self.closing || self.migrate.is_some() {
                 // AUTH_FAILED: nothing after it in the frame is served.
                 break;
             }
@@ -307,7 +344,17 @@ impl Connection {
                 self.push(h.request_id, error(Status::AuthRequired.into()));
                 continue;
             }
+            if h.op == replication::op::SUBSCRIBE {
+                self.subscribe(h.request_id, payload, frame.len());
+                continue;
+            }
             match Request::parse(h, payload) {
+                Ok(Request::Throttle(_) | Request::Release(_) | Request::Renew(_)) if !primary => {
+                    self.not_primary(h.request_id)
+                }
+                Ok(Request::Decide(d)) if !primary && d.mode != message::Mode::Probe => {
+                    self.not_primary(h.request_id)
+                }
                 Ok(Request::Throttle(t)) => {
                     self.decide(h.request_id, &t, self.hashes[i], false, now_ns)
                 }
@@ -319,6 +366,12 @@ impl Connection {
                 Ok(Request::Renew(op)) => self.lease(h.request_id, &op, true, now_ns),
                 Ok(Request::Reload) => self.reload(h.request_id),
                 Ok(Request::Stats(st)) => self.stats(h.request_id, st.shard_first),
+                Ok(Request::Role) => {
+                    let role = Box::new(self.core.node.repl.role_ok());
+                    self.push(h.request_id, Local::Role(role));
+                }
+                Ok(Request::Promote) => self.promote(h.request_id),
+                Ok(Request::Failover) => self.failover(h.request_id),
                 Err(e) => self.push(h.request_id, error(e)),
             }
         }
@@ -469,6 +522,72 @@ impl Connection {
         }
     }
 
+    /// A follower refuses to spend: NOT_PRIMARY, naming the primary.
+    fn not_primary(&mut self, request_id: u32) {
+        let text = self.core.node.repl.not_primary_text();
+        self.push(request_id, Local::Error(Status::NotPrimary, text));
+    }
+
+    /// PROMOTE: this follower becomes the primary at a new epoch (on a
+    /// fenced or probing primary: lifts the fence, the operator having
+    /// made sure the follower is gone).
+    fn promote(&mut self, request_id: u32) {
+        let repl = &self.core.node.repl;
+        let now_ns = self.core.clock.now_ns();
+        let result = if repl.is_primary() && !repl.admits(now_ns) {
+            repl.unfence()
+        } else {
+            repl.promote(self.core.node.addr.to_string())
+        };
+        match result {
+            Ok(epoch) => {
+                self.core.sync_epoch();
+                self.push(request_id, Local::Promote(epoch));
+            }
+            Err(text) => self.push(request_id, Local::Error(Status::BadRequest, text)),
+        }
+    }
+
+    /// FAILOVER: a planned handover, answered (in order) when it is done.
+    fn failover(&mut self, request_id: u32) {
+        let tag = Tag {
+            request_id,
+            peek: false,
+            renew_ns: None,
+        };
+        let (seq, tx) = self.pipe.defer(tag);
+        let core = self.core.clone();
+        tokio::task::spawn_local(async move {
+            let result = crate::replication::primary::failover(core).await;
+            let outcomes = vec![(seq, Outcome::Failover(result))];
+            let _ = tx.send(crate::shard::BatchReply { outcomes });
+        });
+    }
+
+    /// SUBSCRIBE: a follower asks for this shard's flow. The connection must
+    /// be bound to this shard by its HELLO, with the SUBSCRIBE alone in its
+    /// frame and nothing in flight; the socket then becomes the flow.
+    fn subscribe(&mut self, request_id: u32, payload: &[u8], frame_len: usize) {
+        let Some(sub) = Subscribe::parse(payload) else {
+            return self.push(request_id, error(Status::BadRequest.into()));
+        };
+        if !self.core.node.repl.is_primary() {
+            return self.not_primary(request_id);
+        }
+        if sub.shard != self.core.id
+            || frame_len != 1
+            || !self.pipe.is_empty()
+            || self.pipe.has_unsent()
+        {
+            let text = format!(
+                "SUBSCRIBE must come alone, with nothing in flight, on a connection bound to shard {}",
+                sub.shard
+            );
+            return self.push(request_id, Local::Error(Status::BadRequest, text));
+        }
+        self.migrate = Some(Handoff::Flow(request_id, sub));
+    }
+
     /// RELOAD: re-reads the config file's tiers (a small file, read on this
     /// thread) and hands them to every shard; this shard uses them at once.
     fn reload(&mut self, request_id: u32) {
@@ -541,7 +660,7 @@ impl Connection {
                     .to_owned();
             return self.push(request_id, Local::Error(Status::BadRequest, text));
         }
-        self.migrate = Some(Migration { shard, request_id });
+        self.migrate = Some(Handoff::Move(Migration { shard, request_id }));
     }
 
     fn hello_ok(&self, shard: Option<u16>) -> HelloOk {
@@ -551,7 +670,7 @@ impl Connection {
             shard,
             routing: ROUTING_XXH3_128_MULSHIFT,
             node_id: self.core.node.node_id,
-            epoch: self.core.node.epoch,
+            epoch: self.core.node.epoch(),
         }
     }
 
@@ -621,6 +740,9 @@ fn encode_local(w: &mut FrameWriter, buf: &mut BytesMut, request_id: u32, reply:
         Local::Decide(m) => message::put_decide_ok(w, buf, request_id, m.verdicts()),
         Local::Lease { renew, ok } => message::put_lease_ok(w, buf, request_id, *renew, ok),
         Local::Reload(n) => message::put_reload_ok(w, buf, request_id, *n),
+        Local::Role(r) => replication::put_role_ok(w, buf, request_id, r),
+        Local::Promote(epoch) => replication::put_promote_ok(w, buf, request_id, *epoch),
+        Local::Failover(ok) => replication::put_failover_ok(w, buf, request_id, ok),
         Local::Stats {
             shard_count,
             shard_first,

@@ -12,6 +12,8 @@
 //!   connection task (redis-cli, redis-benchmark, redis-cell's CL.THROTTLE).
 //! - [`pipeline`]: the reply ordering and forwarding both connection kinds
 //!   share.
+//! - [`replication`]: role and epoch, a primary shard's flow to its
+//!   follower, the follower's flows and how it applies them.
 //! - [`inbox`]: the queue other threads use to reach a shard (loom-checked).
 //! - [`sync`]: the shim every sync primitive comes through (std or loom).
 //!
@@ -21,6 +23,7 @@ pub mod config;
 pub mod connection;
 pub mod inbox;
 pub mod pipeline;
+pub mod replication;
 pub mod resp;
 pub mod server;
 pub mod shard;

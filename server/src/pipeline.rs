@@ -147,6 +147,16 @@ impl<P: Protocol> Pipeline<P> {
         self.fwd[usize::from(shard)].push(FwdItem { seq, key, op });
     }
 
+    /// Takes the next request, to be answered later by a task of this
+    /// thread (a planned failover): its reply waits in order; the task
+    /// sends `(seq, outcome)` as a [`BatchReply`] to the returned sender.
+    pub fn defer(&mut self, tag: P::Tag) -> (u64, Sender<BatchReply>) {
+        let seq = self.head_seq + self.pending.len() as u64;
+        self.pending.push_back(Slot::Waiting(tag));
+        self.batches_out += 1;
+        (seq, self.replies_tx.clone())
+    }
+
     /// Sends each shard its batch; requests a shard no longer accepts
     /// (shutting down) are answered [`Protocol::refused`]. Then hands the
     /// ready prefix to `emit`.

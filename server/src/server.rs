@@ -95,11 +95,17 @@ impl Server {
         let node_id = std::collections::hash_map::RandomState::new()
             .build_hasher()
             .finish();
+        let repl = crate::replication::ReplNode::new(
+            config.replica_of.as_deref(),
+            config.peer.as_deref(),
+            bound_addr(&listener).to_string(),
+            config.replication,
+        );
         let node = Arc::new(Node {
             config,
             shard_count,
             node_id,
-            epoch: 0,
+            repl,
             shards: senders,
             addr: bound_addr(&listener),
             resp_addr: resp_listener.as_ref().map(bound_addr),

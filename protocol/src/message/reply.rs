@@ -141,6 +141,14 @@ pub enum Reply {
         tier_count: u32,
     },
     Stats(StatsOk),
+    /// ROLE_OK.
+    Role(crate::replication::RoleOk),
+    /// PROMOTE_OK: the node is primary at this epoch.
+    Promote {
+        epoch: u64,
+    },
+    /// FAILOVER_OK.
+    Failover(crate::replication::FailoverOk),
     /// An error: the code (which a newer server may send unknown to us) and
     /// the human text.
     Error {
@@ -182,6 +190,15 @@ impl Reply {
                 tier_count: u32_at(p, 0),
             }),
             op::STATS_OK => parse_stats_ok(p).map(Reply::Stats),
+            crate::replication::op::ROLE_OK => {
+                crate::replication::RoleOk::parse(p).map(Reply::Role)
+            }
+            crate::replication::op::FAILOVER_OK => {
+                crate::replication::FailoverOk::parse(p).map(Reply::Failover)
+            }
+            crate::replication::op::PROMOTE_OK if p.len() == 8 => Some(Reply::Promote {
+                epoch: u64_at(p, 0),
+            }),
             op::ERROR if p.len() >= 4 && p.len() == 4 + usize::from(u16_at(p, 2)) => {
                 Some(Reply::Error {
                     code: u16_at(p, 0),

@@ -305,6 +305,12 @@ pub enum Request<'a> {
     Renew(LeaseOp<'a>),
     Reload,
     Stats(Stats),
+    /// ROLE: the node's role, epoch and replication state.
+    Role,
+    /// PROMOTE: make this follower the primary (raises the epoch).
+    Promote,
+    /// FAILOVER: planned handover to the follower.
+    Failover,
 }
 
 impl<'a> Request<'a> {
@@ -326,6 +332,12 @@ impl<'a> Request<'a> {
             op::RELOAD if payload.is_empty() => Ok(Request::Reload),
             op::RELOAD => Err(LayoutError::Length.into()),
             op::STATS => Ok(Request::Stats(parse_stats(payload)?)),
+            crate::replication::op::ROLE if payload.is_empty() => Ok(Request::Role),
+            crate::replication::op::PROMOTE if payload.is_empty() => Ok(Request::Promote),
+            crate::replication::op::FAILOVER if payload.is_empty() => Ok(Request::Failover),
+            crate::replication::op::ROLE
+            | crate::replication::op::PROMOTE
+            | crate::replication::op::FAILOVER => Err(LayoutError::Length.into()),
             _ => Err(Status::UnknownOp.into()),
         }
     }
@@ -349,6 +361,11 @@ impl<'a> Request<'a> {
             Request::Release(l) => w.message(buf, op::RELEASE, request_id, |b| put_lease_op(b, l)),
             Request::Renew(l) => w.message(buf, op::RENEW, request_id, |b| put_lease_op(b, l)),
             Request::Reload => w.message(buf, op::RELOAD, request_id, |_| {}),
+            Request::Role => w.message(buf, crate::replication::op::ROLE, request_id, |_| {}),
+            Request::Promote => w.message(buf, crate::replication::op::PROMOTE, request_id, |_| {}),
+            Request::Failover => {
+                w.message(buf, crate::replication::op::FAILOVER, request_id, |_| {})
+            }
             // The usual request, from shard 0, is the empty payload.
             Request::Stats(s) => w.message(buf, op::STATS, request_id, |b| {
                 if s.shard_first != 0 {

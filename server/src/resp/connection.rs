@@ -28,6 +28,7 @@ use super::command::{self, Command, Reply};
 use super::parser::{Args, Parser};
 use crate::connection::constant_time_eq;
 use crate::pipeline::{Pipeline, Protocol};
+use crate::replication::primary::{replication_wait, wait_replicated};
 use crate::shard::{AdoptResp, ConnectionGuard, Op, Outcome, ShardCore};
 
 /// Spare read-buffer capacity kept before each read.
@@ -132,6 +133,14 @@ impl RespConnection {
         let mut replies = Vec::new();
         let inflight_max = self.session.core.node.config.inflight_max;
         loop {
+            if let Some(need) = replication_wait(&self.session.core) {
+                // Sync mode: these replies reflect changes the follower
+                // must have first (see the v1 connection).
+                let core = &self.session.core;
+                if !wait_replicated(core, need).await && core.node.repl.fencing() {
+                    return Ok(());
+                }
+            }
             let s = &mut self.session;
             if !s.wbuf.is_empty() {
                 self.stream.write_all(&s.wbuf).await?;
@@ -234,6 +243,20 @@ impl Session {
             return self.reply(Reply::no_auth());
         }
         match command {
+            Command::Throttle(_)
+                if !self
+                    .core
+                    .node
+                    .repl
+                    .admits(*now_ns.get_or_insert_with(|| self.core.clock.now_ns())) =>
+            {
+                // Redis's own words for a write sent to a replica, then ours.
+                let text = format!(
+                    "READONLY You can't write against a read only replica. {}",
+                    self.core.node.repl.not_primary_text()
+                );
+                self.reply(Reply::Error(text));
+            }
             Command::Throttle(t) => {
                 let key = key_hash(t.key);
                 let shard = shard_of(key, self.core.node.shard_count);

@@ -69,6 +69,24 @@ pub struct BucketMap<V> {
     cursor: usize,
     /// Records dropped because they had refilled.
     swept_total: u64,
+    /// A full sync reading the slots in order, if one is in progress.
+    export: Option<Export>,
+}
+
+/// A walk over the slots for a full sync, while the table keeps changing.
+///
+/// Robin Hood moves records that did not change: backward-shift deletion
+/// pulls a record one slot back, insertion pushes residents forward (and
+/// round the end to slot 0). A record moved from the part not yet read to
+/// the part already read would be missed, so every record written below
+/// the cursor is noted in `moved` for the sync to send; growth starts the
+/// walk again from slot 0.
+#[derive(Debug, Default)]
+struct Export {
+    /// Slots below this have been read.
+    cursor: usize,
+    /// Keys written below `cursor` since the caller last took them.
+    moved: Vec<u128>,
 }
 
 /// Key 0 marks an empty slot, so the one key hash that is 0 is stored as 1
@@ -93,6 +111,59 @@ impl<V: Record> BucketMap<V> {
             len: 0,
             cursor: 0,
             swept_total: 0,
+            export: None,
+        }
+    }
+
+    /// Starts (or restarts) a full-sync walk from slot 0.
+    pub fn export_start(&mut self) {
+        self.export = Some(Export::default());
+    }
+
+    /// Ends the walk.
+    pub fn export_stop(&mut self) {
+        self.export = None;
+    }
+
+    /// The next records of the walk: reads up to `slots` slots at the
+    /// cursor into `out`. `true` when the walk has read every slot (and so
+    /// has ended). Call [`BucketMap::export_moved`] too, every time.
+    pub fn export_step(&mut self, slots: usize, out: &mut Vec<(u128, V)>) -> bool {
+        let Some(e) = &mut self.export else {
+            return true;
+        };
+        if e.cursor >= self.slots.len() {
+            return true;
+        }
+        let end = e.cursor.saturating_add(slots).min(self.slots.len());
+        for slot in &self.slots[e.cursor..end] {
+            if slot.key != 0 {
+                out.push((slot.key, slot.value));
+            }
+        }
+        e.cursor = end;
+        if end == self.slots.len() {
+            // What moved below the cursor is still to be taken.
+            e.cursor = usize::MAX;
+        }
+        end == self.slots.len()
+    }
+
+    /// Keys the walk would otherwise miss (moved below its cursor); the
+    /// caller sends their current state.
+    pub fn export_moved(&mut self, out: &mut Vec<u128>) {
+        if let Some(e) = &mut self.export {
+            out.append(&mut e.moved);
+        }
+    }
+
+    /// Notes a record written at `index` for the walk (see [`Export`]).
+    #[inline]
+    fn note_write(&mut self, index: usize) {
+        if let Some(e) = &mut self.export {
+            if index < e.cursor {
+                e.moved.push(self.slots[index].key);
+            }
         }
     }
 
@@ -218,11 +289,13 @@ impl<V: Record> BucketMap<V> {
         loop {
             if self.slots[index].key == 0 {
                 self.slots[index] = moving;
+                self.note_write(index);
                 return;
             }
             let resident = self.distance(index);
             if resident < dist {
                 std::mem::swap(&mut self.slots[index], &mut moving);
+                self.note_write(index);
                 dist = resident;
             }
             index = self.next(index);
@@ -248,6 +321,7 @@ impl<V: Record> BucketMap<V> {
                 break;
             }
             self.slots[index] = self.slots[next];
+            self.note_write(index);
             index = next;
         }
         self.len -= 1;
@@ -288,6 +362,11 @@ impl<V: Record> BucketMap<V> {
         let capacity = self.slots.len() * GROWTH_NUM / GROWTH_DEN + 1;
         let old = std::mem::replace(&mut self.slots, zeroed_slots(capacity));
         self.cursor = 0;
+        if let Some(e) = &mut self.export {
+            // Every record moves: read them all again.
+            e.cursor = 0;
+            e.moved.clear();
+        }
         for slot in old {
             if slot.key != 0 {
                 self.place(slot);

@@ -25,6 +25,8 @@ use tokio::sync::{mpsc, watch};
 use crate::config::Config;
 use crate::connection;
 use crate::inbox::{Receiver, Sender};
+use crate::replication::primary::FlowShard;
+use crate::replication::{follower, ReplNode};
 use crate::resp;
 use crate::sync::{Arc, AtomicU64, AtomicUsize, Ordering};
 use crate::tiers::Tiers;
@@ -46,6 +48,17 @@ pub enum ShardMsg {
     Batch(Batch),
     /// Use these tiers from now on (a reload).
     Tiers(Arc<Tiers>),
+    /// Follower: clear the table, a new full sync starts.
+    Reset(follower::Reset),
+    /// Follower: start a flow from a primary shard on this shard.
+    Flow(follower::StartFlow),
+    /// Follower: apply these records (from a flow on another shard).
+    Apply(follower::Apply),
+    /// Planned failover: say once the follower has everything this shard
+    /// changed.
+    Handover(tokio::sync::oneshot::Sender<bool>),
+    /// Planned failover: this shard's flow hands over at this epoch.
+    Takeover(u64),
     /// Shutdown, step 1: stop reading new requests, finish the ones in
     /// flight, close connections, then report drained. Keep serving
     /// batches: other shards' connections may still be finishing.
@@ -150,6 +163,8 @@ pub enum Outcome {
     Multi(Box<MultiVerdict>),
     /// For RELEASE and RENEW.
     Lease(LimitVerdict),
+    /// For FAILOVER (answered by a task of the connection's own shard).
+    Failover(Result<sluice_protocol::replication::FailoverOk, String>),
     /// The request was refused (KEYS_FULL, LEASE_NOT_FOUND).
     Refused(Status),
 }
@@ -225,8 +240,8 @@ pub struct Node {
     pub shard_count: u16,
     /// Random identity of this process, announced in HELLO_OK.
     pub node_id: u64,
-    /// Replication epoch (0 until replication exists).
-    pub epoch: u64,
+    /// Role, epoch and replication state (they change at run time).
+    pub repl: ReplNode,
     /// Every shard's inbox, by shard id.
     pub shards: Vec<Sender<ShardMsg>>,
     /// The protocol v1 listener's address.
@@ -268,6 +283,11 @@ impl PublishedStats {
 }
 
 impl Node {
+    /// The node's epoch now.
+    pub fn epoch(&self) -> u64 {
+        self.repl.epoch()
+    }
+
     /// Re-reads the tiers from the config file and hands them to every
     /// shard (each swaps them in between two messages). The old tiers stay
     /// in force if the file is not valid.
@@ -299,6 +319,14 @@ pub struct ShardCore {
     pub connections: Cell<usize>,
     /// The named tiers in force on this shard (swapped by a reload).
     pub tiers: RefCell<Arc<Tiers>>,
+    /// Primary: this shard's flow to the follower.
+    pub flow: RefCell<FlowShard>,
+    /// Follower: the following attempt this shard's table belongs to
+    /// (records of older attempts are dropped).
+    pub follow_gen: Cell<u64>,
+    /// The epoch this shard's lease ids are drawn for (see
+    /// [`ShardCore::sync_epoch`]).
+    pub lease_epoch: Cell<u64>,
     /// Told this shard's id once it has drained.
     drained_tx: mpsc::UnboundedSender<u16>,
     /// Whether `drained_tx` has been used.
@@ -367,6 +395,19 @@ impl ShardCore {
         ))
     }
 
+    /// Moves lease ids to the node's epoch if it changed (a promotion),
+    /// before anything can acquire in the new epoch. One relaxed load.
+    #[inline]
+    pub fn sync_epoch(&self) {
+        let epoch = self.node.epoch();
+        if self.lease_epoch.get() != epoch {
+            self.lease_epoch.set(epoch);
+            self.table
+                .borrow_mut()
+                .set_lease_id_base(table::lease_id_base(epoch, self.id));
+        }
+    }
+
     /// Publishes this shard's counters for STATS (a few relaxed stores).
     pub fn publish_stats(&self) {
         let t = self.table.borrow();
@@ -396,8 +437,10 @@ impl ShardCore {
         }
     }
 
-    /// Decides a forwarded batch and sends the outcomes back.
-    fn decide_batch(&self, batch: Batch) {
+    /// Decides a forwarded batch and sends the outcomes back (in sync
+    /// mode, once the follower has what they changed).
+    fn decide_batch(self: &Rc<Self>, batch: Batch) {
+        self.sync_epoch();
         let now_ns = self.clock.now_ns();
         let mut table = self.table.borrow_mut();
         let outcomes = batch
@@ -407,8 +450,27 @@ impl ShardCore {
             .collect();
         drop(table);
         self.publish_stats();
-        // A connection that has gone away no longer needs its answers.
-        let _ = batch.reply_to.send(BatchReply { outcomes });
+        let reply = BatchReply { outcomes };
+        match crate::replication::primary::replication_wait(self) {
+            // A connection that has gone away no longer needs its answers.
+            None => drop(batch.reply_to.send(reply)),
+            Some(need) => {
+                let core = self.clone();
+                tokio::task::spawn_local(async move {
+                    let mut reply = reply;
+                    if !crate::replication::primary::wait_replicated(&core, need).await
+                        && core.node.repl.fencing()
+                    {
+                        // Not known to the follower, which may be promoted:
+                        // the clients must not be told these admitted.
+                        for (_, outcome) in &mut reply.outcomes {
+                            *outcome = Outcome::Refused(Status::NotPrimary);
+                        }
+                    }
+                    let _ = batch.reply_to.send(reply);
+                });
+            }
+        }
     }
 }
 
@@ -433,12 +495,17 @@ pub fn spawn(
                 .expect("a shard's runtime builds");
             let local = tokio::task::LocalSet::new();
             let tiers = RefCell::new(Arc::new(node.config.tiers.clone()));
-            // Lease ids are unique per node: each shard counts in its own
-            // range of 2^48.
-            let table = Table::with_cap(node.config.keys_max, u64::from(id) << 48);
+            // Lease ids are unique per node and epoch: each shard counts in
+            // its own range.
+            let base = table::lease_id_base(node.epoch(), id);
+            let table = Table::with_cap(node.config.keys_max, base);
+            let lease_epoch = Cell::new(node.epoch());
             let core = Rc::new(ShardCore {
                 id,
                 tiers,
+                flow: RefCell::default(),
+                follow_gen: Cell::new(0),
+                lease_epoch,
                 table: RefCell::new(table),
                 node,
                 clock,
@@ -458,6 +525,12 @@ pub fn spawn(
 /// closed.
 async fn run(core: Rc<ShardCore>, mut rx: Receiver<ShardMsg>) {
     tokio::task::spawn_local(sweep_heap_periodically(core.clone()));
+    if let (0, Some(primary)) = (core.id, core.node.config.replica_of.clone()) {
+        tokio::task::spawn_local(follower::follow(core.clone(), primary));
+    }
+    if let (0, Some(peer)) = (core.id, core.node.config.peer.clone()) {
+        tokio::task::spawn_local(follower::watch_peer(core.clone(), peer));
+    }
     let mut msgs = Vec::new();
     let mut stopped = false;
     while rx.recv_many(&mut msgs).await {
@@ -475,6 +548,37 @@ async fn run(core: Rc<ShardCore>, mut rx: Receiver<ShardMsg>) {
                 }
                 ShardMsg::Tiers(tiers) => {
                     *core.tiers.borrow_mut() = tiers;
+                }
+                ShardMsg::Reset(r) => {
+                    core.table.borrow_mut().clear();
+                    core.follow_gen.set(r.generation);
+                    let _ = r.done.send(());
+                }
+                ShardMsg::Flow(f) if !stopped => {
+                    tokio::task::spawn_local(follower::run_flow(core.clone(), f));
+                }
+                ShardMsg::Flow(_) => {}
+                ShardMsg::Handover(done) => {
+                    let core = core.clone();
+                    tokio::task::spawn_local(async move {
+                        let ok = crate::replication::primary::handed_over(core).await;
+                        let _ = done.send(ok);
+                    });
+                }
+                ShardMsg::Takeover(epoch) => {
+                    let mut flow = core.flow.borrow_mut();
+                    flow.takeover = Some(epoch);
+                    flow.wake.notify_one();
+                }
+                ShardMsg::Apply(a) => {
+                    if a.generation == core.follow_gen.get() {
+                        let now_ns = core.clock.now_ns();
+                        let mut table = core.table.borrow_mut();
+                        for r in a.records {
+                            table.import(r.key, r.kind, r.state, now_ns);
+                        }
+                    }
+                    let _ = a.done.send(());
                 }
                 ShardMsg::Drain => {
                     core.draining.send_replace(true);

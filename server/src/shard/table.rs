@@ -16,7 +16,7 @@
 //! `refused_total`) rather than evicting a partly spent bucket, which would
 //! hand that client a free burst.
 
-use hashbrown::HashMap;
+use hashbrown::{HashMap, HashSet};
 use sluice_protocol::cell::{self, CellPolicy, CellVerdict};
 use sluice_protocol::gcra::{self, Bucket, Verdict};
 use sluice_protocol::limit::concurrency::{self, ConcurrencyState};
@@ -25,6 +25,7 @@ use sluice_protocol::limit::sliding_counter::{self, SlidingCounterState};
 use sluice_protocol::limit::sliding_log::{self, SlidingLogState};
 use sluice_protocol::limit::{Concurrency, Decision, Kind, Limit, Window};
 pub use sluice_protocol::message::{LimitVerdict, Mode};
+use sluice_protocol::replication::State;
 use sluice_protocol::{Policy, Status};
 
 use super::bucket_map::{BucketMap, Record};
@@ -36,6 +37,15 @@ pub use sluice_protocol::message::LIMITS_MAX;
 /// meets `keys_max`: the cap costs bounded work per request, never a pass
 /// over the whole table.
 pub const EVICT_SCAN_SLOTS: usize = 1024;
+
+/// Where shard `shard`'s lease ids start in epoch `epoch`: ids are unique
+/// per (epoch, shard), 2^32 of them each, so a follower promoted to a new
+/// epoch never hands out an id its old primary gave (the ids of leases it
+/// received still work: they are in the replicated state). Epochs wrap
+/// after 2^16 promotions.
+pub fn lease_id_base(epoch: u64, shard: u16) -> u64 {
+    ((epoch & 0xffff) << 48) | (u64::from(shard) << 32)
+}
 
 /// How often a shard sweeps its sliding logs and lease lists.
 pub const HEAP_SWEEP_MS: u64 = 1_000;
@@ -197,6 +207,10 @@ pub struct Table {
     heap_bytes: usize,
     /// Decisions, evictions and refusals so far.
     pub counters_total: Counters,
+    /// Buckets written since replication last took them: the one write
+    /// hook (see [`Table::changed`]). `None` while no follower is attached,
+    /// so a node without one tracks nothing.
+    changes: Option<HashSet<(u128, Kind), FoldState>>,
 }
 
 impl Table {
@@ -212,6 +226,242 @@ impl Table {
             keys_max,
             next_lease_id: lease_id_base,
             ..Table::default()
+        }
+    }
+
+    /// Lease ids from now on start above `base` (see [`lease_id_base`]):
+    /// a promoted follower moves to its new epoch's range, so it never
+    /// hands out an id its old primary may have given.
+    pub fn set_lease_id_base(&mut self, base: u64) {
+        self.next_lease_id = base;
+    }
+
+    /// Starts recording every written bucket (a follower attached).
+    pub fn track_changes(&mut self) {
+        self.changes.get_or_insert_with(HashSet::default);
+    }
+
+    /// Stops recording (no follower any more) and forgets what was recorded.
+    pub fn untrack_changes(&mut self) {
+        self.changes = None;
+    }
+
+    /// Whether changes are recorded and some are waiting.
+    #[inline]
+    pub fn has_changes(&self) -> bool {
+        self.changes.as_ref().is_some_and(|c| !c.is_empty())
+    }
+
+    /// The one write hook: every write to a bucket of any kind (decisions,
+    /// refunds, resets, lease acquire/release/renew, imports excepted)
+    /// records the bucket here, so replication ships its latest state.
+    /// Sweeps and evictions do not call it: they only drop buckets that are
+    /// full, and a full bucket is the same as an absent one on the follower
+    /// too (same state, same clock basis), whose own sweeps drop it.
+    #[inline]
+    fn changed(&mut self, kind: Kind, bucket: u128) {
+        if let Some(c) = &mut self.changes {
+            c.insert((bucket, kind));
+        }
+    }
+
+    /// Whether changes are being recorded.
+    pub fn tracking(&self) -> bool {
+        self.changes.is_some()
+    }
+
+    /// Starts a full sync: changes are recorded from now on, and each
+    /// fixed-size table starts a walk over its slots.
+    pub fn export_start(&mut self) {
+        self.track_changes();
+        self.buckets.export_start();
+        self.fixed.export_start();
+        self.counters.export_start();
+    }
+
+    /// Ends the walks (the full sync is done or abandoned).
+    pub fn export_stop(&mut self) {
+        self.buckets.export_stop();
+        self.fixed.export_stop();
+        self.counters.export_stop();
+    }
+
+    /// The sliding logs' and lease lists' keys, for a full sync (these
+    /// tables are small next to the fixed-size ones, so they are listed
+    /// at once; each key's state is read when it is sent).
+    pub fn heap_keys(&self) -> Vec<(u128, Kind)> {
+        let logs = self.logs.keys().map(|&k| (k, Kind::SlidingLog));
+        let leases = self.leases.keys().map(|&k| (k, Kind::Concurrency));
+        logs.chain(leases).collect()
+    }
+
+    /// One step of a full sync: up to `slots` slots of the first walk not
+    /// done, or as many keys of `heap_keys`, with their states, into `out`.
+    /// `true` once everything has been read.
+    pub fn export_step(
+        &mut self,
+        slots: usize,
+        heap_keys: &mut Vec<(u128, Kind)>,
+        out: &mut Vec<(u128, Kind, Option<State>)>,
+    ) -> bool {
+        let mut fixed = Vec::new();
+        if !self.buckets.export_step(slots, &mut fixed) {
+            out.extend(
+                fixed
+                    .iter()
+                    .map(|&(k, b)| (k, Kind::TokenBucket, Some(State::TokenBucket(b)))),
+            );
+            return false;
+        }
+        out.extend(
+            fixed
+                .iter()
+                .map(|&(k, b)| (k, Kind::TokenBucket, Some(State::TokenBucket(b)))),
+        );
+        let mut windows = Vec::new();
+        let done = self.fixed.export_step(slots, &mut windows);
+        out.extend(windows.iter().map(|&(k, w)| {
+            let state = State::FixedWindow {
+                window_ns: w.window_ns,
+                state: w.state,
+            };
+            (k, Kind::FixedWindow, Some(state))
+        }));
+        if !done {
+            return false;
+        }
+        let mut counters = Vec::new();
+        let done = self.counters.export_step(slots, &mut counters);
+        out.extend(counters.iter().map(|&(k, w)| {
+            let state = State::SlidingCounter {
+                window_ns: w.window_ns,
+                state: w.state,
+            };
+            (k, Kind::SlidingCounter, Some(state))
+        }));
+        if !done {
+            return false;
+        }
+        let take = heap_keys.len().min(slots / 8 + 1);
+        for (k, kind) in heap_keys.drain(heap_keys.len() - take..) {
+            if let Some(state) = self.export(kind, k) {
+                out.push((k, kind, Some(state)));
+            }
+        }
+        heap_keys.is_empty()
+    }
+
+    /// Takes the buckets written since the last call, each with its state
+    /// now (`None`: gone), into `out`. Many writes to one bucket are one
+    /// entry: this is where a hot key's decisions coalesce. Records a full
+    /// sync's walk would miss (moved by the table, see `BucketMap`) are
+    /// included.
+    pub fn take_changes(&mut self, out: &mut Vec<(u128, Kind, Option<State>)>) {
+        let Some(changes) = self.changes.as_mut() else {
+            return;
+        };
+        let mut moved = Vec::new();
+        for (map_moved, kind) in [
+            (&mut self.buckets as &mut dyn ExportMoved, Kind::TokenBucket),
+            (&mut self.fixed, Kind::FixedWindow),
+            (&mut self.counters, Kind::SlidingCounter),
+        ] {
+            moved.clear();
+            map_moved.moved(&mut moved);
+            changes.extend(moved.iter().map(|&k| (k, kind)));
+        }
+        let keys: Vec<(u128, Kind)> = changes.drain().collect();
+        for (bucket, kind) in keys {
+            out.push((bucket, kind, self.export(kind, bucket)));
+        }
+    }
+
+    /// A bucket's state, as replication and snapshots carry it.
+    pub fn export(&self, kind: Kind, bucket: u128) -> Option<State> {
+        match kind {
+            Kind::TokenBucket => self.buckets.get(bucket).map(|b| State::TokenBucket(*b)),
+            Kind::FixedWindow => self.fixed.get(bucket).map(|w| State::FixedWindow {
+                window_ns: w.window_ns,
+                state: w.state,
+            }),
+            Kind::SlidingCounter => self.counters.get(bucket).map(|w| State::SlidingCounter {
+                window_ns: w.window_ns,
+                state: w.state,
+            }),
+            Kind::SlidingLog => self
+                .logs
+                .get(&bucket)
+                .map(|(log, window_ns)| State::SlidingLog {
+                    window_ns: *window_ns,
+                    log: log.clone(),
+                }),
+            Kind::Concurrency => self
+                .leases
+                .get(&bucket)
+                .map(|l| State::Concurrency(l.clone())),
+        }
+    }
+
+    /// Every bucket key of every kind, for a full sync.
+    pub fn keys(&self) -> Vec<(u128, Kind)> {
+        let mut out = Vec::with_capacity(self.len());
+        out.extend(self.buckets.iter().map(|(k, _)| (k, Kind::TokenBucket)));
+        out.extend(self.fixed.iter().map(|(k, _)| (k, Kind::FixedWindow)));
+        out.extend(self.counters.iter().map(|(k, _)| (k, Kind::SlidingCounter)));
+        out.extend(self.logs.keys().map(|&k| (k, Kind::SlidingLog)));
+        out.extend(self.leases.keys().map(|&k| (k, Kind::Concurrency)));
+        out
+    }
+
+    /// Stores a bucket's state as its primary sent it (`None`: drops it).
+    /// Not a decision: no counter moves, no cap applies (the primary
+    /// already admitted it), nothing is recorded as changed.
+    pub fn import(&mut self, bucket: u128, kind: Kind, state: Option<State>, now_ns: u64) {
+        match (kind, state) {
+            (Kind::TokenBucket, Some(State::TokenBucket(b))) => {
+                store_map(&mut self.buckets, bucket, Some(b), now_ns);
+            }
+            (Kind::FixedWindow, Some(State::FixedWindow { window_ns, state })) => {
+                let w = Windowed { state, window_ns };
+                store_map(&mut self.fixed, bucket, Some(w), now_ns);
+            }
+            (Kind::SlidingCounter, Some(State::SlidingCounter { window_ns, state })) => {
+                let w = Windowed { state, window_ns };
+                store_map(&mut self.counters, bucket, Some(w), now_ns);
+            }
+            (Kind::SlidingLog, Some(State::SlidingLog { window_ns, log })) => {
+                drop(self.take_log(bucket));
+                self.put_log(bucket, Some((log, window_ns)));
+            }
+            (Kind::Concurrency, Some(State::Concurrency(leases))) => {
+                drop(self.take_leases(bucket));
+                self.put_leases(bucket, Some(leases));
+            }
+            (kind, None) => self.drop_bucket(kind, bucket),
+            (kind, Some(state)) => {
+                debug_assert!(false, "a {kind:?} bucket with a {:?} state", state.kind());
+            }
+        }
+    }
+
+    /// Drops every bucket (a follower starting a new full sync).
+    pub fn clear(&mut self) {
+        let (keys_max, lease, counters) = (self.keys_max, self.next_lease_id, self.counters_total);
+        let tracking = self.changes.is_some();
+        *self = Table::with_cap(keys_max, lease);
+        self.counters_total = counters;
+        if tracking {
+            self.track_changes();
+        }
+    }
+
+    fn drop_bucket(&mut self, kind: Kind, bucket: u128) {
+        match kind {
+            Kind::TokenBucket => drop(self.buckets.remove(bucket)),
+            Kind::FixedWindow => drop(self.fixed.remove(bucket)),
+            Kind::SlidingCounter => drop(self.counters.remove(bucket)),
+            Kind::SlidingLog => drop(self.take_log(bucket)),
+            Kind::Concurrency => drop(self.take_leases(bucket)),
         }
     }
 
@@ -305,16 +555,20 @@ impl Table {
         cost: u64,
         now_ns: u64,
     ) -> Result<Verdict, Status> {
-        let verdict = match self.buckets.get_mut(key) {
+        let (verdict, wrote) = match self.buckets.get_mut(key) {
             Some(b) => {
                 let d = gcra::throttle(Some(*b), policy, cost, now_ns);
                 match d.bucket {
-                    Some(nb) => *b = nb,
+                    Some(nb) => {
+                        let wrote = nb != *b;
+                        *b = nb;
+                        (d.verdict, wrote)
+                    }
                     None => {
                         self.buckets.remove(key);
+                        (d.verdict, true)
                     }
                 }
-                d.verdict
             }
             None => {
                 let d = gcra::throttle(None, policy, cost, now_ns);
@@ -322,9 +576,12 @@ impl Table {
                     self.make_room(1, now_ns)?;
                     self.buckets.insert(key, nb, now_ns);
                 }
-                d.verdict
+                (d.verdict, d.bucket.is_some())
             }
         };
+        if wrote {
+            self.changed(Kind::TokenBucket, key);
+        }
         self.count(verdict.allowed);
         Ok(verdict)
     }
@@ -345,6 +602,7 @@ impl Table {
             // Limited changes nothing (not even a v1 bucket's fraction).
             return Ok(d.verdict);
         }
+        self.changed(Kind::TokenBucket, key);
         match d.tat_ns.filter(|&tat_ns| tat_ns > now_ns) {
             Some(tat_ns) => match self.buckets.get_mut(key) {
                 Some(b) => *b = Bucket::from_tat_ns(tat_ns),
@@ -528,6 +786,7 @@ impl Table {
                 d.verdict
             }
         };
+        self.changed(kind, r.bucket);
         LimitVerdict {
             kind,
             verdict,
@@ -537,6 +796,7 @@ impl Table {
 
     /// Gives `units` back to `r`, never above its limit.
     fn refund_one(&mut self, r: &LimitRef, units: u64, now_ns: u64) -> Verdict {
+        self.changed(r.limit.kind(), r.bucket);
         match &r.limit {
             Limit::TokenBucket(p) => {
                 let d = gcra::refund(self.buckets.get(r.bucket).copied(), p, units, now_ns);
@@ -563,13 +823,8 @@ impl Table {
     }
 
     fn reset_one(&mut self, r: &LimitRef) {
-        match r.limit {
-            Limit::TokenBucket(_) => drop(self.buckets.remove(r.bucket)),
-            Limit::FixedWindow(_) => drop(self.fixed.remove(r.bucket)),
-            Limit::SlidingCounter(_) => drop(self.counters.remove(r.bucket)),
-            Limit::SlidingLog(_) => drop(self.take_log(r.bucket)),
-            Limit::Concurrency(_) => drop(self.take_leases(r.bucket)),
-        }
+        self.changed(r.limit.kind(), r.bucket);
+        self.drop_bucket(r.limit.kind(), r.bucket);
     }
 
     /// A DECIDE on the limits `refs` of one routing key, as one atomic
@@ -673,6 +928,9 @@ impl Table {
         lease_id: u64,
     ) -> Result<LimitVerdict, Status> {
         let verdict = d.decision.verdict;
+        if d.outcome.is_ok() {
+            self.changed(Kind::Concurrency, bucket);
+        }
         self.put_leases(bucket, d.decision.state);
         d.outcome.map_err(|_| Status::LeaseNotFound)?;
         Ok(LimitVerdict {
@@ -680,6 +938,17 @@ impl Table {
             verdict,
             lease_id,
         })
+    }
+}
+
+/// A fixed-size table's keys moved below its full-sync walk.
+trait ExportMoved {
+    fn moved(&mut self, out: &mut Vec<u128>);
+}
+
+impl<V: Record> ExportMoved for BucketMap<V> {
+    fn moved(&mut self, out: &mut Vec<u128>) {
+        self.export_moved(out);
     }
 }
 

@@ -1,0 +1,991 @@
+//! Replication and roles: the messages a follower and its primary exchange
+//! (SUBSCRIBE, SYNC, ACK), the state records SYNC carries for every limit
+//! kind, and the node operations ROLE and PROMOTE (PROTOCOL.md,
+//! "Replication").
+//!
+//! Replication is of bucket *state*, never of operations: a SYNC carries,
+//! for each bucket that changed since the last SYNC of its flow, the
+//! bucket's state as it is now (or that it is gone), so many decisions on a
+//! hot key coalesce into one record. Records are keyed by the 128-bit
+//! bucket key, so a follower places them by its own shard layout.
+//!
+//! Like the rest of the crate, this module does no I/O: it parses borrowed
+//! payloads (validating every length before using it) and appends
+//! encodings to a `BytesMut`.
+
+use bytes::{BufMut, BytesMut};
+
+use crate::codec::{FrameWriter, MessageHeader};
+use crate::gcra::Bucket;
+use crate::limit::concurrency::{ConcurrencyState, Lease};
+use crate::limit::fixed_window::FixedWindowState;
+use crate::limit::sliding_counter::SlidingCounterState;
+use crate::limit::sliding_log::SlidingLogState;
+use crate::limit::Kind;
+
+/// Op codes of this module (PROTOCOL.md, "Ops"); a reply is its request's
+/// op with the high bit set.
+pub mod op {
+    /// Who is this node, and how is its replication doing.
+    pub const ROLE: u8 = 0x0a;
+    /// Make this follower the primary (a takeover of a dead primary).
+    pub const PROMOTE: u8 = 0x0b;
+    /// Planned handover: the primary stops admitting, waits until its
+    /// follower has everything, hands over, and follows it.
+    pub const FAILOVER: u8 = 0x0c;
+    /// A follower asks the shard its connection is bound to for a flow:
+    /// a full sync, then the stream.
+    pub const SUBSCRIBE: u8 = 0x20;
+    /// A follower acknowledges every SYNC up to a sequence number.
+    pub const ACK: u8 = 0x21;
+
+    /// ROLE's reply.
+    pub const ROLE_OK: u8 = ROLE | crate::message::op::REPLY;
+    /// PROMOTE's reply.
+    pub const PROMOTE_OK: u8 = PROMOTE | crate::message::op::REPLY;
+    /// FAILOVER's reply.
+    pub const FAILOVER_OK: u8 = FAILOVER | crate::message::op::REPLY;
+    /// The primary's messages on a flow, in answer to SUBSCRIBE.
+    pub const SYNC: u8 = SUBSCRIBE | crate::message::op::REPLY;
+}
+
+/// Largest payload of one SYNC: records never straddle two messages, and
+/// a bucket whose state is larger (a long sliding log, many leases) is sent
+/// as several records flagged [`RECORD_MORE`].
+pub const SYNC_PAYLOAD_BYTES_MAX: usize = 60 << 10;
+/// Bytes of a SYNC's fixed part.
+pub const SYNC_FIXED_BYTES: usize = 8 + 8 + 8 + 1 + 4;
+/// Flag on a SYNC: the full sync of this flow is complete with it; what
+/// follows is the stream.
+pub const SYNC_FULL_DONE: u8 = 0x01;
+/// Flag on a SYNC: planned handover. The follower applies this SYNC, acks
+/// it, and becomes the primary at the SYNC's epoch; the old primary follows
+/// it.
+pub const SYNC_TAKEOVER: u8 = 0x02;
+/// Kind-byte flag on a record: the bucket is gone (full, reset or evicted):
+/// the follower drops what it has.
+pub const RECORD_ABSENT: u8 = 0x80;
+/// Kind-byte flag on a sliding-log or concurrency record: more runs or
+/// leases of the same bucket follow in the next record.
+pub const RECORD_MORE: u8 = 0x40;
+/// Bytes every record starts with: kind and flags, then the bucket key.
+pub const RECORD_HEAD_BYTES: usize = 1 + 16;
+/// Runs or leases one record part holds at most (keeps a part well under
+/// [`SYNC_PAYLOAD_BYTES_MAX`]).
+pub const RECORD_PART_ITEMS_MAX: usize = 1024;
+
+// A part of the largest kind fits one SYNC with its fixed part.
+const _: () = assert!(
+    SYNC_FIXED_BYTES + RECORD_HEAD_BYTES + 12 + RECORD_PART_ITEMS_MAX * 24
+        <= SYNC_PAYLOAD_BYTES_MAX
+);
+const _: () = assert!(SYNC_PAYLOAD_BYTES_MAX < u16::MAX as usize);
+
+/// A node's role (ROLE_OK).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+#[repr(u8)]
+pub enum Role {
+    /// Admits: spends, refunds, resets.
+    Primary = 1,
+    /// Holds a copy of its primary's buckets; refuses to spend
+    /// (NOT_PRIMARY) until promoted.
+    Follower = 2,
+}
+
+impl Role {
+    /// The wire code.
+    pub const fn code(self) -> u8 {
+        self as u8
+    }
+
+    /// From the wire code.
+    pub const fn from_code(code: u8) -> Option<Role> {
+        match code {
+            1 => Some(Role::Primary),
+            2 => Some(Role::Follower),
+            _ => None,
+        }
+    }
+
+    /// `primary` or `follower` (the CLI's and JSON's word).
+    pub const fn name(self) -> &'static str {
+        match self {
+            Role::Primary => "primary",
+            Role::Follower => "follower",
+        }
+    }
+}
+
+/// How a node's replication stands (ROLE_OK).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+#[repr(u8)]
+pub enum ReplState {
+    /// A primary with no follower configured or connected: it serves alone.
+    Alone = 0,
+    /// A full sync is in progress (primary: sending; follower: receiving).
+    Syncing = 1,
+    /// The full sync is done and changes stream as they happen.
+    Streaming = 2,
+    /// A follower that has lost its primary (and keeps trying).
+    Down = 3,
+}
+
+impl ReplState {
+    /// The wire code.
+    pub const fn code(self) -> u8 {
+        self as u8
+    }
+
+    /// From the wire code.
+    pub const fn from_code(code: u8) -> Option<ReplState> {
+        match code {
+            0 => Some(ReplState::Alone),
+            1 => Some(ReplState::Syncing),
+            2 => Some(ReplState::Streaming),
+            3 => Some(ReplState::Down),
+            _ => None,
+        }
+    }
+
+    /// The CLI's and JSON's word.
+    pub const fn name(self) -> &'static str {
+        match self {
+            ReplState::Alone => "alone",
+            ReplState::Syncing => "syncing",
+            ReplState::Streaming => "streaming",
+            ReplState::Down => "down",
+        }
+    }
+}
+
+/// A primary's replication mode (ROLE_OK).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+#[repr(u8)]
+pub enum Mode {
+    /// Replies do not wait for the follower.
+    Async = 0,
+    /// A reply that reflects a change leaves only after the follower has
+    /// acknowledged that change.
+    Sync = 1,
+}
+
+impl Mode {
+    /// The wire code.
+    pub const fn code(self) -> u8 {
+        self as u8
+    }
+
+    /// From the wire code.
+    pub const fn from_code(code: u8) -> Option<Mode> {
+        match code {
+            0 => Some(Mode::Async),
+            1 => Some(Mode::Sync),
+            _ => None,
+        }
+    }
+
+    /// `async` or `sync`.
+    pub const fn name(self) -> &'static str {
+        match self {
+            Mode::Async => "async",
+            Mode::Sync => "sync",
+        }
+    }
+}
+
+/// ROLE_OK: who the node is and how its replication stands.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct RoleOk {
+    /// Primary or follower.
+    pub role: Role,
+    /// Replication state.
+    pub state: ReplState,
+    /// The primary's mode (a follower reports its primary's, as it last
+    /// heard it).
+    pub mode: Mode,
+    /// The node's epoch: raised by every promotion.
+    pub epoch: u64,
+    /// Follower: how far behind its primary's clock its newest SYNC is, in
+    /// microseconds; primary: the same, as its follower last acknowledged.
+    pub lag_us: u64,
+    /// Buckets received (follower) or sent (primary) by full syncs.
+    pub keys_synced: u64,
+    /// The primary's address (a follower's `replica_of`; a primary's own).
+    pub primary: String,
+    /// The follower's address as the primary sees it; empty if none.
+    pub follower: String,
+}
+
+/// Bytes of ROLE_OK's fixed part.
+pub const ROLE_OK_FIXED_BYTES: usize = 4 + 8 + 8 + 8;
+/// Longest address in ROLE_OK.
+pub const ADDR_BYTES_MAX: usize = 255;
+
+impl RoleOk {
+    /// Appends the payload.
+    pub fn put(&self, buf: &mut BytesMut) {
+        buf.put_u8(self.role.code());
+        buf.put_u8(self.state.code());
+        buf.put_u8(self.mode.code());
+        buf.put_u8(0);
+        buf.put_u64_le(self.epoch);
+        buf.put_u64_le(self.lag_us);
+        buf.put_u64_le(self.keys_synced);
+        for addr in [&self.primary, &self.follower] {
+            let bytes = &addr.as_bytes()[..addr.len().min(ADDR_BYTES_MAX)];
+            buf.put_u8(bytes.len() as u8);
+            buf.put_slice(bytes);
+        }
+    }
+
+    /// Parses a payload; `None` if it does not have ROLE_OK's layout.
+    pub fn parse(p: &[u8]) -> Option<RoleOk> {
+        let mut r = Reader(p);
+        let role = Role::from_code(r.u8()?)?;
+        let state = ReplState::from_code(r.u8()?)?;
+        let mode = Mode::from_code(r.u8()?)?;
+        r.u8()?;
+        let epoch = r.u64()?;
+        let lag_us = r.u64()?;
+        let keys_synced = r.u64()?;
+        let mut addr = || {
+            let n = usize::from(r.u8()?);
+            String::from_utf8(r.bytes(n)?.to_vec()).ok()
+        };
+        let primary = addr()?;
+        let follower = addr()?;
+        r.0.is_empty().then_some(RoleOk {
+            role,
+            state,
+            mode,
+            epoch,
+            lag_us,
+            keys_synced,
+            primary,
+            follower,
+        })
+    }
+}
+
+/// Appends a ROLE_OK.
+pub fn put_role_ok(w: &mut FrameWriter, buf: &mut BytesMut, request_id: u32, r: &RoleOk) {
+    w.message(buf, op::ROLE_OK, request_id, |b| r.put(b));
+}
+
+/// Appends a PROMOTE_OK carrying the node's new epoch.
+pub fn put_promote_ok(w: &mut FrameWriter, buf: &mut BytesMut, request_id: u32, epoch: u64) {
+    w.message(buf, op::PROMOTE_OK, request_id, |b| b.put_u64_le(epoch));
+}
+
+/// FAILOVER_OK: the new epoch, and how long the group admitted nothing.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct FailoverOk {
+    /// The epoch the follower was promoted to.
+    pub epoch: u64,
+    /// From the moment the old primary stopped admitting to the moment the
+    /// new one said it is primary, in microseconds.
+    pub unavailable_us: u64,
+}
+
+impl FailoverOk {
+    /// Parses a payload; `None` if it does not have FAILOVER_OK's layout.
+    pub fn parse(p: &[u8]) -> Option<FailoverOk> {
+        let mut r = Reader(p);
+        let ok = FailoverOk {
+            epoch: r.u64()?,
+            unavailable_us: r.u64()?,
+        };
+        r.0.is_empty().then_some(ok)
+    }
+}
+
+/// Appends a FAILOVER_OK.
+pub fn put_failover_ok(w: &mut FrameWriter, buf: &mut BytesMut, request_id: u32, ok: &FailoverOk) {
+    w.message(buf, op::FAILOVER_OK, request_id, |b| {
+        b.put_u64_le(ok.epoch);
+        b.put_u64_le(ok.unavailable_us);
+    });
+}
+
+/// SUBSCRIBE: a follower asks the primary shard its connection is bound to
+/// for that shard's flow.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Subscribe {
+    /// The follower's node id (HELLO_OK's), for the primary's logs.
+    pub node_id: u64,
+    /// The highest epoch the follower knows.
+    pub epoch: u64,
+    /// The primary shard the follower expects to be bound to (checked).
+    pub shard: u16,
+    /// The follower's `--promote-after-ms` (0: it never promotes itself).
+    /// When set, the primary fences itself: it stops admitting once it has
+    /// had no ack for half of it.
+    pub promote_after_ms: u32,
+    /// Where the follower serves clients (a planned failover hands over to
+    /// it, and the old primary then follows it there).
+    pub addr: String,
+}
+
+/// Bytes of SUBSCRIBE's fixed part (the address follows).
+pub const SUBSCRIBE_FIXED_BYTES: usize = 8 + 8 + 2 + 4 + 1;
+
+impl Subscribe {
+    /// Parses a payload; `None` if it does not have SUBSCRIBE's layout.
+    pub fn parse(p: &[u8]) -> Option<Subscribe> {
+        let mut r = Reader(p);
+        let node_id = r.u64()?;
+        let epoch = r.u64()?;
+        let shard = r.u16()?;
+        let promote_after_ms = r.u32()?;
+        let n = usize::from(r.u8()?);
+        let addr = String::from_utf8(r.bytes(n)?.to_vec()).ok()?;
+        r.0.is_empty().then_some(Subscribe {
+            node_id,
+            epoch,
+            shard,
+            promote_after_ms,
+            addr,
+        })
+    }
+
+    /// Appends a SUBSCRIBE message.
+    pub fn encode(&self, w: &mut FrameWriter, buf: &mut BytesMut, request_id: u32) {
+        w.message(buf, op::SUBSCRIBE, request_id, |b| {
+            b.put_u64_le(self.node_id);
+            b.put_u64_le(self.epoch);
+            b.put_u16_le(self.shard);
+            b.put_u32_le(self.promote_after_ms);
+            let addr = &self.addr.as_bytes()[..self.addr.len().min(ADDR_BYTES_MAX)];
+            b.put_u8(addr.len() as u8);
+            b.put_slice(addr);
+        });
+    }
+}
+
+/// Appends an ACK of every SYNC up to `seq`.
+pub fn put_ack(w: &mut FrameWriter, buf: &mut BytesMut, seq: u64) {
+    w.message(buf, op::ACK, 0, |b| b.put_u64_le(seq));
+}
+
+/// Parses an ACK's payload: the sequence number acknowledged.
+pub fn parse_ack(p: &[u8]) -> Option<u64> {
+    let mut r = Reader(p);
+    let seq = r.u64()?;
+    r.0.is_empty().then_some(seq)
+}
+
+/// One bucket's state, as a SYNC carries it.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum State {
+    /// A GCRA bucket.
+    TokenBucket(Bucket),
+    /// A fixed window, with the window length it was last decided under.
+    FixedWindow {
+        /// The window's length (the follower's sweep needs it).
+        window_ns: u64,
+        /// The count and where the window started.
+        state: FixedWindowState,
+    },
+    /// A sliding window counter, with its window length.
+    SlidingCounter {
+        /// The window's length.
+        window_ns: u64,
+        /// The two windows' counts.
+        state: SlidingCounterState,
+    },
+    /// A sliding log, with its window length.
+    SlidingLog {
+        /// The window's length.
+        window_ns: u64,
+        /// The admissions still in the window.
+        log: SlidingLogState,
+    },
+    /// A concurrency limit's leases.
+    Concurrency(ConcurrencyState),
+}
+
+impl State {
+    /// The limit kind this state belongs to.
+    pub fn kind(&self) -> Kind {
+        match self {
+            State::TokenBucket(_) => Kind::TokenBucket,
+            State::FixedWindow { .. } => Kind::FixedWindow,
+            State::SlidingCounter { .. } => Kind::SlidingCounter,
+            State::SlidingLog { .. } => Kind::SlidingLog,
+            State::Concurrency(_) => Kind::Concurrency,
+        }
+    }
+}
+
+/// One bucket's change: its state now, or that it is gone.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Record {
+    /// The bucket's kind (which table it lives in).
+    pub kind: Kind,
+    /// The bucket key.
+    pub key: u128,
+    /// Its state; `None`: the bucket is gone (equivalent to full).
+    pub state: Option<State>,
+}
+
+fn kind_from_code(code: u8) -> Option<Kind> {
+    match code {
+        1 => Some(Kind::TokenBucket),
+        2 => Some(Kind::FixedWindow),
+        3 => Some(Kind::SlidingLog),
+        4 => Some(Kind::SlidingCounter),
+        5 => Some(Kind::Concurrency),
+        _ => None,
+    }
+}
+
+/// Encodes records into SYNC payloads of at most
+/// [`SYNC_PAYLOAD_BYTES_MAX`] bytes each.
+#[derive(Debug, Default)]
+pub struct SyncWriter {
+    /// Finished payloads' record bytes, each with its record count.
+    done: Vec<(u32, BytesMut)>,
+    /// The payload being filled.
+    open: BytesMut,
+    /// Records in `open`.
+    open_count: u32,
+}
+
+impl SyncWriter {
+    /// An empty writer.
+    pub fn new() -> SyncWriter {
+        SyncWriter::default()
+    }
+
+    /// Whether no record has been added.
+    pub fn is_empty(&self) -> bool {
+        self.done.is_empty() && self.open_count == 0
+    }
+
+    /// Bytes of records added so far.
+    pub fn bytes(&self) -> usize {
+        self.done.iter().map(|(_, b)| b.len()).sum::<usize>() + self.open.len()
+    }
+
+    fn room(&mut self, need: usize) -> &mut BytesMut {
+        if SYNC_FIXED_BYTES + self.open.len() + need > SYNC_PAYLOAD_BYTES_MAX {
+            let full = std::mem::take(&mut self.open);
+            self.done.push((self.open_count, full));
+            self.open_count = 0;
+        }
+        self.open_count += 1;
+        &mut self.open
+    }
+
+    /// Adds one bucket's change.
+    pub fn push(&mut self, kind: Kind, key: u128, state: Option<&State>) {
+        let Some(state) = state else {
+            let b = self.room(RECORD_HEAD_BYTES);
+            b.put_u8(kind as u8 | RECORD_ABSENT);
+            b.put_u128_le(key);
+            return;
+        };
+        debug_assert_eq!(state.kind(), kind);
+        match state {
+            State::TokenBucket(bucket) => {
+                let b = self.room(RECORD_HEAD_BYTES + 16);
+                b.put_u8(kind as u8);
+                b.put_u128_le(key);
+                b.put_u128_le(bucket.tat_fp);
+            }
+            State::FixedWindow { window_ns, state } => {
+                let b = self.room(RECORD_HEAD_BYTES + 24);
+                b.put_u8(kind as u8);
+                b.put_u128_le(key);
+                b.put_u64_le(*window_ns);
+                b.put_u64_le(state.window_start_ns);
+                b.put_u64_le(state.count);
+            }
+            State::SlidingCounter { window_ns, state } => {
+                let b = self.room(RECORD_HEAD_BYTES + 32);
+                b.put_u8(kind as u8);
+                b.put_u128_le(key);
+                b.put_u64_le(*window_ns);
+                b.put_u64_le(state.window_start_ns);
+                b.put_u64_le(state.prev);
+                b.put_u64_le(state.cur);
+            }
+            State::SlidingLog { window_ns, log } => {
+                let runs: Vec<(u64, u64)> = log.runs().collect();
+                self.push_parts(kind, key, *window_ns, &runs, 16, |b, &(at, units)| {
+                    b.put_u64_le(at);
+                    b.put_u64_le(units);
+                });
+            }
+            State::Concurrency(c) => {
+                self.push_parts(kind, key, 0, c.leases(), 24, |b, l| {
+                    b.put_u64_le(l.id);
+                    b.put_u64_le(l.expires_ns);
+                    b.put_u64_le(l.units);
+                });
+            }
+        }
+    }
+
+    /// A variable-length state as one or more parts: kind (with
+    /// [`RECORD_MORE`] on all but the last), key, window_ns (u64, 0 for
+    /// concurrency), item count (u32), items.
+    fn push_parts<T>(
+        &mut self,
+        kind: Kind,
+        key: u128,
+        window_ns: u64,
+        items: &[T],
+        item_bytes: usize,
+        put: impl Fn(&mut BytesMut, &T),
+    ) {
+        let mut chunks = items.chunks(RECORD_PART_ITEMS_MAX).peekable();
+        if chunks.peek().is_none() {
+            // An empty state still says what it is (the follower stores it).
+            let b = self.room(RECORD_HEAD_BYTES + 12);
+            b.put_u8(kind as u8);
+            b.put_u128_le(key);
+            b.put_u64_le(window_ns);
+            b.put_u32_le(0);
+            return;
+        }
+        while let Some(part) = chunks.next() {
+            let more = chunks.peek().is_some();
+            let b = self.room(RECORD_HEAD_BYTES + 12 + part.len() * item_bytes);
+            b.put_u8(kind as u8 | if more { RECORD_MORE } else { 0 });
+            b.put_u128_le(key);
+            b.put_u64_le(window_ns);
+            b.put_u32_le(part.len() as u32);
+            for item in part {
+                put(b, item);
+            }
+        }
+    }
+
+    /// The SYNC payloads' record parts, each with its record count, in
+    /// order (consumes what was added).
+    pub fn take(&mut self) -> Vec<(u32, BytesMut)> {
+        if self.open_count > 0 {
+            let open = std::mem::take(&mut self.open);
+            self.done.push((self.open_count, open));
+            self.open_count = 0;
+        }
+        std::mem::take(&mut self.done)
+    }
+}
+
+/// A SYNC's fixed part.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct SyncHeader {
+    /// This SYNC's number on its flow: 1, 2, 3, ... An ACK of `n` covers
+    /// every SYNC up to `n`.
+    pub seq: u64,
+    /// The primary's epoch.
+    pub epoch: u64,
+    /// The primary's clock when it encoded this SYNC (lag is measured
+    /// against it).
+    pub now_ns: u64,
+    /// [`SYNC_FULL_DONE`] or 0.
+    pub flags: u8,
+    /// Records that follow.
+    pub count: u32,
+}
+
+/// Appends a SYNC message: the fixed part, then `records` (as produced by
+/// [`SyncWriter::take`]).
+pub fn put_sync(
+    w: &mut FrameWriter,
+    buf: &mut BytesMut,
+    request_id: u32,
+    h: &SyncHeader,
+    records: &[u8],
+) {
+    assert!(SYNC_FIXED_BYTES + records.len() <= SYNC_PAYLOAD_BYTES_MAX);
+    w.message(buf, op::SYNC, request_id, |b| {
+        b.put_u64_le(h.seq);
+        b.put_u64_le(h.epoch);
+        b.put_u64_le(h.now_ns);
+        b.put_u8(h.flags);
+        b.put_u32_le(h.count);
+        b.put_slice(records);
+    });
+}
+
+/// Why a SYNC did not parse (the flow can't be trusted: the follower drops
+/// the connection and resyncs).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, thiserror::Error)]
+pub enum SyncError {
+    /// The payload ends inside a field.
+    #[error("SYNC truncated")]
+    Truncated,
+    /// A record names a kind this version does not know.
+    #[error("SYNC record of unknown kind {0}")]
+    UnknownKind(u8),
+    /// A record's runs or leases are not a state decisions can produce.
+    #[error("SYNC record with a corrupt state")]
+    CorruptState,
+    /// A continued record changed key or kind, or the SYNC ended inside one.
+    #[error("SYNC record parts do not line up")]
+    BrokenParts,
+    /// Bytes after the last record.
+    #[error("SYNC has bytes after its records")]
+    Trailing,
+}
+
+/// Reassembles records split into parts across SYNCs of one flow.
+#[derive(Debug, Default)]
+pub struct SyncReader {
+    /// The bucket being continued: kind, key, window, items so far.
+    partial: Option<(Kind, u128, u64, Vec<[u64; 3]>)>,
+}
+
+impl SyncReader {
+    /// A reader with nothing pending.
+    pub fn new() -> SyncReader {
+        SyncReader::default()
+    }
+
+    /// Parses one SYNC payload, calling `apply` for every whole record.
+    pub fn parse(
+        &mut self,
+        p: &[u8],
+        mut apply: impl FnMut(Record),
+    ) -> Result<SyncHeader, SyncError> {
+        let mut r = Reader(p);
+        let h = SyncHeader {
+            seq: r.u64().ok_or(SyncError::Truncated)?,
+            epoch: r.u64().ok_or(SyncError::Truncated)?,
+            now_ns: r.u64().ok_or(SyncError::Truncated)?,
+            flags: r.u8().ok_or(SyncError::Truncated)?,
+            count: r.u32().ok_or(SyncError::Truncated)?,
+        };
+        for _ in 0..h.count {
+            if let Some(rec) = self.record(&mut r)? {
+                apply(rec);
+            }
+        }
+        if !r.0.is_empty() {
+            return Err(SyncError::Trailing);
+        }
+        Ok(h)
+    }
+
+    fn record(&mut self, r: &mut Reader<'_>) -> Result<Option<Record>, SyncError> {
+        let t = SyncError::Truncated;
+        let code = r.u8().ok_or(t)?;
+        let kind = kind_from_code(code & !(RECORD_ABSENT | RECORD_MORE))
+            .ok_or(SyncError::UnknownKind(code))?;
+        let key = r.u128().ok_or(t)?;
+        let continuing = self.partial.as_ref().map(|(k, key, _, _)| (*k, *key));
+        if continuing.is_some_and(|c| c != (kind, key)) {
+            return Err(SyncError::BrokenParts);
+        }
+        if code & RECORD_ABSENT != 0 {
+            if continuing.is_some() || code & RECORD_MORE != 0 {
+                return Err(SyncError::BrokenParts);
+            }
+            return Ok(Some(Record {
+                kind,
+                key,
+                state: None,
+            }));
+        }
+        let state = match kind {
+            Kind::TokenBucket => State::TokenBucket(Bucket {
+                tat_fp: r.u128().ok_or(t)?,
+            }),
+            Kind::FixedWindow => State::FixedWindow {
+                window_ns: r.u64().ok_or(t)?,
+                state: FixedWindowState {
+                    window_start_ns: r.u64().ok_or(t)?,
+                    count: r.u64().ok_or(t)?,
+                },
+            },
+            Kind::SlidingCounter => State::SlidingCounter {
+                window_ns: r.u64().ok_or(t)?,
+                state: SlidingCounterState {
+                    window_start_ns: r.u64().ok_or(t)?,
+                    prev: r.u64().ok_or(t)?,
+                    cur: r.u64().ok_or(t)?,
+                },
+            },
+            Kind::SlidingLog | Kind::Concurrency => {
+                return self.part(r, code, kind, key);
+            }
+        };
+        if code & RECORD_MORE != 0 {
+            return Err(SyncError::BrokenParts);
+        }
+        Ok(Some(Record {
+            kind,
+            key,
+            state: Some(state),
+        }))
+    }
+
+    fn part(
+        &mut self,
+        r: &mut Reader<'_>,
+        code: u8,
+        kind: Kind,
+        key: u128,
+    ) -> Result<Option<Record>, SyncError> {
+        let t = SyncError::Truncated;
+        let window_ns = r.u64().ok_or(t)?;
+        let n = r.u32().ok_or(t)? as usize;
+        let width = if kind == Kind::SlidingLog { 2 } else { 3 };
+        // Checked against what is there before anything is allocated.
+        if n > RECORD_PART_ITEMS_MAX || r.0.len() < n * width * 8 {
+            return Err(t);
+        }
+        let (_, _, _, items) = self
+            .partial
+            .get_or_insert_with(|| (kind, key, window_ns, Vec::new()));
+        for _ in 0..n {
+            let mut item = [0u64; 3];
+            for v in item.iter_mut().take(width) {
+                *v = r.u64().ok_or(t)?;
+            }
+            items.push(item);
+        }
+        // Bounded like the states themselves (limits of at most 65,536).
+        if items.len() > crate::limit::SLIDING_LOG_LIMIT_MAX as usize {
+            return Err(SyncError::CorruptState);
+        }
+        if code & RECORD_MORE != 0 {
+            return Ok(None);
+        }
+        let (_, _, window_ns, items) = self.partial.take().expect("set above");
+        let state = if kind == Kind::SlidingLog {
+            let log = SlidingLogState::from_runs(items.iter().map(|i| (i[0], i[1])))
+                .ok_or(SyncError::CorruptState)?;
+            State::SlidingLog { window_ns, log }
+        } else {
+            let leases = items.iter().map(|i| Lease {
+                id: i[0],
+                expires_ns: i[1],
+                units: i[2],
+            });
+            State::Concurrency(
+                ConcurrencyState::from_leases(leases).ok_or(SyncError::CorruptState)?,
+            )
+        };
+        Ok(Some(Record {
+            kind,
+            key,
+            state: Some(state),
+        }))
+    }
+
+    /// Whether a record is waiting for its next part.
+    pub fn in_part(&self) -> bool {
+        self.partial.is_some()
+    }
+}
+
+/// Reads little-endian fields off a payload.
+#[derive(Debug)]
+struct Reader<'a>(&'a [u8]);
+
+impl<'a> Reader<'a> {
+    fn bytes(&mut self, n: usize) -> Option<&'a [u8]> {
+        if self.0.len() < n {
+            return None;
+        }
+        let (head, rest) = self.0.split_at(n);
+        self.0 = rest;
+        Some(head)
+    }
+    fn u8(&mut self) -> Option<u8> {
+        self.bytes(1).map(|b| b[0])
+    }
+    fn u16(&mut self) -> Option<u16> {
+        self.bytes(2)
+            .map(|b| u16::from_le_bytes(b.try_into().unwrap()))
+    }
+    fn u32(&mut self) -> Option<u32> {
+        self.bytes(4)
+            .map(|b| u32::from_le_bytes(b.try_into().unwrap()))
+    }
+    fn u64(&mut self) -> Option<u64> {
+        self.bytes(8)
+            .map(|b| u64::from_le_bytes(b.try_into().unwrap()))
+    }
+    fn u128(&mut self) -> Option<u128> {
+        self.bytes(16)
+            .map(|b| u128::from_le_bytes(b.try_into().unwrap()))
+    }
+}
+
+/// Whether a message header is a SYNC (a follower's flow reads nothing
+/// else).
+pub fn is_sync(h: &MessageHeader) -> bool {
+    h.op == op::SYNC
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn sample() -> Vec<Record> {
+        let log = SlidingLogState::from_runs((1..=5000u64).map(|i| (i * 10, 1))).unwrap();
+        let leases = ConcurrencyState::from_leases([
+            Lease {
+                id: 7,
+                expires_ns: 500,
+                units: 2,
+            },
+            Lease {
+                id: 3,
+                expires_ns: 900,
+                units: 1,
+            },
+        ])
+        .unwrap();
+        vec![
+            Record {
+                kind: Kind::TokenBucket,
+                key: 1,
+                state: Some(State::TokenBucket(Bucket { tat_fp: 99 << 32 })),
+            },
+            Record {
+                kind: Kind::FixedWindow,
+                key: 2,
+                state: Some(State::FixedWindow {
+                    window_ns: 60,
+                    state: FixedWindowState {
+                        window_start_ns: 120,
+                        count: 5,
+                    },
+                }),
+            },
+            Record {
+                kind: Kind::SlidingCounter,
+                key: 3,
+                state: Some(State::SlidingCounter {
+                    window_ns: 60,
+                    state: SlidingCounterState {
+                        window_start_ns: 120,
+                        prev: 4,
+                        cur: 1,
+                    },
+                }),
+            },
+            Record {
+                kind: Kind::SlidingLog,
+                key: 4,
+                state: Some(State::SlidingLog {
+                    window_ns: 1_000_000,
+                    log,
+                }),
+            },
+            Record {
+                kind: Kind::Concurrency,
+                key: 5,
+                state: Some(State::Concurrency(leases)),
+            },
+            Record {
+                kind: Kind::SlidingLog,
+                key: 6,
+                state: None,
+            },
+        ]
+    }
+
+    /// Encodes records into SYNC payloads as a primary would.
+    fn encode(records: &[Record]) -> Vec<Vec<u8>> {
+        let mut sw = SyncWriter::new();
+        for r in records {
+            sw.push(r.kind, r.key, r.state.as_ref());
+        }
+        sw.take()
+            .into_iter()
+            .enumerate()
+            .map(|(i, (count, body))| {
+                let mut p = BytesMut::new();
+                p.put_u64_le(i as u64 + 1);
+                p.put_u64_le(3);
+                p.put_u64_le(42);
+                p.put_u8(0);
+                p.put_u32_le(count);
+                p.put_slice(&body);
+                assert!(p.len() <= SYNC_PAYLOAD_BYTES_MAX);
+                p.to_vec()
+            })
+            .collect()
+    }
+
+    #[test]
+    fn every_kind_round_trips_across_payloads() {
+        let records = sample();
+        let payloads = encode(&records);
+        assert!(payloads.len() > 1, "the long log is split over SYNCs");
+        let mut reader = SyncReader::new();
+        let mut out = Vec::new();
+        for (i, p) in payloads.iter().enumerate() {
+            let h = reader.parse(p, |r| out.push(r)).unwrap();
+            assert_eq!((h.seq, h.epoch, h.now_ns), (i as u64 + 1, 3, 42));
+        }
+        assert!(!reader.in_part());
+        assert_eq!(out, records);
+    }
+
+    #[test]
+    fn corrupt_syncs_are_refused_never_panic() {
+        let payloads = encode(&sample());
+        let first = &payloads[0];
+        // Every truncation of a SYNC is refused (or, cut at a record edge,
+        // parses fewer records: the count then says more were due).
+        for cut in 0..first.len() {
+            assert!(SyncReader::new().parse(&first[..cut], |_| {}).is_err());
+        }
+        // Flipping any byte either still parses or is refused; never panics.
+        for i in 0..first.len().min(4096) {
+            let mut p = first.clone();
+            p[i] ^= 0xa5;
+            let _ = SyncReader::new().parse(&p, |_| {});
+        }
+        // A huge item count is refused before allocating.
+        let mut p = BytesMut::new();
+        p.put_slice(&first[..SYNC_FIXED_BYTES - 4]);
+        p.put_u32_le(1);
+        p.put_u8(Kind::SlidingLog as u8);
+        p.put_u128_le(9);
+        p.put_u64_le(1);
+        p.put_u32_le(u32::MAX);
+        assert_eq!(
+            SyncReader::new().parse(&p, |_| {}),
+            Err(SyncError::Truncated)
+        );
+    }
+
+    #[test]
+    fn role_ok_round_trips() {
+        let r = RoleOk {
+            role: Role::Follower,
+            state: ReplState::Streaming,
+            mode: Mode::Sync,
+            epoch: 4,
+            lag_us: 1500,
+            keys_synced: 1_000_000,
+            primary: "127.0.0.1:7700".into(),
+            follower: String::new(),
+        };
+        let mut b = BytesMut::new();
+        r.put(&mut b);
+        assert_eq!(RoleOk::parse(&b), Some(r));
+        assert_eq!(RoleOk::parse(&b[..b.len() - 1]), None);
+        let s = Subscribe {
+            node_id: 1,
+            epoch: 2,
+            shard: 3,
+            promote_after_ms: 1000,
+            addr: "127.0.0.1:7701".into(),
+        };
+        let mut w = FrameWriter::new();
+        let mut b = BytesMut::new();
+        s.encode(&mut w, &mut b, 5);
+        w.finish(&mut b);
+        assert_eq!(Subscribe::parse(&b[12..]).as_ref(), Some(&s));
+    }
+}

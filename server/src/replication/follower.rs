@@ -1,0 +1,452 @@
+//! A follower's side of replication.
+//!
+//! One coordinator task (on shard 0) connects to the primary, learns its
+//! shard count P and epoch from HELLO_OK, clears every shard's table (a
+//! new full sync follows), and starts P flows, flow `i` on this node's
+//! shard `i % F`. Each flow binds a connection to primary shard `i`,
+//! SUBSCRIBEs, and applies every record it reads on the shard that owns
+//! the key *in this node's layout* (locally when that is its own shard,
+//! else as an [`Apply`] message it waits on), then acks the last SYNC it
+//! has fully applied: an ack means "applied", so a promotion right after it
+//! loses nothing acknowledged. When any flow fails, the attempt ends
+//! (every flow of it stops) and the coordinator starts again after
+//! [`RECONNECT_MS`](super::RECONNECT_MS). Promotion ends following for good.
+
+use std::rc::Rc;
+use std::time::Duration;
+
+use bytes::BytesMut;
+use sluice_protocol::codec::{FrameDecoder, FrameWriter};
+use sluice_protocol::message::{Hello, Reply, Request};
+use sluice_protocol::replication::{
+    put_ack, Record, ReplState, Subscribe, SyncReader, SYNC_FULL_DONE, SYNC_TAKEOVER,
+};
+use sluice_protocol::routing::shard_of;
+use sluice_protocol::{Clock, PROTOCOL_VERSION};
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::net::TcpStream;
+use tokio::sync::{mpsc, oneshot};
+use tokio_util::codec::Decoder;
+
+use super::RECONNECT_MS;
+use crate::shard::{ShardCore, ShardMsg};
+use crate::sync::Ordering;
+
+/// Records for a shard of this node, from a flow on another shard.
+#[derive(Debug)]
+pub struct Apply {
+    /// The following attempt they belong to (older ones are dropped).
+    pub generation: u64,
+    /// The records, in stream order.
+    pub records: Vec<Record>,
+    /// Told once they are applied.
+    pub done: oneshot::Sender<()>,
+}
+
+/// Start one flow on this shard.
+#[derive(Debug)]
+pub struct StartFlow {
+    /// The following attempt.
+    pub generation: u64,
+    /// The primary's address.
+    pub primary: String,
+    /// The primary shard this flow streams.
+    pub primary_shard: u16,
+    /// Told when the flow ends (any reason).
+    pub ended: mpsc::UnboundedSender<u64>,
+}
+
+/// Clear the table for a new full sync, then say so.
+#[derive(Debug)]
+pub struct Reset {
+    /// The following attempt that starts.
+    pub generation: u64,
+    /// Told once the table is empty.
+    pub done: oneshot::Sender<()>,
+}
+
+/// Why one attempt to follow failed.
+#[derive(Debug, thiserror::Error)]
+enum FollowError {
+    #[error("cannot reach the primary: {0}")]
+    Io(#[from] std::io::Error),
+    #[error("the primary refused HELLO: {0}")]
+    Refused(String),
+    #[error("the primary's stream is corrupt: {0}")]
+    Corrupt(String),
+}
+
+/// The coordinator: follows the primary until this node is promoted.
+pub async fn follow(core: Rc<ShardCore>, primary: String) {
+    let repl = &core.node.repl;
+    if let Some(ms) = core.node.config.promote_after_ms {
+        tokio::task::spawn_local(watchdog(core.clone(), ms));
+    }
+    loop {
+        if repl.is_primary() {
+            return;
+        }
+        let generation = repl.follow_gen.fetch_add(1, Ordering::AcqRel) + 1;
+        repl.flows_synced.store(0, Ordering::Relaxed);
+        match attempt(&core, &primary, generation).await {
+            Ok(()) => {}
+            Err(e) => tracing::warn!(primary = %primary, error = %e, "following failed"),
+        }
+        if repl.is_primary() {
+            return;
+        }
+        repl.set_state(ReplState::Down);
+        tokio::time::sleep(Duration::from_millis(RECONNECT_MS)).await;
+    }
+}
+
+/// Promotes this follower once it has heard nothing from its primary for
+/// `promote_after_ms`, if it was in sync. Its primary's lease (half of
+/// that) has surely run out by then: it admits no more.
+async fn watchdog(core: Rc<ShardCore>, promote_after_ms: u64) {
+    let repl = &core.node.repl;
+    let silence_max_ns = promote_after_ms * 1_000_000;
+    let mut tick = tokio::time::interval(Duration::from_millis(super::WATCHDOG_MS));
+    loop {
+        tick.tick().await;
+        if repl.is_primary() {
+            return;
+        }
+        let silent_ns = core
+            .clock
+            .now_ns()
+            .saturating_sub(repl.last_sync_ns.load(Ordering::Relaxed));
+        if repl.in_sync.load(Ordering::Relaxed) == 1 && silent_ns > silence_max_ns {
+            tracing::warn!(
+                silent_ms = silent_ns / 1_000_000,
+                "primary silent: promoting"
+            );
+            if repl.promote(core.node.addr.to_string()).is_ok() {
+                return;
+            }
+        }
+    }
+}
+
+/// Asks the node at `addr` for its role (a short connection of its own).
+pub async fn query_role(
+    core: &ShardCore,
+    addr: &str,
+) -> Result<sluice_protocol::replication::RoleOk, String> {
+    let timeout = Duration::from_millis(super::PEER_CHECK_MS);
+    let ask = async {
+        let (mut stream, _, mut rbuf) =
+            connect(core, addr, None).await.map_err(|e| e.to_string())?;
+        let mut w = FrameWriter::new();
+        let mut buf = BytesMut::new();
+        Request::Role.encode(&mut w, &mut buf, 2);
+        w.finish(&mut buf);
+        stream.write_all(&buf).await.map_err(|e| e.to_string())?;
+        let mut decoder = FrameDecoder::new(core.node.config.frame_bytes_max);
+        loop {
+            if let Some(frame) = decoder.decode(&mut rbuf).map_err(|e| e.to_string())? {
+                let reply = frame
+                    .messages()
+                    .next()
+                    .and_then(|(h, p)| Reply::parse(h, p));
+                return match reply {
+                    Some(Reply::Role(r)) => Ok(r),
+                    other => Err(format!("no ROLE_OK: {other:?}")),
+                };
+            }
+            if stream
+                .read_buf(&mut rbuf)
+                .await
+                .map_err(|e| e.to_string())?
+                == 0
+            {
+                return Err("closed".into());
+            }
+        }
+    };
+    tokio::time::timeout(timeout, ask)
+        .await
+        .map_err(|_| "no answer in time".to_string())?
+}
+
+/// A primary with `--peer`: looks at the peer's role before admitting
+/// anything, then every [`PEER_CHECK_MS`](super::PEER_CHECK_MS); steps down
+/// and follows the peer when it is a primary of a newer epoch.
+pub async fn watch_peer(core: Rc<ShardCore>, peer: String) {
+    let repl = &core.node.repl;
+    let mut tick = tokio::time::interval(Duration::from_millis(super::PEER_CHECK_MS));
+    tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    loop {
+        tick.tick().await;
+        if !repl.is_primary() {
+            continue;
+        }
+        match query_role(&core, &peer).await {
+            Ok(r) if r.role == sluice_protocol::replication::Role::Primary => {
+                let own = core.node.addr.to_string();
+                let newer = r.epoch > repl.epoch() || (r.epoch == repl.epoch() && peer < own);
+                if newer {
+                    repl.step_down(&peer, r.epoch);
+                    let primary = peer.clone();
+                    tokio::task::spawn_local(follow(core.clone(), primary));
+                    continue;
+                }
+            }
+            Ok(_) => {}
+            Err(e) => tracing::debug!(peer = %peer, error = %e, "peer did not answer"),
+        }
+        if repl.probing.swap(0, Ordering::AcqRel) == 1 {
+            tracing::info!(peer = %peer, "peer is not a newer primary: admitting");
+        }
+    }
+}
+
+/// One attempt: handshake, reset, start the flows, wait for one to end.
+async fn attempt(core: &Rc<ShardCore>, primary: &str, generation: u64) -> Result<(), FollowError> {
+    let (_stream, hello, _rbuf) = connect(core, primary, None).await?;
+    let repl = &core.node.repl;
+    repl.observe_epoch(hello.epoch);
+    // From here the table is rebuilt: no promoting ourselves until the new
+    // full sync is complete.
+    repl.in_sync.store(0, Ordering::Relaxed);
+    repl.set_state(ReplState::Syncing);
+    tracing::info!(primary = %primary, primary_shards = hello.shard_count, epoch = hello.epoch, "following: full sync");
+    let mut resets = Vec::new();
+    for tx in &core.node.shards {
+        let (done, rx) = oneshot::channel();
+        if tx
+            .send(ShardMsg::Reset(Reset { generation, done }))
+            .is_err()
+        {
+            return Ok(());
+        }
+        resets.push(rx);
+    }
+    for rx in resets {
+        let _ = rx.await;
+    }
+    let (ended_tx, mut ended_rx) = mpsc::unbounded_channel();
+    for i in 0..hello.shard_count {
+        let start = StartFlow {
+            generation,
+            primary: primary.to_owned(),
+            primary_shard: i,
+            ended: ended_tx.clone(),
+        };
+        let owner = usize::from(i % core.node.shard_count);
+        let _ = core.node.shards[owner].send(ShardMsg::Flow(start));
+    }
+    drop(ended_tx);
+    // Any flow ending ends the attempt: the others stop at their next
+    // message (the generation moves on).
+    let _ = ended_rx.recv().await;
+    repl.follow_gen
+        .compare_exchange(
+            generation,
+            generation + 1,
+            Ordering::AcqRel,
+            Ordering::Acquire,
+        )
+        .ok();
+    Ok(())
+}
+
+/// Connects and says HELLO (binding `shard` if given); returns the stream,
+/// HELLO_OK and any bytes read past it.
+async fn connect(
+    core: &ShardCore,
+    primary: &str,
+    shard: Option<u16>,
+) -> Result<(TcpStream, sluice_protocol::HelloOk, BytesMut), FollowError> {
+    let mut stream = TcpStream::connect(primary).await?;
+    stream.set_nodelay(true)?;
+    let token = core.node.config.auth_token.clone().unwrap_or_default();
+    let hello = Request::Hello(Hello {
+        version_min: PROTOCOL_VERSION,
+        version_max: PROTOCOL_VERSION,
+        shard,
+        token: token.as_bytes(),
+    });
+    let mut w = FrameWriter::new();
+    let mut buf = BytesMut::new();
+    hello.encode(&mut w, &mut buf, 1);
+    w.finish(&mut buf);
+    stream.write_all(&buf).await?;
+    let mut decoder = FrameDecoder::new(core.node.config.frame_bytes_max);
+    let mut rbuf = BytesMut::with_capacity(4096);
+    loop {
+        if let Some(frame) = decoder
+            .decode(&mut rbuf)
+            .map_err(|e| FollowError::Corrupt(e.to_string()))?
+        {
+            let (h, p) = frame
+                .messages()
+                .next()
+                .ok_or_else(|| FollowError::Corrupt("empty frame".into()))?;
+            return match Reply::parse(h, p) {
+                Some(Reply::HelloOk(ok)) => Ok((stream, ok, rbuf)),
+                Some(Reply::Error { code, text }) => {
+                    Err(FollowError::Refused(format!("{text} ({code})")))
+                }
+                _ => Err(FollowError::Corrupt("no HELLO_OK".into())),
+            };
+        }
+        if stream.read_buf(&mut rbuf).await? == 0 {
+            return Err(FollowError::Refused("closed during HELLO".into()));
+        }
+    }
+}
+
+/// Runs one flow on this shard until it fails or its attempt ends.
+pub async fn run_flow(core: Rc<ShardCore>, start: StartFlow) {
+    let shard = start.primary_shard;
+    if let Err(e) = flow(&core, &start).await {
+        if current(&core, start.generation) {
+            tracing::warn!(primary_shard = shard, error = %e, "flow ended");
+        }
+    }
+    let _ = start.ended.send(start.generation);
+}
+
+/// Whether `generation` is still the attempt in force (and we still
+/// follow).
+fn current(core: &ShardCore, generation: u64) -> bool {
+    let repl = &core.node.repl;
+    !repl.is_primary() && repl.follow_gen.load(Ordering::Acquire) == generation
+}
+
+async fn flow(core: &Rc<ShardCore>, start: &StartFlow) -> Result<(), FollowError> {
+    let (mut stream, hello, mut rbuf) =
+        connect(core, &start.primary, Some(start.primary_shard)).await?;
+    let primary_shards = u64::from(hello.shard_count);
+    let mut w = FrameWriter::new();
+    let mut wbuf = BytesMut::new();
+    let promote_after_ms = core.node.config.promote_after_ms.unwrap_or(0);
+    let sub = Subscribe {
+        node_id: core.node.node_id,
+        epoch: core.node.repl.epoch(),
+        shard: start.primary_shard,
+        promote_after_ms: u32::try_from(promote_after_ms).unwrap_or(u32::MAX),
+        addr: core.node.addr.to_string(),
+    };
+    sub.encode(&mut w, &mut wbuf, 2);
+    w.finish(&mut wbuf);
+    stream.write_all(&wbuf).await?;
+    wbuf.clear();
+    let mut decoder = FrameDecoder::new(core.node.config.frame_bytes_max);
+    let mut reader = SyncReader::new();
+    let mut records = Vec::new();
+    loop {
+        if !current(core, start.generation) {
+            return Ok(());
+        }
+        let mut acked = None;
+        let mut takeover = None;
+        while let Some(frame) = decoder
+            .decode(&mut rbuf)
+            .map_err(|e| FollowError::Corrupt(e.to_string()))?
+        {
+            for (h, p) in frame.messages() {
+                if h.op != sluice_protocol::replication::op::SYNC {
+                    let text = match Reply::parse(h, p) {
+                        Some(Reply::Error { text, .. }) => text,
+                        _ => format!("unexpected op {:#x}", h.op),
+                    };
+                    return Err(FollowError::Refused(text));
+                }
+                let sh = reader
+                    .parse(p, |r| records.push(r))
+                    .map_err(|e| FollowError::Corrupt(e.to_string()))?;
+                let repl = &core.node.repl;
+                if sh.flags & SYNC_TAKEOVER == 0 {
+                    // (A handover's epoch is the one this node takes.)
+                    repl.observe_epoch(sh.epoch);
+                }
+                let now_ns = core.clock.now_ns();
+                repl.last_sync_ns.fetch_max(now_ns, Ordering::Relaxed);
+                let lag_ns = now_ns.saturating_sub(sh.now_ns);
+                repl.lag_us.store(lag_ns / 1_000, Ordering::Relaxed);
+                if sh.flags & SYNC_FULL_DONE != 0 {
+                    let synced = repl.flows_synced.fetch_add(1, Ordering::AcqRel) + 1;
+                    if synced >= primary_shards {
+                        repl.in_sync.store(1, Ordering::Relaxed);
+                        repl.set_state(ReplState::Streaming);
+                    }
+                }
+                if sh.flags & SYNC_TAKEOVER != 0 {
+                    takeover = Some(sh.epoch);
+                }
+                acked = Some(sh.seq);
+            }
+        }
+        if !records.is_empty() {
+            if !current(core, start.generation) {
+                return Ok(());
+            }
+            apply(core, start.generation, std::mem::take(&mut records)).await;
+        }
+        if let Some(seq) = acked {
+            put_ack(&mut w, &mut wbuf, seq);
+            w.finish(&mut wbuf);
+            stream.write_all(&wbuf).await?;
+            wbuf.clear();
+        }
+        if let Some(epoch) = takeover {
+            // Planned handover: everything before it is applied.
+            let repl = &core.node.repl;
+            match repl.promote_to(core.node.addr.to_string(), epoch) {
+                Ok(epoch) => tracing::warn!(epoch, "planned failover: now primary"),
+                Err(e) => tracing::warn!(error = %e, "planned failover refused"),
+            }
+            return Ok(());
+        }
+        rbuf.reserve(64 << 10);
+        if stream.read_buf(&mut rbuf).await? == 0 {
+            return Err(FollowError::Refused("the primary closed the flow".into()));
+        }
+    }
+}
+
+/// Applies records on their owners (this shard directly), and returns
+/// once every owner has applied its part.
+async fn apply(core: &ShardCore, generation: u64, records: Vec<Record>) {
+    let count = core.node.shard_count;
+    let synced = core.node.repl.state() != ReplState::Streaming;
+    if synced {
+        core.node
+            .repl
+            .keys_synced
+            .fetch_add(records.len() as u64, Ordering::Relaxed);
+    }
+    let now_ns = core.clock.now_ns();
+    let mut others: Vec<Vec<Record>> = (0..count).map(|_| Vec::new()).collect();
+    {
+        let mut table = core.table.borrow_mut();
+        for r in records {
+            let owner = shard_of(r.key, count);
+            if owner == core.id {
+                table.import(r.key, r.kind, r.state, now_ns);
+            } else {
+                others[usize::from(owner)].push(r);
+            }
+        }
+    }
+    let mut waits = Vec::new();
+    for (owner, records) in others.into_iter().enumerate() {
+        if records.is_empty() {
+            continue;
+        }
+        let (done, rx) = oneshot::channel();
+        let msg = ShardMsg::Apply(Apply {
+            generation,
+            records,
+            done,
+        });
+        if core.node.shards[owner].send(msg).is_ok() {
+            waits.push(rx);
+        }
+    }
+    for rx in waits {
+        let _ = rx.await;
+    }
+}

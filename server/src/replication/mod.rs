@@ -1,0 +1,306 @@
+//! Replication: a primary streams the state of every bucket it changes to
+//! one follower, per shard flow; the follower applies it and refuses to
+//! spend until it is promoted.
+//!
+//! - [`ReplNode`]: the node's role, epoch and replication state, shared by
+//!   every thread and changeable at run time (promotion).
+//! - [`primary`]: a primary shard's flow: the full sync of its table, then
+//!   the stream of changed buckets; the acks that let sync-mode replies go.
+//! - [`follower`]: the follower's side: connect to the primary, one flow per
+//!   primary shard, apply records on the shard that owns each key (the
+//!   follower's layout, which may differ), ack.
+//!
+//! What is promised (README, "Replication"): in sync mode a reply that
+//! reflects a change leaves the primary only after the follower has
+//! acknowledged that change (the follower acks only what it has applied),
+//! so kill -9 of a streaming primary then `sluice promote` admits nothing a
+//! client was not already told; in async mode a crash can re-grant what
+//! the primary admitted in the interval not yet acknowledged (the lag,
+//! reported by ROLE).
+
+pub mod follower;
+pub mod primary;
+
+use sluice_protocol::replication::{Mode, ReplState, Role, RoleOk};
+
+use crate::config::Replication;
+use crate::sync::{AtomicU64, Mutex, Ordering};
+
+/// How often an idle flow sends an empty SYNC (the follower acks it, so
+/// both sides learn the link is alive).
+pub const HEARTBEAT_MS: u64 = 50;
+/// Slots of each fixed-size table a full sync reads per step before it
+/// yields to the shard's other work (so a large table's full sync never
+/// stalls the shard for long).
+pub const FULL_SYNC_SLOTS_PER_STEP: usize = 8_192;
+/// A follower that lost its primary waits this long before trying again.
+pub const RECONNECT_MS: u64 = 200;
+/// How often a primary with `--peer` asks its peer's role (and how long
+/// it waits for the answer).
+pub const PEER_CHECK_MS: u64 = 500;
+/// How often a follower with `--promote-after-ms` looks at the silence.
+pub const WATCHDOG_MS: u64 = 10;
+
+/// The node's place in its group, shared by every thread: written by
+/// promotion and by the replication tasks, read by every connection.
+#[derive(Debug)]
+pub struct ReplNode {
+    /// [`Role`] code.
+    role: AtomicU64,
+    /// Raised by every promotion.
+    epoch: AtomicU64,
+    /// [`ReplState`] code.
+    state: AtomicU64,
+    /// The primary's replication mode (from `--replication`).
+    pub mode: Mode,
+    /// Lag in microseconds (see [`RoleOk::lag_us`]).
+    pub lag_us: AtomicU64,
+    /// Buckets moved by full syncs.
+    pub keys_synced: AtomicU64,
+    /// Follower: bumped every time it starts following anew (and at
+    /// promotion), so that flows of an older attempt stop.
+    pub follow_gen: AtomicU64,
+    /// Follower: flows whose full sync is done, in this attempt.
+    pub flows_synced: AtomicU64,
+    /// Primary: flows attached / flows streaming.
+    pub flows_attached: AtomicU64,
+    /// Primary: flows whose full sync is done.
+    pub flows_streaming: AtomicU64,
+    /// Primary: clock time of the last ack from the follower.
+    pub last_ack_ns: AtomicU64,
+    /// Primary: the lease the follower's acks renew, in ns; 0 = no
+    /// fencing (the follower does not promote itself).
+    pub lease_ns: AtomicU64,
+    /// Primary with `--peer`: 1 until the first look at the peer's role
+    /// (it admits nothing until it knows it is not stale).
+    pub probing: AtomicU64,
+    /// Primary during a planned failover: 1 while it hands over.
+    pub handing_over: AtomicU64,
+    /// Follower: clock time of the last SYNC from the primary.
+    pub last_sync_ns: AtomicU64,
+    /// Follower: 1 once the current attempt's full sync is complete (it
+    /// may promote itself only then).
+    pub in_sync: AtomicU64,
+    /// The primary's address (follower) or our own (primary).
+    primary: Mutex<String>,
+    /// The follower's address as seen by a primary.
+    follower: Mutex<String>,
+}
+
+impl ReplNode {
+    /// A primary (`replica_of` unset) or a follower of `replica_of`; a
+    /// primary with a `peer` starts probing (see [`ReplNode::probing`]).
+    pub fn new(
+        replica_of: Option<&str>,
+        peer: Option<&str>,
+        own_addr: String,
+        mode: Replication,
+    ) -> ReplNode {
+        let (role, primary) = match replica_of {
+            Some(p) => (Role::Follower, p.to_owned()),
+            None => (Role::Primary, own_addr),
+        };
+        let state = match role {
+            Role::Primary => ReplState::Alone,
+            Role::Follower => ReplState::Down,
+        };
+        ReplNode {
+            role: AtomicU64::new(u64::from(role.code())),
+            epoch: AtomicU64::new(0),
+            state: AtomicU64::new(u64::from(state.code())),
+            mode: match mode {
+                Replication::Sync => Mode::Sync,
+                Replication::Async => Mode::Async,
+            },
+            lag_us: AtomicU64::new(0),
+            keys_synced: AtomicU64::new(0),
+            follow_gen: AtomicU64::new(0),
+            flows_synced: AtomicU64::new(0),
+            flows_attached: AtomicU64::new(0),
+            flows_streaming: AtomicU64::new(0),
+            last_ack_ns: AtomicU64::new(0),
+            lease_ns: AtomicU64::new(0),
+            probing: AtomicU64::new(u64::from(replica_of.is_none() && peer.is_some())),
+            handing_over: AtomicU64::new(0),
+            last_sync_ns: AtomicU64::new(0),
+            in_sync: AtomicU64::new(0),
+            primary: Mutex::new(primary),
+            follower: Mutex::new(String::new()),
+        }
+    }
+
+    /// The node's role now.
+    #[inline]
+    pub fn role(&self) -> Role {
+        Role::from_code(self.role.load(Ordering::Acquire) as u8).expect("a valid role code")
+    }
+
+    /// Whether this node admits (spends, refunds, resets).
+    #[inline]
+    pub fn is_primary(&self) -> bool {
+        self.role() == Role::Primary
+    }
+
+    /// Whether this node may admit at `now_ns`: it is primary, knows it is
+    /// not stale (`--peer`), is not handing over, and (when its follower
+    /// may promote itself) holds the lease its follower's acks renew.
+    #[inline]
+    pub fn admits(&self, now_ns: u64) -> bool {
+        self.is_primary()
+            && self.probing.load(Ordering::Relaxed) == 0
+            && self.handing_over.load(Ordering::Relaxed) == 0
+            && !self.fenced(now_ns)
+    }
+
+    /// Whether the lease has run out: the follower may be promoting.
+    #[inline]
+    pub fn fenced(&self, now_ns: u64) -> bool {
+        let lease_ns = self.lease_ns.load(Ordering::Relaxed);
+        lease_ns > 0 && now_ns.saturating_sub(self.last_ack_ns.load(Ordering::Relaxed)) > lease_ns
+    }
+
+    /// Whether this primary fences itself (its follower may promote).
+    pub fn fencing(&self) -> bool {
+        self.lease_ns.load(Ordering::Relaxed) > 0
+    }
+
+    /// The node's epoch.
+    #[inline]
+    pub fn epoch(&self) -> u64 {
+        self.epoch.load(Ordering::Acquire)
+    }
+
+    /// Learns an epoch (a follower adopts its primary's); never lowers it.
+    pub fn observe_epoch(&self, epoch: u64) {
+        self.epoch.fetch_max(epoch, Ordering::AcqRel);
+    }
+
+    /// The replication state now.
+    pub fn state(&self) -> ReplState {
+        ReplState::from_code(self.state.load(Ordering::Acquire) as u8).expect("a valid state code")
+    }
+
+    /// Sets the replication state.
+    pub fn set_state(&self, state: ReplState) {
+        let old = self.state.swap(u64::from(state.code()), Ordering::AcqRel);
+        if old != u64::from(state.code()) {
+            tracing::info!(
+                from = ReplState::from_code(old as u8).map_or("?", |s| s.name()),
+                to = state.name(),
+                "replication state"
+            );
+        }
+    }
+
+    /// Records the follower's address (empty: none).
+    pub fn set_follower(&self, addr: String) {
+        *self.follower.lock().expect("not poisoned") = addr;
+    }
+
+    /// The follower's address as its SUBSCRIBE gave it (empty: none).
+    pub fn follower(&self) -> String {
+        self.follower.lock().expect("not poisoned").clone()
+    }
+
+    /// The primary's address as this node knows it.
+    pub fn primary(&self) -> String {
+        self.primary.lock().expect("not poisoned").clone()
+    }
+
+    /// Makes this follower the primary: raises the epoch past every epoch
+    /// it has seen and stops following. `Err` with the reason on a primary.
+    pub fn promote(&self, own_addr: String) -> Result<u64, String> {
+        self.promote_to(own_addr, 0)
+    }
+
+    /// [`ReplNode::promote`] to at least epoch `epoch_min` (a planned
+    /// handover names the epoch).
+    pub fn promote_to(&self, own_addr: String, epoch_min: u64) -> Result<u64, String> {
+        let follower = u64::from(Role::Follower.code());
+        let primary = u64::from(Role::Primary.code());
+        if self
+            .role
+            .compare_exchange(follower, primary, Ordering::AcqRel, Ordering::Acquire)
+            .is_err()
+        {
+            return Err(format!("already primary at epoch {}", self.epoch()));
+        }
+        self.follow_gen.fetch_add(1, Ordering::AcqRel);
+        let epoch = self.epoch.fetch_add(1, Ordering::AcqRel) + 1;
+        self.epoch.fetch_max(epoch_min, Ordering::AcqRel);
+        let epoch = epoch.max(epoch_min);
+        *self.primary.lock().expect("not poisoned") = own_addr;
+        self.in_sync.store(0, Ordering::Relaxed);
+        self.set_state(ReplState::Alone);
+        tracing::warn!(epoch, "promoted to primary");
+        Ok(epoch)
+    }
+
+    /// Ends a fenced primary's fence by hand (`sluice promote` on it: the
+    /// operator knows the follower is gone): a new epoch, no lease.
+    pub fn unfence(&self) -> Result<u64, String> {
+        if !self.is_primary() {
+            return Err("not primary".into());
+        }
+        self.lease_ns.store(0, Ordering::Relaxed);
+        self.probing.store(0, Ordering::Relaxed);
+        let epoch = self.epoch.fetch_add(1, Ordering::AcqRel) + 1;
+        tracing::warn!(epoch, "fence lifted by hand: serving alone");
+        Ok(epoch)
+    }
+
+    /// A primary learns of a newer primary at `primary` (epoch `epoch`):
+    /// it stops admitting at once and becomes its follower.
+    pub fn step_down(&self, primary: &str, epoch: u64) {
+        self.role
+            .store(u64::from(Role::Follower.code()), Ordering::Release);
+        self.observe_epoch(epoch);
+        *self.primary.lock().expect("not poisoned") = primary.to_owned();
+        self.lease_ns.store(0, Ordering::Relaxed);
+        self.probing.store(0, Ordering::Relaxed);
+        self.handing_over.store(0, Ordering::Relaxed);
+        self.set_follower(String::new());
+        self.set_state(ReplState::Down);
+        tracing::warn!(
+            primary,
+            epoch,
+            "a newer primary exists: stepping down to follow it"
+        );
+    }
+
+    /// What ROLE answers.
+    pub fn role_ok(&self) -> RoleOk {
+        RoleOk {
+            role: self.role(),
+            state: self.state(),
+            mode: self.mode,
+            epoch: self.epoch(),
+            lag_us: self.lag_us.load(Ordering::Relaxed),
+            keys_synced: self.keys_synced.load(Ordering::Relaxed),
+            primary: self.primary(),
+            follower: self.follower.lock().expect("not poisoned").clone(),
+        }
+    }
+
+    /// The NOT_PRIMARY error text: why, and where to go instead.
+    pub fn not_primary_text(&self) -> String {
+        if self.is_primary() {
+            let why = if self.handing_over.load(Ordering::Relaxed) != 0 {
+                "handing over to its follower"
+            } else if self.probing.load(Ordering::Relaxed) != 0 {
+                "checking whether its peer took over"
+            } else {
+                "fenced: no ack from its follower within its lease (the follower may have been promoted)"
+            };
+            return format!(
+                "not primary: this node is {why}; epoch {}; ask its follower or retry",
+                self.epoch()
+            );
+        }
+        format!(
+            "not primary: this node follows {} at epoch {}; send spends there",
+            self.primary(),
+            self.epoch()
+        )
+    }
+}

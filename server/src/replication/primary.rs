@@ -1,0 +1,461 @@
+//! A primary shard's flow to its follower: the full sync of the shard's
+//! table (a walk over its slots a few thousand at a time, interleaved with
+//! everything else the shard does), then the stream: every time the shard
+//! has changed buckets, one *drain* takes them (each bucket once, with its
+//! state as it is now) into one or more SYNC messages.
+//!
+//! Sync mode: a connection whose read changed buckets notes the drain those
+//! changes will ship in ([`FlowShard::drain_next`]) and holds its replies
+//! until the follower has acknowledged that drain ([`wait_replicated`]).
+//! Acks are cumulative, so one ack releases every connection waiting on
+//! that drain or an earlier one: many batches are in flight per round trip.
+//! A follower that does not ack within `replica_timeout_ms` is dropped and
+//! the shard serves alone (and says so), until it resyncs.
+
+use std::cell::RefCell;
+use std::collections::VecDeque;
+use std::rc::Rc;
+use std::time::{Duration, Instant};
+
+use bytes::BytesMut;
+use sluice_protocol::codec::{FrameDecoder, FrameWriter};
+use sluice_protocol::limit::Kind;
+use sluice_protocol::replication::{
+    self, put_sync, FailoverOk, ReplState, Role, Subscribe, SyncHeader, SyncWriter, SYNC_FULL_DONE,
+    SYNC_TAKEOVER,
+};
+use sluice_protocol::Clock;
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::net::tcp::OwnedReadHalf;
+use tokio::net::TcpStream;
+use tokio::sync::{watch, Notify};
+use tokio_util::codec::Decoder;
+
+use super::{FULL_SYNC_SLOTS_PER_STEP, HEARTBEAT_MS};
+use crate::shard::ShardCore;
+use crate::sync::Ordering;
+
+/// A primary shard's side of its flow, on the shard's thread.
+#[derive(Debug)]
+pub struct FlowShard {
+    /// Bumped when a flow attaches or is dropped; a flow task that finds
+    /// its generation out of date ends.
+    pub generation: u64,
+    /// A flow is attached and its full sync is done: sync-mode replies wait
+    /// for its acks.
+    pub streaming: bool,
+    /// The drain the changes made from now on ship in.
+    pub drain_next: u64,
+    /// Told when a connection wants changes shipped.
+    pub wake: Rc<Notify>,
+    /// A planned failover asked this shard's flow to hand over at this
+    /// epoch (see `SYNC_TAKEOVER`).
+    pub takeover: Option<u64>,
+    /// The highest drain the follower has acknowledged, and whether the
+    /// flow was given up on (then every waiter stops waiting, unreplicated).
+    pub acked: watch::Sender<(u64, bool)>,
+}
+
+impl Default for FlowShard {
+    fn default() -> Self {
+        FlowShard {
+            generation: 0,
+            streaming: false,
+            drain_next: 1,
+            takeover: None,
+            wake: Rc::new(Notify::new()),
+            acked: watch::channel((0, false)).0,
+        }
+    }
+}
+
+/// Sync mode: the drain a connection must see acknowledged before its
+/// replies go, if its work changed anything a follower must have. Also
+/// wakes the flow, which ships the changes as soon as the shard is free.
+#[inline]
+pub fn replication_wait(core: &ShardCore) -> Option<u64> {
+    if !core.table.borrow().has_changes() {
+        return None;
+    }
+    let flow = core.flow.borrow();
+    flow.wake.notify_one();
+    (flow.streaming && core.node.repl.mode == replication::Mode::Sync).then_some(flow.drain_next)
+}
+
+/// Waits until drain `need` is acknowledged, at most `replica_timeout_ms`;
+/// past that the follower is dropped (the shard serves alone until it
+/// resyncs) and the wait ends. `true` when the follower has the changes;
+/// `false` when it may not (the caller then may not tell a client what
+/// they decided if the follower may be promoted: see
+/// [`ReplNode::fencing`](super::ReplNode::fencing)).
+pub async fn wait_replicated(core: &ShardCore, need: u64) -> bool {
+    let mut acked = core.flow.borrow().acked.subscribe();
+    let timeout = Duration::from_millis(core.node.config.replica_timeout_ms);
+    let waited = tokio::time::timeout(timeout, acked.wait_for(|a| a.0 >= need || a.1)).await;
+    match waited {
+        Ok(Ok(a)) => !a.1,
+        Ok(Err(_)) => false,
+        Err(_) => {
+            tracing::warn!(
+                shard = core.id,
+                timeout_ms = core.node.config.replica_timeout_ms,
+                "follower did not acknowledge in time; serving alone"
+            );
+            detach(core);
+            false
+        }
+    }
+}
+
+/// Ends the shard's flow (if any): replies stop waiting, changes are no
+/// longer tracked.
+fn detach(core: &ShardCore) {
+    let mut flow = core.flow.borrow_mut();
+    flow.generation += 1;
+    if flow.streaming {
+        flow.streaming = false;
+        core.node
+            .repl
+            .flows_streaming
+            .fetch_sub(1, Ordering::AcqRel);
+    }
+    let released = flow.drain_next;
+    flow.acked.send_replace((released, true));
+    drop(flow);
+    let mut table = core.table.borrow_mut();
+    table.untrack_changes();
+    table.export_stop();
+    let attached = core.node.repl.flows_attached.fetch_sub(1, Ordering::AcqRel) - 1;
+    if attached == 0 && core.node.repl.is_primary() {
+        core.node.repl.set_state(ReplState::Alone);
+        core.node.repl.set_follower(String::new());
+    }
+}
+
+/// Drains sent and not yet acknowledged: `(drain, last SYNC seq, sent at)`.
+type Pending = Rc<RefCell<VecDeque<(u64, u64, Instant)>>>;
+
+/// Serves a follower's SUBSCRIBE on this shard until the link fails, the
+/// follower stops acking, or another flow replaces this one.
+pub async fn serve_flow(
+    core: Rc<ShardCore>,
+    stream: TcpStream,
+    rbuf: BytesMut,
+    request_id: u32,
+    sub: Subscribe,
+) {
+    let peer = stream
+        .peer_addr()
+        .map_or_else(|_| "?".into(), |a| a.to_string());
+    if core.flow.borrow().generation > 0 && core.table.borrow().tracking() {
+        // A follower that reconnects replaces its old flow.
+        detach(&core);
+    }
+    let generation = {
+        let mut flow = core.flow.borrow_mut();
+        flow.generation += 1;
+        let acked = flow.drain_next - 1;
+        flow.acked.send_replace((acked, false));
+        flow.generation
+    };
+    if sub.promote_after_ms > 0 {
+        // The follower may promote itself: hold a lease of half its
+        // timeout, renewed by every ack (the other half is the margin for
+        // delays and clock rates).
+        let repl = &core.node.repl;
+        repl.last_ack_ns
+            .store(core.clock.now_ns(), Ordering::Relaxed);
+        let lease_ns = u64::from(sub.promote_after_ms) * 1_000_000 / 2;
+        repl.lease_ns.store(lease_ns, Ordering::Relaxed);
+    }
+    core.table.borrow_mut().export_start();
+    let repl = &core.node.repl;
+    repl.flows_attached.fetch_add(1, Ordering::AcqRel);
+    repl.set_follower(sub.addr.clone());
+    repl.set_state(ReplState::Syncing);
+    tracing::info!(shard = core.id, follower = %peer, follower_node = sub.node_id, "follower subscribed: full sync");
+    let (rd, mut wr) = stream.into_split();
+    let pending: Pending = Rc::default();
+    let acks = tokio::task::spawn_local(read_acks(
+        core.clone(),
+        rd,
+        rbuf,
+        pending.clone(),
+        generation,
+    ));
+    let result = stream_flow(&core, &mut wr, request_id, &pending, generation).await;
+    acks.abort();
+    if core.flow.borrow().generation == generation {
+        if let Err(e) = &result {
+            tracing::warn!(shard = core.id, follower = %peer, error = %e, "follower lost");
+        }
+        detach(&core);
+    }
+}
+
+/// The flow's sending loop: full sync (interleaved with drains), then
+/// drains and heartbeats.
+async fn stream_flow(
+    core: &ShardCore,
+    wr: &mut tokio::net::tcp::OwnedWriteHalf,
+    request_id: u32,
+    pending: &Pending,
+    generation: u64,
+) -> std::io::Result<()> {
+    let mut seq = 0u64;
+    let mut full_done = false;
+    let mut heap_keys: Option<Vec<(u128, Kind)>> = None;
+    let mut writer = FrameWriter::new();
+    let mut buf = BytesMut::new();
+    let mut changes = Vec::new();
+    let mut full = Vec::new();
+    let wake = core.flow.borrow().wake.clone();
+    let heartbeat = Duration::from_millis(HEARTBEAT_MS);
+    loop {
+        if core.flow.borrow().generation != generation {
+            return Ok(());
+        }
+        let mut sw = SyncWriter::new();
+        let mut finishing = false;
+        {
+            let mut table = core.table.borrow_mut();
+            changes.clear();
+            table.take_changes(&mut changes);
+            for (key, kind, state) in &changes {
+                sw.push(*kind, *key, state.as_ref());
+            }
+            if !full_done {
+                let keys = heap_keys.get_or_insert_with(|| table.heap_keys());
+                full.clear();
+                finishing = table.export_step(FULL_SYNC_SLOTS_PER_STEP, keys, &mut full);
+                for (key, kind, state) in &full {
+                    sw.push(*kind, *key, state.as_ref());
+                }
+                core.node
+                    .repl
+                    .keys_synced
+                    .fetch_add(full.len() as u64, Ordering::Relaxed);
+            }
+        }
+        let (drain, takeover) = {
+            let mut flow = core.flow.borrow_mut();
+            let d = flow.drain_next;
+            flow.drain_next += 1;
+            (
+                d,
+                if full_done {
+                    flow.takeover.take()
+                } else {
+                    None
+                },
+            )
+        };
+        let now_ns = core.clock.now_ns();
+        let epoch = takeover.unwrap_or_else(|| core.node.repl.epoch());
+        let parts = sw.take();
+        let last = parts.len().max(1);
+        let empty = [(0u32, BytesMut::new())];
+        let parts: &[(u32, BytesMut)] = if parts.is_empty() { &empty } else { &parts };
+        for (i, (count, body)) in parts.iter().enumerate() {
+            seq += 1;
+            let mut flags = 0;
+            if finishing && i + 1 == last {
+                flags |= SYNC_FULL_DONE;
+            }
+            if takeover.is_some() && i + 1 == last {
+                flags |= SYNC_TAKEOVER;
+            }
+            let h = SyncHeader {
+                seq,
+                epoch,
+                now_ns,
+                flags,
+                count: *count,
+            };
+            put_sync(&mut writer, &mut buf, request_id, &h, body);
+        }
+        writer.finish(&mut buf);
+        pending.borrow_mut().push_back((drain, seq, Instant::now()));
+        wr.write_all(&buf).await?;
+        buf.clear();
+        if finishing {
+            full_done = true;
+            core.table.borrow_mut().export_stop();
+            let mut flow = core.flow.borrow_mut();
+            if flow.generation == generation {
+                flow.streaming = true;
+                drop(flow);
+                let repl = &core.node.repl;
+                let streaming = repl.flows_streaming.fetch_add(1, Ordering::AcqRel) + 1;
+                if streaming >= u64::from(core.node.shard_count) {
+                    repl.set_state(ReplState::Streaming);
+                }
+                tracing::info!(shard = core.id, "full sync sent; streaming");
+            }
+        }
+        if !full_done {
+            // Let the shard serve between two steps of a large full sync.
+            tokio::task::yield_now().await;
+            continue;
+        }
+        if !core.table.borrow().has_changes() {
+            let _ = tokio::time::timeout(heartbeat, wake.notified()).await;
+        }
+    }
+}
+
+/// Reads the follower's ACKs: each releases every drain it covers.
+async fn read_acks(
+    core: Rc<ShardCore>,
+    mut rd: OwnedReadHalf,
+    mut rbuf: BytesMut,
+    pending: Pending,
+    generation: u64,
+) {
+    let mut decoder = FrameDecoder::new(core.node.config.frame_bytes_max);
+    loop {
+        loop {
+            let frame = match decoder.decode(&mut rbuf) {
+                Ok(Some(f)) => f,
+                Ok(None) => break,
+                Err(e) => {
+                    tracing::warn!(shard = core.id, error = %e, "bad frame from follower");
+                    return end(&core, generation);
+                }
+            };
+            for (h, p) in frame.messages() {
+                let Some(acked) = (h.op == replication::op::ACK)
+                    .then(|| replication::parse_ack(p))
+                    .flatten()
+                else {
+                    tracing::warn!(
+                        shard = core.id,
+                        op = h.op,
+                        "unexpected message from follower"
+                    );
+                    return end(&core, generation);
+                };
+                let mut released = None;
+                let mut q = pending.borrow_mut();
+                while let Some(&(drain, last_seq, sent)) = q.front() {
+                    if last_seq > acked {
+                        break;
+                    }
+                    q.pop_front();
+                    released = Some(drain);
+                    let lag_us = u64::try_from(sent.elapsed().as_micros()).unwrap_or(u64::MAX);
+                    core.node.repl.lag_us.store(lag_us, Ordering::Relaxed);
+                }
+                drop(q);
+                core.node
+                    .repl
+                    .last_ack_ns
+                    .fetch_max(core.clock.now_ns(), Ordering::Relaxed);
+                if let Some(drain) = released {
+                    let flow = core.flow.borrow();
+                    if flow.generation == generation {
+                        flow.acked.send_if_modified(|a| {
+                            let newer = drain > a.0;
+                            a.0 = a.0.max(drain);
+                            newer
+                        });
+                    }
+                }
+            }
+        }
+        rbuf.reserve(4096);
+        match rd.read_buf(&mut rbuf).await {
+            Ok(0) | Err(_) => return end(&core, generation),
+            Ok(_) => {}
+        }
+    }
+}
+
+/// The follower's side of the link is gone: end the flow (the sender sees
+/// the generation change at its next step; replies stop waiting now).
+fn end(core: &ShardCore, generation: u64) {
+    if core.flow.borrow().generation == generation {
+        detach(core);
+    }
+}
+
+/// This shard's part of a planned failover: `true` once the follower has
+/// acknowledged everything this shard has changed (nothing changes any
+/// more: the node admits nothing while it hands over).
+pub async fn handed_over(core: Rc<ShardCore>) -> bool {
+    let need = {
+        let flow = core.flow.borrow();
+        if !flow.streaming {
+            return false;
+        }
+        if core.table.borrow().has_changes() {
+            flow.wake.notify_one();
+            flow.drain_next
+        } else {
+            flow.drain_next - 1
+        }
+    };
+    wait_replicated(&core, need).await
+}
+
+/// A planned failover, run by the connection that received FAILOVER: stop
+/// admitting, wait until the follower has everything on every shard, hand
+/// over at a new epoch, wait until the follower says it is primary, then
+/// follow it. Nothing admitted is lost; the window in which the group
+/// admits nothing is measured and returned.
+pub async fn failover(core: Rc<ShardCore>) -> Result<FailoverOk, String> {
+    let repl = &core.node.repl;
+    if !repl.is_primary() {
+        return Err(repl.not_primary_text());
+    }
+    if repl.state() != ReplState::Streaming {
+        return Err(format!(
+            "no follower in sync to hand over to (replication is {})",
+            repl.state().name()
+        ));
+    }
+    let target = repl.follower();
+    if repl.handing_over.swap(1, Ordering::AcqRel) == 1 {
+        return Err("a failover is already in progress".into());
+    }
+    let started = Instant::now();
+    tracing::warn!(follower = %target, "planned failover: handing over");
+    let mut waits = Vec::new();
+    for tx in &core.node.shards {
+        let (done, rx) = tokio::sync::oneshot::channel();
+        if tx.send(crate::shard::ShardMsg::Handover(done)).is_ok() {
+            waits.push(rx);
+        }
+    }
+    let mut all = waits.len() == core.node.shards.len();
+    for rx in waits {
+        all &= rx.await.unwrap_or(false);
+    }
+    if !all {
+        repl.handing_over.store(0, Ordering::Release);
+        return Err("the follower did not acknowledge everything in time; still primary".into());
+    }
+    let epoch = repl.epoch() + 1;
+    let _ = core.node.shards[0].send(crate::shard::ShardMsg::Takeover(epoch));
+    // The follower promotes itself as it applies the handover; wait until
+    // it says so.
+    let deadline = Instant::now() + Duration::from_millis(2_000);
+    loop {
+        match super::follower::query_role(&core, &target).await {
+            Ok(r) if r.role == Role::Primary && r.epoch >= epoch => break,
+            _ if Instant::now() > deadline => {
+                // Still not admitting: a stale second primary is worse than
+                // an unavailable group (the peer check sorts it out).
+                return Err(format!("{target} did not take over within 2 s; this node admits nothing until it does (or `sluice promote` here)"));
+            }
+            _ => tokio::time::sleep(Duration::from_millis(1)).await,
+        }
+    }
+    let unavailable_us = u64::try_from(started.elapsed().as_micros()).unwrap_or(u64::MAX);
+    repl.step_down(&target, epoch);
+    tokio::task::spawn_local(super::follower::follow(core.clone(), target));
+    Ok(FailoverOk {
+        epoch,
+        unavailable_us,
+    })
+}
