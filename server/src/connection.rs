@@ -333,7 +333,7 @@ impl Connection {
         }
         let now_ns = self.core.clock.now_ns();
         self.core.sync_epoch();
-        let primary = self.core.node.repl.admits(now_ns);
+        let primary = self.core.admits(now_ns);
         self.hash_and_prefetch(frame);
         for (i, (h, payload)) in frame.messages().enumerate() {
             if self.closing || self.migrate.is_some() {

@@ -83,8 +83,14 @@ impl Sluiced {
     /// `--resp-port` among them, also learns the RESP address from the
     /// second line.
     pub fn start(args: &[&str]) -> Sluiced {
+        Sluiced::start_on(0, args)
+    }
+
+    /// [`Sluiced::start`] on a given port (0 picks a free one).
+    pub fn start_on(port: u16, args: &[&str]) -> Sluiced {
+        let port = port.to_string();
         let mut child = Command::new(binary("sluiced"))
-            .args(["--bind", "127.0.0.1", "--port", "0"])
+            .args(["--bind", "127.0.0.1", "--port", &port])
             .args(args)
             .stdout(Stdio::piped())
             .stderr(Stdio::inherit())
@@ -161,6 +167,21 @@ impl Sluiced {
     pub fn hangup(&self) {
         let ok = Command::new("kill")
             .args(["-HUP", &self.child.id().to_string()])
+            .status()
+            .expect("kill runs");
+        assert!(ok.success());
+    }
+
+    /// kill -9, and reap it.
+    pub fn kill9(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+
+    /// Sends `signal` (`STOP`, `CONT`, ...) and returns at once.
+    pub fn signal(&self, signal: &str) {
+        let ok = Command::new("kill")
+            .args([&format!("-{signal}"), &self.child.id().to_string()])
             .status()
             .expect("kill runs");
         assert!(ok.success());

@@ -112,11 +112,12 @@ async fn watchdog(core: Rc<ShardCore>, promote_after_ms: u64) {
         if repl.is_primary() {
             return;
         }
+        let _one_at_a_time = repl.promotion.lock().expect("not poisoned");
         let silent_ns = core
             .clock
             .now_ns()
-            .saturating_sub(repl.last_sync_ns.load(Ordering::Relaxed));
-        if repl.in_sync.load(Ordering::Relaxed) == 1 && silent_ns > silence_max_ns {
+            .saturating_sub(repl.last_sync_ns.load(Ordering::Acquire));
+        if repl.in_sync.load(Ordering::Acquire) == 1 && silent_ns > silence_max_ns {
             tracing::warn!(
                 silent_ms = silent_ns / 1_000_000,
                 "primary silent: promoting"
@@ -336,6 +337,8 @@ async fn flow(core: &Rc<ShardCore>, start: &StartFlow) -> Result<(), FollowError
     let mut decoder = FrameDecoder::new(core.node.config.frame_bytes_max);
     let mut reader = SyncReader::new();
     let mut records = Vec::new();
+    // Records before this flow's full sync completed count as synced.
+    let mut full_done = false;
     loop {
         if !current(core, start.generation) {
             return Ok(());
@@ -363,10 +366,14 @@ async fn flow(core: &Rc<ShardCore>, start: &StartFlow) -> Result<(), FollowError
                     repl.observe_epoch(sh.epoch);
                 }
                 let now_ns = core.clock.now_ns();
-                repl.last_sync_ns.fetch_max(now_ns, Ordering::Relaxed);
                 let lag_ns = now_ns.saturating_sub(sh.now_ns);
                 repl.lag_us.store(lag_ns / 1_000, Ordering::Relaxed);
+                if !full_done {
+                    repl.keys_synced
+                        .fetch_add(u64::from(sh.count), Ordering::Relaxed);
+                }
                 if sh.flags & SYNC_FULL_DONE != 0 {
+                    full_done = true;
                     let synced = repl.flows_synced.fetch_add(1, Ordering::AcqRel) + 1;
                     if synced >= primary_shards {
                         repl.in_sync.store(1, Ordering::Relaxed);
@@ -386,6 +393,22 @@ async fn flow(core: &Rc<ShardCore>, start: &StartFlow) -> Result<(), FollowError
             apply(core, start.generation, std::mem::take(&mut records)).await;
         }
         if let Some(seq) = acked {
+            // Record the receipt and decide to ack under the promotion
+            // lock: either the watchdog sees this receipt (and does not
+            // promote now), or it has promoted and we do not ack (an ack
+            // would renew the old primary's lease).
+            let may_ack = {
+                let _one_at_a_time = core.node.repl.promotion.lock().expect("not poisoned");
+                let now_ns = core.clock.now_ns();
+                core.node
+                    .repl
+                    .last_sync_ns
+                    .fetch_max(now_ns, Ordering::AcqRel);
+                current(core, start.generation)
+            };
+            if !may_ack {
+                return Ok(());
+            }
             put_ack(&mut w, &mut wbuf, seq);
             w.finish(&mut wbuf);
             stream.write_all(&wbuf).await?;
@@ -411,13 +434,6 @@ async fn flow(core: &Rc<ShardCore>, start: &StartFlow) -> Result<(), FollowError
 /// once every owner has applied its part.
 async fn apply(core: &ShardCore, generation: u64, records: Vec<Record>) {
     let count = core.node.shard_count;
-    let synced = core.node.repl.state() != ReplState::Streaming;
-    if synced {
-        core.node
-            .repl
-            .keys_synced
-            .fetch_add(records.len() as u64, Ordering::Relaxed);
-    }
     let now_ns = core.clock.now_ns();
     let mut others: Vec<Vec<Record>> = (0..count).map(|_| Vec::new()).collect();
     {

@@ -38,6 +38,10 @@ pub const RECONNECT_MS: u64 = 200;
 /// How often a primary with `--peer` asks its peer's role (and how long
 /// it waits for the answer).
 pub const PEER_CHECK_MS: u64 = 500;
+/// Longest lease a primary holds (it stops admitting when it has had no
+/// ack for this long): half the follower's `--promote-after-ms`, at most
+/// this, so a primary cut off from its follower stops within 200 ms.
+pub const LEASE_MS_MAX: u64 = 200;
 /// How often a follower with `--promote-after-ms` looks at the silence.
 pub const WATCHDOG_MS: u64 = 10;
 
@@ -81,6 +85,10 @@ pub struct ReplNode {
     /// Follower: 1 once the current attempt's full sync is complete (it
     /// may promote itself only then).
     pub in_sync: AtomicU64,
+    /// Follower: taken to decide "ack what I received" and "promote
+    /// myself" one at a time, so that an ack that renews the primary's lease
+    /// is never sent after the decision to promote (see `follower`).
+    pub promotion: Mutex<()>,
     /// The primary's address (follower) or our own (primary).
     primary: Mutex<String>,
     /// The follower's address as seen by a primary.
@@ -124,6 +132,7 @@ impl ReplNode {
             handing_over: AtomicU64::new(0),
             last_sync_ns: AtomicU64::new(0),
             in_sync: AtomicU64::new(0),
+            promotion: Mutex::new(()),
             primary: Mutex::new(primary),
             follower: Mutex::new(String::new()),
         }

@@ -132,8 +132,9 @@ fn detach(core: &ShardCore) {
     }
 }
 
-/// Drains sent and not yet acknowledged: `(drain, last SYNC seq, sent at)`.
-type Pending = Rc<RefCell<VecDeque<(u64, u64, Instant)>>>;
+/// Drains sent and not yet acknowledged: `(drain, last SYNC seq, sent at,
+/// sent at by the decision clock)`.
+type Pending = Rc<RefCell<VecDeque<(u64, u64, Instant, u64)>>>;
 
 /// Serves a follower's SUBSCRIBE on this shard until the link fails, the
 /// follower stops acking, or another flow replaces this one.
@@ -165,10 +166,13 @@ pub async fn serve_flow(
         let repl = &core.node.repl;
         repl.last_ack_ns
             .store(core.clock.now_ns(), Ordering::Relaxed);
-        let lease_ns = u64::from(sub.promote_after_ms) * 1_000_000 / 2;
+        let lease_ms = (u64::from(sub.promote_after_ms) / 2).min(super::LEASE_MS_MAX);
+        let lease_ns = lease_ms * 1_000_000;
         repl.lease_ns.store(lease_ns, Ordering::Relaxed);
     }
-    core.table.borrow_mut().export_start();
+    core.table
+        .borrow_mut()
+        .export_start(FULL_SYNC_SLOTS_PER_STEP);
     let repl = &core.node.repl;
     repl.flows_attached.fetch_add(1, Ordering::AcqRel);
     repl.set_follower(sub.addr.clone());
@@ -275,7 +279,9 @@ async fn stream_flow(
             put_sync(&mut writer, &mut buf, request_id, &h, body);
         }
         writer.finish(&mut buf);
-        pending.borrow_mut().push_back((drain, seq, Instant::now()));
+        pending
+            .borrow_mut()
+            .push_back((drain, seq, Instant::now(), now_ns));
         wr.write_all(&buf).await?;
         buf.clear();
         if finishing {
@@ -337,7 +343,7 @@ async fn read_acks(
                 };
                 let mut released = None;
                 let mut q = pending.borrow_mut();
-                while let Some(&(drain, last_seq, sent)) = q.front() {
+                while let Some(&(drain, last_seq, sent, sent_ns)) = q.front() {
                     if last_seq > acked {
                         break;
                     }
@@ -345,12 +351,16 @@ async fn read_acks(
                     released = Some(drain);
                     let lag_us = u64::try_from(sent.elapsed().as_micros()).unwrap_or(u64::MAX);
                     core.node.repl.lag_us.store(lag_us, Ordering::Relaxed);
+                    // The lease runs from when the acknowledged SYNC was
+                    // *sent*: the follower received it later, and promotes
+                    // itself only `promote_after_ms` after its last receipt,
+                    // so the lease is over first whatever the delays.
+                    core.node
+                        .repl
+                        .last_ack_ns
+                        .fetch_max(sent_ns, Ordering::Relaxed);
                 }
                 drop(q);
-                core.node
-                    .repl
-                    .last_ack_ns
-                    .fetch_max(core.clock.now_ns(), Ordering::Relaxed);
                 if let Some(drain) = released {
                     let flow = core.flow.borrow();
                     if flow.generation == generation {

@@ -246,8 +246,6 @@ impl Session {
             Command::Throttle(_)
                 if !self
                     .core
-                    .node
-                    .repl
                     .admits(*now_ns.get_or_insert_with(|| self.core.clock.now_ns())) =>
             {
                 // Redis's own words for a write sent to a replica, then ours.

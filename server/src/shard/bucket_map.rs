@@ -75,18 +75,50 @@ pub struct BucketMap<V> {
 
 /// A walk over the slots for a full sync, while the table keeps changing.
 ///
+/// The walk reads the slots in `steps` interleaved passes (pass `r` reads
+/// the slots whose index is `r` modulo `steps`), so that every step's
+/// records are spread over the whole hash range: a follower inserting them
+/// into a table still small never sees a run of neighbouring hashes (which
+/// would pile into one probe cluster and make each insert quadratic).
+///
 /// Robin Hood moves records that did not change: backward-shift deletion
 /// pulls a record one slot back, insertion pushes residents forward (and
-/// round the end to slot 0). A record moved from the part not yet read to
-/// the part already read would be missed, so every record written below
-/// the cursor is noted in `moved` for the sync to send; growth starts the
-/// walk again from slot 0.
+/// round the end to slot 0). A record moved from a slot not yet read to one
+/// already read would be missed, so every record written to a slot already
+/// read is noted in `moved` for the sync to send; growth starts the walk
+/// again.
 #[derive(Debug, Default)]
 struct Export {
-    /// Slots below this have been read.
-    cursor: usize,
-    /// Keys written below `cursor` since the caller last took them.
+    /// Passes in all: a power of two.
+    steps: usize,
+    /// Passes done: slot `i` has been read iff `i % steps < step`.
+    step: usize,
+    /// Slots a step reads, about (sets `steps` at the start and after
+    /// growth).
+    slots_per_step: usize,
+    /// Keys written to slots already read since the caller last took them.
     moved: Vec<u128>,
+}
+
+impl Export {
+    fn new(len: usize, slots_per_step: usize) -> Export {
+        let steps = len
+            .div_ceil(slots_per_step.max(1))
+            .max(1)
+            .next_power_of_two();
+        Export {
+            steps,
+            step: 0,
+            slots_per_step,
+            moved: Vec::new(),
+        }
+    }
+
+    /// Whether slot `index` has been read.
+    #[inline]
+    fn read(&self, index: usize) -> bool {
+        index & (self.steps - 1) < self.step
+    }
 }
 
 /// Key 0 marks an empty slot, so the one key hash that is 0 is stored as 1
@@ -116,8 +148,8 @@ impl<V: Record> BucketMap<V> {
     }
 
     /// Starts (or restarts) a full-sync walk from slot 0.
-    pub fn export_start(&mut self) {
-        self.export = Some(Export::default());
+    pub fn export_start(&mut self, slots_per_step: usize) {
+        self.export = Some(Export::new(self.slots.len(), slots_per_step));
     }
 
     /// Ends the walk.
@@ -125,28 +157,24 @@ impl<V: Record> BucketMap<V> {
         self.export = None;
     }
 
-    /// The next records of the walk: reads up to `slots` slots at the
-    /// cursor into `out`. `true` when the walk has read every slot (and so
-    /// has ended). Call [`BucketMap::export_moved`] too, every time.
-    pub fn export_step(&mut self, slots: usize, out: &mut Vec<(u128, V)>) -> bool {
+    /// The next step of the walk: about `slots_per_step` slots (one pass)
+    /// into `out`. `true` when the walk has read every slot; what moves
+    /// after that is still noted until [`BucketMap::export_stop`]. Call
+    /// [`BucketMap::export_moved`] too, every time.
+    pub fn export_step(&mut self, out: &mut Vec<(u128, V)>) -> bool {
         let Some(e) = &mut self.export else {
             return true;
         };
-        if e.cursor >= self.slots.len() {
+        if e.step >= e.steps {
             return true;
         }
-        let end = e.cursor.saturating_add(slots).min(self.slots.len());
-        for slot in &self.slots[e.cursor..end] {
+        for slot in self.slots.iter().skip(e.step).step_by(e.steps) {
             if slot.key != 0 {
                 out.push((slot.key, slot.value));
             }
         }
-        e.cursor = end;
-        if end == self.slots.len() {
-            // What moved below the cursor is still to be taken.
-            e.cursor = usize::MAX;
-        }
-        end == self.slots.len()
+        e.step += 1;
+        e.step >= e.steps
     }
 
     /// Keys the walk would otherwise miss (moved below its cursor); the
@@ -161,7 +189,7 @@ impl<V: Record> BucketMap<V> {
     #[inline]
     fn note_write(&mut self, index: usize) {
         if let Some(e) = &mut self.export {
-            if index < e.cursor {
+            if e.read(index) {
                 e.moved.push(self.slots[index].key);
             }
         }
@@ -364,8 +392,7 @@ impl<V: Record> BucketMap<V> {
         self.cursor = 0;
         if let Some(e) = &mut self.export {
             // Every record moves: read them all again.
-            e.cursor = 0;
-            e.moved.clear();
+            *e = Export::new(capacity, e.slots_per_step);
         }
         for slot in old {
             if slot.key != 0 {

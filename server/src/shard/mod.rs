@@ -395,6 +395,19 @@ impl ShardCore {
         ))
     }
 
+    /// Whether this shard may admit now: the node admits (see
+    /// [`ReplNode::admits`]), and, when sync mode and a fencing lease are
+    /// both on, this shard's flow is streaming (with no follower to hold
+    /// its changes, nothing it admitted would survive a promotion).
+    #[inline]
+    pub fn admits(&self, now_ns: u64) -> bool {
+        let repl = &self.node.repl;
+        repl.admits(now_ns)
+            && (repl.mode != sluice_protocol::replication::Mode::Sync
+                || !repl.fencing()
+                || self.flow.borrow().streaming)
+    }
+
     /// Moves lease ids to the node's epoch if it changed (a promotion),
     /// before anything can acquire in the new epoch. One relaxed load.
     #[inline]

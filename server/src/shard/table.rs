@@ -272,11 +272,11 @@ impl Table {
 
     /// Starts a full sync: changes are recorded from now on, and each
     /// fixed-size table starts a walk over its slots.
-    pub fn export_start(&mut self) {
+    pub fn export_start(&mut self, slots_per_step: usize) {
         self.track_changes();
-        self.buckets.export_start();
-        self.fixed.export_start();
-        self.counters.export_start();
+        self.buckets.export_start(slots_per_step);
+        self.fixed.export_start(slots_per_step);
+        self.counters.export_start(slots_per_step);
     }
 
     /// Ends the walks (the full sync is done or abandoned).
@@ -305,7 +305,7 @@ impl Table {
         out: &mut Vec<(u128, Kind, Option<State>)>,
     ) -> bool {
         let mut fixed = Vec::new();
-        if !self.buckets.export_step(slots, &mut fixed) {
+        if !self.buckets.export_step(&mut fixed) {
             out.extend(
                 fixed
                     .iter()
@@ -319,7 +319,7 @@ impl Table {
                 .map(|&(k, b)| (k, Kind::TokenBucket, Some(State::TokenBucket(b)))),
         );
         let mut windows = Vec::new();
-        let done = self.fixed.export_step(slots, &mut windows);
+        let done = self.fixed.export_step(&mut windows);
         out.extend(windows.iter().map(|&(k, w)| {
             let state = State::FixedWindow {
                 window_ns: w.window_ns,
@@ -331,7 +331,7 @@ impl Table {
             return false;
         }
         let mut counters = Vec::new();
-        let done = self.counters.export_step(slots, &mut counters);
+        let done = self.counters.export_step(&mut counters);
         out.extend(counters.iter().map(|&(k, w)| {
             let state = State::SlidingCounter {
                 window_ns: w.window_ns,

@@ -1,0 +1,177 @@
+//! A follower's copy against real processes: it converges to its primary's
+//! state for every limit kind, with another shard count; a large full sync
+//! happens while the primary keeps answering; a follower that falls behind
+//! (paused) and comes back resyncs; a follower refuses to spend.
+
+use std::time::{Duration, Instant};
+
+use sluice_client::{inline_limits, Client, ClientConfig, Error, Mode, Status};
+use sluice_tests::repl::{self, start_pair, wait_role};
+use sluice_tests::support::specs;
+use tokio::task::JoinSet;
+
+/// Every kind, each spent a different number of times per key.
+const KINDS: [&str; 5] = [
+    "token-bucket:1/h,burst=50",
+    "fixed-window:50/1d",
+    "sliding-log:50/1h",
+    "sliding-counter:50/1h",
+    "concurrency:50,lease=1h",
+];
+
+/// What a node answers to a probe (cost 0) of every kind for `key`.
+async fn remaining(c: &Client, key: &[u8]) -> Vec<u64> {
+    let lim = inline_limits(&specs(&KINDS)).unwrap();
+    let ok = c.decide(key, lim, Mode::Probe, 0).await.expect("probe");
+    ok.verdicts.iter().map(|v| v.verdict.remaining).collect()
+}
+
+async fn big_client(addr: std::net::SocketAddr) -> Client {
+    let config = ClientConfig {
+        deadline: Duration::from_secs(30),
+        connect_timeout: Duration::from_secs(5),
+        ..ClientConfig::default()
+    };
+    Client::connect_with(addr, config).await.expect("connect")
+}
+
+/// Polls until the follower answers every key as the primary does.
+async fn converge(primary: &Client, follower: &Client, keys: &[String]) {
+    let start = Instant::now();
+    loop {
+        let mut differ = None;
+        for k in keys {
+            let (p, f) = (
+                remaining(primary, k.as_bytes()).await,
+                remaining(follower, k.as_bytes()).await,
+            );
+            if p != f {
+                differ = Some((k.clone(), p, f));
+                break;
+            }
+        }
+        match differ {
+            None => return,
+            Some(d) if start.elapsed() > Duration::from_secs(20) => {
+                panic!("follower never converged: {d:?}")
+            }
+            Some(_) => tokio::time::sleep(Duration::from_millis(20)).await,
+        }
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn follower_with_another_shard_count_converges_for_every_kind() {
+    let (primary, follower) = start_pair(&["--shards", "3"], &["--shards", "2"]).await;
+    let p = big_client(primary.addr).await;
+    let f = big_client(follower.addr).await;
+    let lim = inline_limits(&specs(&KINDS)).unwrap();
+    let keys: Vec<String> = (0..200).map(|i| format!("client:{i}")).collect();
+    for (i, k) in keys.iter().enumerate() {
+        for _ in 0..(i % 7 + 1) {
+            assert!(p.spend(k.as_bytes(), lim, 1).await.unwrap().allowed);
+        }
+    }
+    // Refunds and resets replicate too.
+    p.decide(b"client:3", lim, Mode::Refund, 2).await.unwrap();
+    p.decide(b"client:4", lim, Mode::Reset, 0).await.unwrap();
+    converge(&p, &f, &keys).await;
+    assert_eq!(remaining(&f, b"client:4").await, vec![50; 5]);
+    // A follower refuses to spend, and says where the primary is.
+    match f.spend(b"client:1", lim, 1).await {
+        Err(Error::Server {
+            status: Some(Status::NotPrimary),
+            text,
+            ..
+        }) => assert!(text.contains(&primary.addr.to_string()), "{text}"),
+        other => panic!("a follower spent: {other:?}"),
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn full_sync_of_a_large_table_while_the_primary_answers() {
+    let keys_total: u64 = std::env::var("SLUICE_TEST_SYNC_KEYS")
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(1_000_000);
+    let primary = sluice_tests::support::Sluiced::start(&["--shards", "2"]);
+    let p = big_client(primary.addr).await;
+    let policy = sluice_client::Policy::new(1, 3_600_000_000_000, 10).unwrap();
+    // Fill: many calls in flight, batched by the client.
+    let start = Instant::now();
+    let mut set = JoinSet::new();
+    for t in 0..64u64 {
+        let p = p.clone();
+        set.spawn(async move {
+            for i in (t..keys_total).step_by(64) {
+                let key = format!("k{i}");
+                assert!(p.throttle(key.as_bytes(), policy, 1).await.unwrap().allowed);
+            }
+        });
+    }
+    while set.join_next().await.is_some() {}
+    eprintln!("filled {keys_total} keys in {:?}", start.elapsed());
+    let of = primary.addr.to_string();
+    let follower = sluice_tests::support::Sluiced::start(&["--shards", "2", "--replica-of", &of]);
+    // The primary keeps answering during the sync.
+    let sync_start = Instant::now();
+    let mut answered = 0u64;
+    let mut worst = Duration::ZERO;
+    loop {
+        let t = Instant::now();
+        assert!(p.throttle(b"during-sync", policy, 0).await.unwrap().allowed);
+        worst = worst.max(t.elapsed());
+        answered += 1;
+        let r = repl::role(follower.addr).await.unwrap();
+        if repl::streaming(&r) {
+            assert!(
+                r.keys_synced >= keys_total,
+                "synced {} of {keys_total}",
+                r.keys_synced
+            );
+            break;
+        }
+        assert!(
+            sync_start.elapsed() < Duration::from_secs(120),
+            "full sync too slow"
+        );
+    }
+    eprintln!(
+        "full sync of {keys_total} keys: {:?}; primary answered {answered} calls meanwhile, slowest {worst:?}",
+        sync_start.elapsed()
+    );
+    let f = big_client(follower.addr).await;
+    for i in [0, keys_total / 2, keys_total - 1] {
+        let key = format!("k{i}");
+        let v = f.peek(key.as_bytes(), policy, 0).await.unwrap();
+        assert_eq!(v.remaining, 9, "{key} on the follower");
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn follower_that_falls_behind_resyncs() {
+    let (primary, follower) = start_pair(&["--shards", "2"], &["--shards", "2"]).await;
+    let p = big_client(primary.addr).await;
+    let lim = inline_limits(&specs(&KINDS)).unwrap();
+    let keys: Vec<String> = (0..50).map(|i| format!("behind:{i}")).collect();
+    for k in &keys[..25] {
+        p.spend(k.as_bytes(), lim, 1).await.unwrap();
+    }
+    // Paused: sync-mode replies wait at most replica_timeout_ms, then the
+    // primary serves alone (and says so) and drops the follower.
+    follower.signal("STOP");
+    let t = Instant::now();
+    for k in &keys {
+        assert!(p.spend(k.as_bytes(), lim, 1).await.unwrap().allowed);
+    }
+    eprintln!("50 spends with the follower paused: {:?}", t.elapsed());
+    let r = wait_role(primary.addr, Duration::from_secs(10), |r| {
+        r.state == sluice_client::ReplState::Alone
+    })
+    .await;
+    assert_eq!(r.follower, "", "the primary says it is alone");
+    follower.signal("CONT");
+    wait_role(follower.addr, Duration::from_secs(20), repl::streaming).await;
+    let f = big_client(follower.addr).await;
+    converge(&p, &f, &keys).await;
+}
