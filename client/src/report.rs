@@ -279,6 +279,8 @@ pub fn role_json(r: &RoleOk) -> Value {
         "mode": r.mode.name(),
         "lag_ms": us_to_ms(r.lag_us),
         "keys_synced": r.keys_synced,
+        "stream_bytes": r.stream_bytes,
+        "stream_records": r.stream_records,
         "primary": r.primary,
         "follower": r.follower,
     })
@@ -476,6 +478,8 @@ mod tests {
             epoch: 3,
             lag_us: 400,
             keys_synced: 12_345,
+            stream_bytes: 0,
+            stream_records: 0,
             primary: "127.0.0.1:7700".into(),
             follower: String::new(),
         }
@@ -495,6 +499,8 @@ mod tests {
             epoch: 1,
             lag_us: 0,
             keys_synced: 0,
+            stream_bytes: 0,
+            stream_records: 0,
             primary: "10.0.0.1:7700".into(),
             follower: "10.0.0.2:51234".into(),
         };
@@ -522,7 +528,9 @@ mod tests {
                 "mode",
                 "primary",
                 "role",
-                "state"
+                "state",
+                "stream_bytes",
+                "stream_records"
             ]
         );
         assert_eq!(v["role"], "follower");

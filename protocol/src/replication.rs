@@ -128,6 +128,9 @@ pub enum ReplState {
     Streaming = 2,
     /// A follower that has lost its primary (and keeps trying).
     Down = 3,
+    /// A primary whose lease has run out (no ack from its follower in
+    /// time: the follower may be promoting): it admits nothing.
+    Fenced = 4,
 }
 
 impl ReplState {
@@ -143,6 +146,7 @@ impl ReplState {
             1 => Some(ReplState::Syncing),
             2 => Some(ReplState::Streaming),
             3 => Some(ReplState::Down),
+            4 => Some(ReplState::Fenced),
             _ => None,
         }
     }
@@ -154,6 +158,7 @@ impl ReplState {
             ReplState::Syncing => "syncing",
             ReplState::Streaming => "streaming",
             ReplState::Down => "down",
+            ReplState::Fenced => "fenced",
         }
     }
 }
@@ -210,6 +215,11 @@ pub struct RoleOk {
     pub lag_us: u64,
     /// Buckets received (follower) or sent (primary) by full syncs.
     pub keys_synced: u64,
+    /// Bytes of SYNC payload sent (primary) or received (follower) so far.
+    pub stream_bytes: u64,
+    /// Records sent (primary) or received (follower) so far, full syncs
+    /// included.
+    pub stream_records: u64,
     /// The primary's address (a follower's `replica_of`; a primary's own).
     pub primary: String,
     /// The follower's address as the primary sees it; empty if none.
@@ -217,7 +227,7 @@ pub struct RoleOk {
 }
 
 /// Bytes of ROLE_OK's fixed part.
-pub const ROLE_OK_FIXED_BYTES: usize = 4 + 8 + 8 + 8;
+pub const ROLE_OK_FIXED_BYTES: usize = 4 + 8 + 8 + 8 + 8 + 8;
 /// Longest address in ROLE_OK.
 pub const ADDR_BYTES_MAX: usize = 255;
 
@@ -231,6 +241,8 @@ impl RoleOk {
         buf.put_u64_le(self.epoch);
         buf.put_u64_le(self.lag_us);
         buf.put_u64_le(self.keys_synced);
+        buf.put_u64_le(self.stream_bytes);
+        buf.put_u64_le(self.stream_records);
         for addr in [&self.primary, &self.follower] {
             let bytes = &addr.as_bytes()[..addr.len().min(ADDR_BYTES_MAX)];
             buf.put_u8(bytes.len() as u8);
@@ -248,6 +260,8 @@ impl RoleOk {
         let epoch = r.u64()?;
         let lag_us = r.u64()?;
         let keys_synced = r.u64()?;
+        let stream_bytes = r.u64()?;
+        let stream_records = r.u64()?;
         let mut addr = || {
             let n = usize::from(r.u8()?);
             String::from_utf8(r.bytes(n)?.to_vec()).ok()
@@ -261,6 +275,8 @@ impl RoleOk {
             epoch,
             lag_us,
             keys_synced,
+            stream_bytes,
+            stream_records,
             primary,
             follower,
         })
@@ -968,6 +984,8 @@ mod tests {
             epoch: 4,
             lag_us: 1500,
             keys_synced: 1_000_000,
+            stream_bytes: 40_000_000,
+            stream_records: 1_000_000,
             primary: "127.0.0.1:7700".into(),
             follower: String::new(),
         };

@@ -367,7 +367,7 @@ impl Connection {
                 Ok(Request::Reload) => self.reload(h.request_id),
                 Ok(Request::Stats(st)) => self.stats(h.request_id, st.shard_first),
                 Ok(Request::Role) => {
-                    let role = Box::new(self.core.node.repl.role_ok());
+                    let role = Box::new(self.core.node.repl.role_ok(now_ns));
                     self.push(h.request_id, Local::Role(role));
                 }
                 Ok(Request::Promote) => self.promote(h.request_id),

@@ -368,6 +368,10 @@ async fn flow(core: &Rc<ShardCore>, start: &StartFlow) -> Result<(), FollowError
                 let now_ns = core.clock.now_ns();
                 let lag_ns = now_ns.saturating_sub(sh.now_ns);
                 repl.lag_us.store(lag_ns / 1_000, Ordering::Relaxed);
+                repl.stream_bytes
+                    .fetch_add(p.len() as u64, Ordering::Relaxed);
+                repl.stream_records
+                    .fetch_add(u64::from(sh.count), Ordering::Relaxed);
                 if !full_done {
                     repl.keys_synced
                         .fetch_add(u64::from(sh.count), Ordering::Relaxed);

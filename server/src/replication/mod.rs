@@ -61,6 +61,10 @@ pub struct ReplNode {
     pub lag_us: AtomicU64,
     /// Buckets moved by full syncs.
     pub keys_synced: AtomicU64,
+    /// SYNC payload bytes sent (primary) or received (follower).
+    pub stream_bytes: AtomicU64,
+    /// Records sent (primary) or received (follower).
+    pub stream_records: AtomicU64,
     /// Follower: bumped every time it starts following anew (and at
     /// promotion), so that flows of an older attempt stop.
     pub follow_gen: AtomicU64,
@@ -122,6 +126,8 @@ impl ReplNode {
             },
             lag_us: AtomicU64::new(0),
             keys_synced: AtomicU64::new(0),
+            stream_bytes: AtomicU64::new(0),
+            stream_records: AtomicU64::new(0),
             follow_gen: AtomicU64::new(0),
             flows_synced: AtomicU64::new(0),
             flows_attached: AtomicU64::new(0),
@@ -277,15 +283,22 @@ impl ReplNode {
         );
     }
 
-    /// What ROLE answers.
-    pub fn role_ok(&self) -> RoleOk {
+    /// What ROLE answers at `now_ns`.
+    pub fn role_ok(&self, now_ns: u64) -> RoleOk {
+        let state = if self.is_primary() && self.fenced(now_ns) {
+            ReplState::Fenced
+        } else {
+            self.state()
+        };
         RoleOk {
             role: self.role(),
-            state: self.state(),
+            state,
             mode: self.mode,
             epoch: self.epoch(),
             lag_us: self.lag_us.load(Ordering::Relaxed),
             keys_synced: self.keys_synced.load(Ordering::Relaxed),
+            stream_bytes: self.stream_bytes.load(Ordering::Relaxed),
+            stream_records: self.stream_records.load(Ordering::Relaxed),
             primary: self.primary(),
             follower: self.follower.lock().expect("not poisoned").clone(),
         }

@@ -21,8 +21,8 @@ use bytes::BytesMut;
 use sluice_protocol::codec::{FrameDecoder, FrameWriter};
 use sluice_protocol::limit::Kind;
 use sluice_protocol::replication::{
-    self, put_sync, FailoverOk, ReplState, Role, Subscribe, SyncHeader, SyncWriter, SYNC_FULL_DONE,
-    SYNC_TAKEOVER,
+    self, put_sync, FailoverOk, ReplState, Role, Subscribe, SyncHeader, SyncWriter,
+    SYNC_FIXED_BYTES, SYNC_FULL_DONE, SYNC_TAKEOVER,
 };
 use sluice_protocol::Clock;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
@@ -260,8 +260,13 @@ async fn stream_flow(
         let last = parts.len().max(1);
         let empty = [(0u32, BytesMut::new())];
         let parts: &[(u32, BytesMut)] = if parts.is_empty() { &empty } else { &parts };
+        let repl = &core.node.repl;
         for (i, (count, body)) in parts.iter().enumerate() {
             seq += 1;
+            repl.stream_bytes
+                .fetch_add((SYNC_FIXED_BYTES + body.len()) as u64, Ordering::Relaxed);
+            repl.stream_records
+                .fetch_add(u64::from(*count), Ordering::Relaxed);
             let mut flags = 0;
             if finishing && i + 1 == last {
                 flags |= SYNC_FULL_DONE;
