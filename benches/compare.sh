@@ -135,6 +135,42 @@ rb "redis PING c50 p1" "$RPORT" 50 1 400000 -t ping
 rb "sluice-resp CL.THROTTLE c50 p64" "${RESPADDR##*:}" 50 64 4000000 -r 100000 CL.THROTTLE 'key:__rand_int__' 99 10 1 1
 rb "sluice-resp CL.THROTTLE c50 p1" "${RESPADDR##*:}" 50 1 400000 -r 100000 CL.THROTTLE 'key:__rand_int__' 99 10 1 1
 
+echo "== replication: the same runs against a primary with a follower (sync, then async)"
+# role_field ADDR FIELD: one field of `sluice role --json`.
+role_field() { "$SLUICE" --addr "$1" role --json | python3 -c 'import json,sys; print(json.load(sys.stdin)[sys.argv[1]])' "$2"; }
+REPL=$WORK/replication.jsonl
+: >"$REPL"
+for mode in sync async; do
+  start_sluiced P --shards "$SHARDS" --replication "$mode"
+  start_sluiced F --shards "$SHARDS" --replica-of "$P_ADDR"
+  for _ in $(seq 200); do [ "$(role_field "$F_ADDR" state)" = streaming ] && break; sleep 0.05; done
+  ADDR=$P_ADDR "$SLUICE" --addr "$P_ADDR" bench --connections 50 --pipeline 64 --keys 100000 \
+    --requests $(( 400000 / SCALE )) --duration-s 20 "${LIMIT[@]}" >/dev/null
+  # The follower's lag, sampled every 20 ms during the pipelined run.
+  ( while :; do role_field "$F_ADDR" lag_ms; sleep 0.02; done ) >"$WORK/lag-$mode.txt" 2>/dev/null &
+  LAG_PID=$!
+  ADDR=$P_ADDR run "sluice-$mode c50 p64" sluice 50 64 100000 4000000
+  kill "$LAG_PID" 2>/dev/null || true; wait "$LAG_PID" 2>/dev/null || true
+  ADDR=$P_ADDR run "sluice-$mode c50 p1" sluice 50 1 100000 400000
+  # Stream bytes per decision: clients under their limits (every decision
+  # writes a bucket: fresh keys, 1000/s) and hot keys (100 keys far over
+  # their limits: most decisions deny and change nothing; the rest coalesce).
+  for wl in "under 1000000 --rate 1000/s --burst 1000" "hot 100 --rate 10/s --burst 100"; do
+    set -- $wl
+    wname=$1 keys=$2; shift 2
+    b0=$(role_field "$P_ADDR" stream_bytes); r0=$(role_field "$P_ADDR" stream_records)
+    n=$(( 1000000 / SCALE ))
+    "$SLUICE" --addr "$P_ADDR" bench --connections 50 --pipeline 64 --keys "$keys" --requests "$n" \
+      --duration-s 20 "$@" >/dev/null
+    sleep 0.2
+    b1=$(role_field "$P_ADDR" stream_bytes); r1=$(role_field "$P_ADDR" stream_records)
+    echo "   $mode $wname: $(( (b1 - b0) )) stream bytes, $(( r1 - r0 )) records for $n decisions"
+    python3 -c 'import json,sys; print(json.dumps({"mode":sys.argv[1],"workload":sys.argv[2],"decisions":int(sys.argv[3]),"bytes":int(sys.argv[4]),"records":int(sys.argv[5])}))' \
+      "$mode" "$wname" "$n" "$(( b1 - b0 ))" "$(( r1 - r0 ))" >>"$REPL"
+  done
+  kill "$P_PID" "$F_PID" 2>/dev/null || true
+done
+
 echo "== keyspace: 1k keys vs 10M keys (Sluice, c50 p64; 10M pre-filled first)"
 # Same limit for both sizes (1/h, burst 100: buckets persist), only the
 # keyspace differs.
@@ -174,5 +210,5 @@ echo "redis-lua $n $before $after" >>"$MEM"
 echo "   redis + lua, $n keys: $(( (after - before) * 1024 / n )) bytes per bucket"
 
 echo "== writing $OUT"
-python3 "$ROOT/benches/report.py" "$RESULTS" "$OUT" "$SHARDS" "$RSS_KB" "$SCALE" "$MEM" "$DSHARDS"
+python3 "$ROOT/benches/report.py" "$RESULTS" "$OUT" "$SHARDS" "$RSS_KB" "$SCALE" "$MEM" "$DSHARDS" "$WORK"
 echo "done"

@@ -1,6 +1,6 @@
 """Writes BENCHMARKS.md from one run of benches/compare.sh.
 
-Usage: report.py RESULTS.jsonl OUT.md SHARDS SLUICED_RSS_KB SCALE MEMORY.txt DEFAULT_SHARDS
+Usage: report.py RESULTS.jsonl OUT.md SHARDS SLUICED_RSS_KB SCALE MEMORY.txt DEFAULT_SHARDS WORKDIR
 Every figure and ratio comes from RESULTS (this run); benches/notes.md (the
 profile and what limits each figure) is appended as written.
 """
@@ -11,7 +11,7 @@ import platform
 import subprocess
 import sys
 
-results_path, out_path, shards, rss_kb, scale, memory_path, default_shards = sys.argv[1:8]
+results_path, out_path, shards, rss_kb, scale, memory_path, default_shards, work = sys.argv[1:9]
 rows = {}
 with open(results_path) as f:
     for line in f:
@@ -92,6 +92,51 @@ for name, base in [("redis PING c50 p64", "redis-lua c50 p64"), ("redis PING c50
     rr = f"{ratio(r['ops_per_s'], b['ops_per_s']):.1f}x" if b else "-"
     w(f"| {name} | {fmt_ops(r['ops_per_s'])} | {fmt_us(r['latency_us']['p50'])} | {fmt_us(r['latency_us']['p99'])} | {rr} |")
 w("")
+w("## Replication: the cost of a follower\n")
+w("The same generator and settings against a primary (same shard count) whose")
+w("follower runs on the same machine: three processes share the two cores. Ratios")
+w("are to the same row with no follower, from this run. Lag: the follower's")
+w("`lag_ms` (how far its newest SYNC is behind the primary's clock), sampled every")
+w("20 ms during the 50 x 64 run.\n")
+w("| mode | connections x pipeline | ops/s | p50 | p99 | throughput / no follower | p50 added |")
+w("|---|---|---|---|---|---|---|")
+repl_ratio = {}
+for mode in ["sync", "async"]:
+    for c, p in [(50, 64), (50, 1)]:
+        r, base = get(f"sluice-{mode} c{c} p{p}"), get(f"sluice c{c} p{p}")
+        if not r or not base:
+            continue
+        x = ratio(r["ops_per_s"], base["ops_per_s"])
+        repl_ratio[(mode, p)] = (x, r["latency_us"]["p50"] - base["latency_us"]["p50"])
+        w(f"| {mode} | {c} x {p} | {fmt_ops(r['ops_per_s'])} | {fmt_us(r['latency_us']['p50'])} | {fmt_us(r['latency_us']['p99'])} "
+          f"| **{x:.2f}** | {fmt_us(r['latency_us']['p50'] - base['latency_us']['p50'])} |")
+w("")
+lags = {}
+for mode in ["sync", "async"]:
+    path = os.path.join(work, f"lag-{mode}.txt")
+    if os.path.exists(path):
+        vals = sorted(float(x) for x in open(path).read().split() if x.replace(".", "", 1).isdigit())
+        if vals:
+            lags[mode] = (vals[len(vals) // 2], vals[min(len(vals) - 1, int(len(vals) * 0.99))], len(vals))
+if lags:
+    w("| mode | lag p50 | lag p99 | samples |")
+    w("|---|---|---|---|")
+    for mode, (p50, p99, n) in lags.items():
+        w(f"| {mode} | {p50:.2f} ms | {p99:.2f} ms | {n} |")
+    w("")
+repl_path = os.path.join(work, "replication.jsonl")
+if os.path.exists(repl_path):
+    w("Stream volume: SYNC payload bytes the primary sent per decision. *Under limits*:")
+    w("1M distinct keys at 1000/s (every decision writes a bucket); *hot*: 100 keys at")
+    w("10/s, burst 100, driven far over their limits (denials change nothing, the rest")
+    w("coalesce per drain).\n")
+    w("| mode | workload | decisions | records | bytes | bytes per decision |")
+    w("|---|---|---|---|---|---|")
+    for line in open(repl_path):
+        r = json.loads(line)
+        w(f"| {r['mode']} | {r['workload']} | {r['decisions']:,} | {r['records']:,} | {r['bytes']:,} | **{r['bytes'] / r['decisions']:.1f}** |")
+    w("")
+
 w("## Keyspace size (Sluice, 50 x 64)\n")
 k1, k10 = get("sluice 1k keys"), get("sluice 10M keys")
 if k1 and k10:
@@ -145,6 +190,17 @@ if resp64 and r64:
 if k1 and k10:
     x = ratio(k10["ops_per_s"], k1["ops_per_s"])
     target("10M keys within 20% of 1k keys", f"{x:.2f}", x >= 0.8)
+if ("async", 64) in repl_ratio:
+    x = repl_ratio[("async", 64)][0]
+    target("async replication, 50 x 64: >= 0.8 of no follower", f"{x:.2f}", x >= 0.8)
+if ("sync", 64) in repl_ratio:
+    x = repl_ratio[("sync", 64)][0]
+    target("sync replication, 50 x 64: >= 0.6 of no follower", f"{x:.2f}", x >= 0.6)
+one = get("sluice c1 p1")
+if ("sync", 1) in repl_ratio and one:
+    added = repl_ratio[("sync", 1)][1]
+    target("sync replication, 50 x 1: p50 added <= one loopback round trip (the 1 x 1 p50)",
+           f"{fmt_us(added)} vs {fmt_us(one['latency_us']['p50'])}", added <= one["latency_us"]["p50"])
 for who, n, per in mem:
     if who == "sluice":
         target(f"bytes per token bucket at {n:,} keys <= 48", f"{per:.0f}", per <= 48)

@@ -8,7 +8,7 @@ cd "$(dirname "$0")/.."
 
 echo "== loom models of the cross-thread handoff"
 RUSTFLAGS="--cfg sluice_loom" LOOM_MAX_PREEMPTIONS=2 \
-  cargo test -p sluice-loom-tests --release --target-dir target/loom --test handoff
+  cargo test -p sluice-loom-tests --release --target-dir target/loom --test handoff --test promotion
 
 echo "== build (binaries the integration tests start)"
 cargo build --workspace --bins --quiet

@@ -61,7 +61,8 @@ enum Command {
     /// Extend a lease by its limit's lease time, from now.
     Renew(LeaseArgs),
     /// Per-shard counters: buckets, bytes, allowed, denied, evicted,
-    /// refused, keys_max.
+    /// refused, keys_max; then the node's replication, as `role` prints it
+    /// (JSON: under `replication`).
     Stats(JsonArg),
     /// Have the node re-read its configuration file's tiers (as SIGHUP
     /// does) and print how many it now has.
@@ -345,10 +346,15 @@ async fn run(cli: Cli) -> Result<ExitCode, Error> {
         Command::Renew(a) => lease(&client, a, true).await,
         Command::Stats(a) => {
             let stats = client.stats().await?;
+            // The node's replication too (as `sluice role` prints it).
+            let role = client.role().await?;
             if a.json {
-                println!("{}", report::stats_json(&stats));
+                let mut v = report::stats_json(&stats);
+                v["replication"] = report::role_json(&role);
+                println!("{v}");
             } else {
                 println!("{}", report::stats_text(&stats));
+                println!("replication: {}", report::role_text(&role));
             }
             Ok(ExitCode::SUCCESS)
         }

@@ -15,8 +15,11 @@
 //!
 //! Layout:
 //! - [`inbox`]: the server's MPSC inbox, as is.
+//! - [`lease`]: a follower's receipts and its decision to promote itself.
 //! - `tests/handoff.rs`: connection to shard and back, several producers,
 //!   shutdown racing with sends, end of stream.
+//! - `tests/promotion.rs`: no ack renews the old primary's lease once the
+//!   follower has decided to promote.
 
 // The shim also re-exports atomics the inbox does not use; they are used by
 // the server, so the warning here says nothing about the shim.
@@ -28,3 +31,7 @@ mod sync;
 #[cfg(sluice_loom)]
 #[path = "../../server/src/inbox.rs"]
 pub mod inbox;
+
+#[cfg(sluice_loom)]
+#[path = "../../server/src/replication/lease.rs"]
+pub mod lease;

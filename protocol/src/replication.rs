@@ -205,8 +205,8 @@ pub struct RoleOk {
     pub role: Role,
     /// Replication state.
     pub state: ReplState,
-    /// The primary's mode (a follower reports its primary's, as it last
-    /// heard it).
+    /// The node's own `--replication` setting (what it does when it is, or
+    /// becomes, primary).
     pub mode: Mode,
     /// The node's epoch: raised by every promotion.
     pub epoch: u64,
@@ -334,8 +334,9 @@ pub struct Subscribe {
     /// The primary shard the follower expects to be bound to (checked).
     pub shard: u16,
     /// The follower's `--promote-after-ms` (0: it never promotes itself).
-    /// When set, the primary fences itself: it stops admitting once it has
-    /// had no ack for half of it.
+    /// When set, the primary fences itself: it stops admitting once its
+    /// lease, min(half of this, 200 ms) from the sending of the last
+    /// acknowledged SYNC, has run out.
     pub promote_after_ms: u32,
     /// Where the follower serves clients (a planned failover hands over to
     /// it, and the old primary then follows it there).
@@ -601,7 +602,7 @@ pub struct SyncHeader {
     /// The primary's clock when it encoded this SYNC (lag is measured
     /// against it).
     pub now_ns: u64,
-    /// [`SYNC_FULL_DONE`] or 0.
+    /// [`SYNC_FULL_DONE`], [`SYNC_TAKEOVER`], both or neither.
     pub flags: u8,
     /// Records that follow.
     pub count: u32,
@@ -640,7 +641,8 @@ pub enum SyncError {
     /// A record's runs or leases are not a state decisions can produce.
     #[error("SYNC record with a corrupt state")]
     CorruptState,
-    /// A continued record changed key or kind, or the SYNC ended inside one.
+    /// A continued record changed key or kind (a record split in parts may
+    /// run on into the next SYNC: see [`SyncReader::in_part`]).
     #[error("SYNC record parts do not line up")]
     BrokenParts,
     /// Bytes after the last record.

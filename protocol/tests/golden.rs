@@ -13,12 +13,20 @@ use bytes::BytesMut;
 use sluice_protocol::codec::{self, FrameDecoder, FrameWriter};
 use sluice_protocol::gcra::{self, Bucket, Verdict};
 use sluice_protocol::identity::{bucket_key, Slot};
+use sluice_protocol::limit::concurrency::{ConcurrencyState, Lease};
+use sluice_protocol::limit::fixed_window::FixedWindowState;
+use sluice_protocol::limit::sliding_counter::SlidingCounterState;
+use sluice_protocol::limit::sliding_log::SlidingLogState;
 use sluice_protocol::limit::{self, concurrency, fixed_window, Concurrency, Kind, Limit, Window};
 use sluice_protocol::message::{
     self, Decide, DecideOk, Hello, HelloOk, LeaseOk, LeaseOp, LeaseTarget, LimitSet, LimitVerdict,
     Limits, Mode, Reply, Request, ShardStats, Stats, StatsOk, Throttle,
 };
 use sluice_protocol::policy::{self, Policy};
+use sluice_protocol::replication::{
+    self as repl, FailoverOk, Record, ReplState, Role, RoleOk, State, Subscribe, SyncHeader,
+    SyncReader, SyncWriter,
+};
 use sluice_protocol::routing::{self, key_hash, shard_of};
 use sluice_protocol::status::{Action, Status};
 use tokio_util::codec::Decoder;
@@ -402,6 +410,18 @@ fn expected_frames() -> Vec<(&'static str, Vec<(u32, Msg)>)> {
                 }),
             )],
         ),
+        ("role_request", vec![(30, Req(Request::Role))]),
+        ("role_ok_reply", vec![(30, Rep(Reply::Role(role_ok())))]),
+        ("promote_request", vec![(31, Req(Request::Promote))]),
+        (
+            "promote_ok_reply",
+            vec![(31, Rep(Reply::Promote { epoch: 8 }))],
+        ),
+        ("failover_request", vec![(32, Req(Request::Failover))]),
+        (
+            "failover_ok_reply",
+            vec![(32, Rep(Reply::Failover(FAILOVER_OK)))],
+        ),
     ]
 }
 
@@ -485,7 +505,7 @@ fn golden_frames_decode_and_encode_exactly() {
         .collect();
     for name in &hex_names {
         assert!(
-            expected.iter().any(|(n, _)| n == name),
+            expected.iter().any(|(n, _)| n == name) || REPLICATION_GOLDENS.contains(name),
             "PROTOCOL.md has golden={name}, which this test does not know"
         );
     }
@@ -801,6 +821,20 @@ fn golden_limits_block_is_the_code() {
         ("CONCURRENCY_LIMIT_MAX", limit::CONCURRENCY_LIMIT_MAX),
         ("LEASE_NS_MIN", limit::LEASE_NS_MIN),
         ("LEASE_NS_MAX", limit::LEASE_NS_MAX),
+        ("ROLE_OK_FIXED_BYTES", repl::ROLE_OK_FIXED_BYTES as u64),
+        ("ADDR_BYTES_MAX", repl::ADDR_BYTES_MAX as u64),
+        ("SUBSCRIBE_FIXED_BYTES", repl::SUBSCRIBE_FIXED_BYTES as u64),
+        ("SYNC_FIXED_BYTES", repl::SYNC_FIXED_BYTES as u64),
+        (
+            "SYNC_PAYLOAD_BYTES_MAX",
+            repl::SYNC_PAYLOAD_BYTES_MAX as u64,
+        ),
+        ("SYNC_FULL_DONE", u64::from(repl::SYNC_FULL_DONE)),
+        ("SYNC_TAKEOVER", u64::from(repl::SYNC_TAKEOVER)),
+        ("RECORD_HEAD_BYTES", repl::RECORD_HEAD_BYTES as u64),
+        ("RECORD_ABSENT", u64::from(repl::RECORD_ABSENT)),
+        ("RECORD_MORE", u64::from(repl::RECORD_MORE)),
+        ("RECORD_PART_ITEMS_MAX", repl::RECORD_PART_ITEMS_MAX as u64),
     ];
     let blocks = golden_blocks(&doc());
     let block = blocks
@@ -901,4 +935,248 @@ fn error_code_table_is_the_code() {
         rows.is_empty(),
         "the error table has codes the code does not: {rows:?}"
     );
+}
+
+// ---- Replication: ROLE, PROMOTE, FAILOVER (above), SUBSCRIBE, SYNC, ACK ----
+
+/// The golden frames of a flow (PROTOCOL.md, "Replication"): not
+/// `Request`/`Reply` messages, so `replication_golden_frames_are_the_code`
+/// checks them.
+const REPLICATION_GOLDENS: [&str; 3] = ["subscribe_request", "sync_message", "ack_message"];
+
+/// The request id of the example flow's SUBSCRIBE, which its SYNCs carry.
+const SUBSCRIBE_REQUEST_ID: u32 = 2;
+
+/// A primary at epoch 7 in sync mode whose follower streams.
+fn role_ok() -> RoleOk {
+    RoleOk {
+        role: Role::Primary,
+        state: ReplState::Streaming,
+        mode: repl::Mode::Sync,
+        epoch: 7,
+        lag_us: 250,
+        keys_synced: 1_024,
+        stream_bytes: 73_728,
+        stream_records: 1_500,
+        primary: "10.0.0.1:7700".to_owned(),
+        follower: "10.0.0.2:7700".to_owned(),
+    }
+}
+
+const FAILOVER_OK: FailoverOk = FailoverOk {
+    epoch: 8,
+    unavailable_us: 1_830,
+};
+
+/// The follower's SUBSCRIBE for primary shard 2.
+fn subscribe() -> Subscribe {
+    Subscribe {
+        node_id: 0xfedc_ba98_7654_3210,
+        epoch: 7,
+        shard: 2,
+        promote_after_ms: 1_000,
+        addr: "10.0.0.2:7700".to_owned(),
+    }
+}
+
+/// The SYNC's fixed part (its record count is the writer's).
+fn sync_header(count: u32) -> SyncHeader {
+    SyncHeader {
+        seq: 42,
+        epoch: 7,
+        now_ns: T0_NS,
+        flags: 0,
+        count,
+    }
+}
+
+/// A bucket key of `user:42` (PROTOCOL.md, "Bucket identity").
+fn user42(kind: Kind, slot: Slot<'_>) -> u128 {
+    bucket_key(key_hash(b"user:42"), kind, slot)
+}
+
+/// The golden SYNC's records: one of each kind, and one absent.
+fn sync_records() -> Vec<Record> {
+    let minute = 60 * SECOND_NS;
+    let window_start_ns = T0_NS - T0_NS % minute;
+    let log = SlidingLogState::from_runs([(T0_NS - 500_000_000, 2), (T0_NS - 100_000_000, 1)])
+        .expect("a valid log");
+    let leases = ConcurrencyState::from_leases([
+        Lease {
+            id: 1,
+            expires_ns: T0_NS + 29 * SECOND_NS,
+            units: 1,
+        },
+        Lease {
+            id: 2,
+            expires_ns: T0_NS + 30 * SECOND_NS,
+            units: 2,
+        },
+    ])
+    .expect("valid leases");
+    let free = |index| Slot::Tier {
+        name: b"free",
+        index,
+    };
+    vec![
+        Record {
+            kind: Kind::TokenBucket,
+            key: user42(Kind::TokenBucket, Slot::Inline(0)),
+            state: Some(State::TokenBucket(Bucket {
+                tat_fp: u128::from(T0_NS + 600_000_000) << 32,
+            })),
+        },
+        Record {
+            kind: Kind::FixedWindow,
+            key: user42(Kind::FixedWindow, Slot::Inline(1)),
+            state: Some(State::FixedWindow {
+                window_ns: minute,
+                state: FixedWindowState {
+                    window_start_ns,
+                    count: 3,
+                },
+            }),
+        },
+        Record {
+            kind: Kind::SlidingCounter,
+            key: user42(Kind::SlidingCounter, Slot::Inline(3)),
+            state: Some(State::SlidingCounter {
+                window_ns: minute,
+                state: SlidingCounterState {
+                    window_start_ns,
+                    prev: 40,
+                    cur: 7,
+                },
+            }),
+        },
+        Record {
+            kind: Kind::SlidingLog,
+            key: user42(Kind::SlidingLog, free(1)),
+            state: Some(State::SlidingLog {
+                window_ns: SECOND_NS,
+                log,
+            }),
+        },
+        Record {
+            kind: Kind::Concurrency,
+            key: user42(Kind::Concurrency, Slot::Inline(2)),
+            state: Some(State::Concurrency(leases)),
+        },
+        Record {
+            kind: Kind::TokenBucket,
+            key: user42(Kind::TokenBucket, free(0)),
+            state: None,
+        },
+    ]
+}
+
+/// The golden flow frames, encoded by the crate.
+fn encode_subscribe() -> Vec<u8> {
+    let (mut w, mut buf) = (FrameWriter::new(), BytesMut::new());
+    subscribe().encode(&mut w, &mut buf, SUBSCRIBE_REQUEST_ID);
+    w.finish(&mut buf);
+    buf.to_vec()
+}
+
+fn encode_sync() -> Vec<u8> {
+    let mut sw = SyncWriter::new();
+    for r in sync_records() {
+        sw.push(r.kind, r.key, r.state.as_ref());
+    }
+    let parts = sw.take();
+    assert_eq!(parts.len(), 1, "the golden SYNC is one message");
+    let (count, records) = &parts[0];
+    let (mut w, mut buf) = (FrameWriter::new(), BytesMut::new());
+    repl::put_sync(
+        &mut w,
+        &mut buf,
+        SUBSCRIBE_REQUEST_ID,
+        &sync_header(*count),
+        records,
+    );
+    w.finish(&mut buf);
+    buf.to_vec()
+}
+
+fn encode_ack() -> Vec<u8> {
+    let (mut w, mut buf) = (FrameWriter::new(), BytesMut::new());
+    repl::put_ack(&mut w, &mut buf, 42);
+    w.finish(&mut buf);
+    buf.to_vec()
+}
+
+/// Decodes golden frame `name`: exactly one frame holding one message.
+fn one_message(name: &str, bytes: &[u8]) -> (codec::MessageHeader, Vec<u8>) {
+    let mut src = BytesMut::from(bytes);
+    let frame = FrameDecoder::default()
+        .decode(&mut src)
+        .unwrap_or_else(|e| panic!("golden={name} does not decode: {e}"))
+        .unwrap_or_else(|| panic!("golden={name} is not a whole frame"));
+    assert!(src.is_empty(), "golden={name} has bytes after its frame");
+    assert_eq!(frame.len(), 1, "golden={name}: one message");
+    let (h, p) = frame.messages().next().expect("one message");
+    assert_eq!(h.flags, 0, "golden={name}");
+    (h, p.to_vec())
+}
+
+/// The flow's golden frames (SUBSCRIBE, SYNC, ACK): decoding each gives
+/// exactly the typed values above, and the crate's encoders give exactly
+/// its bytes.
+#[test]
+fn replication_golden_frames_are_the_code() {
+    let blocks = golden_blocks(&doc());
+    let golden = |name: &str| {
+        let block = blocks
+            .get(name)
+            .unwrap_or_else(|| panic!("PROTOCOL.md lacks the block golden={name}"));
+        assert_eq!(block.lang, "hex", "golden={name} must be a hex block");
+        parse_hex(name, &block.body)
+    };
+
+    let bytes = golden("subscribe_request");
+    let (h, p) = one_message("subscribe_request", &bytes);
+    assert_eq!(h.op, repl::op::SUBSCRIBE);
+    assert_eq!(h.request_id, SUBSCRIBE_REQUEST_ID);
+    assert_eq!(Subscribe::parse(&p), Some(subscribe()));
+    assert_eq!(encode_subscribe(), bytes, "golden=subscribe_request");
+
+    let bytes = golden("sync_message");
+    let (h, p) = one_message("sync_message", &bytes);
+    assert_eq!(h.op, repl::op::SYNC);
+    assert!(repl::is_sync(&h));
+    assert_eq!(
+        h.request_id, SUBSCRIBE_REQUEST_ID,
+        "a SYNC carries the SUBSCRIBE's id"
+    );
+    let mut reader = SyncReader::new();
+    let mut records = Vec::new();
+    let header = reader
+        .parse(&p, |r| records.push(r))
+        .unwrap_or_else(|e| panic!("golden=sync_message: {e}"));
+    assert!(!reader.in_part(), "golden=sync_message ends every record");
+    let expected = sync_records();
+    assert_eq!(header, sync_header(expected.len() as u32));
+    assert_eq!(records, expected);
+    let kinds: Vec<Kind> = records.iter().map(|r| r.kind).collect();
+    for kind in [
+        Kind::TokenBucket,
+        Kind::FixedWindow,
+        Kind::SlidingLog,
+        Kind::SlidingCounter,
+        Kind::Concurrency,
+    ] {
+        assert!(kinds.contains(&kind), "golden=sync_message lacks {kind:?}");
+    }
+    assert!(
+        records.iter().any(|r| r.state.is_none()),
+        "an absent record"
+    );
+    assert_eq!(encode_sync(), bytes, "golden=sync_message");
+
+    let bytes = golden("ack_message");
+    let (h, p) = one_message("ack_message", &bytes);
+    assert_eq!(h.op, repl::op::ACK);
+    assert_eq!(h.request_id, 0, "an ACK carries request id 0");
+    assert_eq!(repl::parse_ack(&p), Some(42));
+    assert_eq!(encode_ack(), bytes, "golden=ack_message");
 }

@@ -119,7 +119,12 @@ async fn stats_cover_every_shard() {
     let out = sluice_cli(&server, &["stats"]);
     let text = String::from_utf8(out.stdout).unwrap();
     let lines: Vec<&str> = text.lines().collect();
-    assert_eq!(lines.len(), 1 + 5 + 1, "{text}");
+    // Header, a row per shard, the total, then the node's replication.
+    assert_eq!(lines.len(), 1 + 5 + 1 + 1, "{text}");
+    assert!(
+        lines[7].starts_with("replication: role=primary epoch=0 state=alone"),
+        "{text}"
+    );
     let header: Vec<&str> = lines[0].split_whitespace().collect();
     assert_eq!(
         header,

@@ -112,19 +112,14 @@ async fn watchdog(core: Rc<ShardCore>, promote_after_ms: u64) {
         if repl.is_primary() {
             return;
         }
-        let _one_at_a_time = repl.promotion.lock().expect("not poisoned");
-        let silent_ns = core
-            .clock
-            .now_ns()
-            .saturating_sub(repl.last_sync_ns.load(Ordering::Acquire));
-        if repl.in_sync.load(Ordering::Acquire) == 1 && silent_ns > silence_max_ns {
-            tracing::warn!(
-                silent_ms = silent_ns / 1_000_000,
-                "primary silent: promoting"
-            );
-            if repl.promote(core.node.addr.to_string()).is_ok() {
-                return;
-            }
+        let promoted = repl
+            .watch
+            .promote_if_silent(core.clock.now_ns(), silence_max_ns, || {
+                tracing::warn!(promote_after_ms, "primary silent: promoting");
+                repl.promote(core.node.addr.to_string()).is_ok()
+            });
+        if promoted {
+            return;
         }
     }
 }
@@ -209,7 +204,7 @@ async fn attempt(core: &Rc<ShardCore>, primary: &str, generation: u64) -> Result
     repl.observe_epoch(hello.epoch);
     // From here the table is rebuilt: no promoting ourselves until the new
     // full sync is complete.
-    repl.in_sync.store(0, Ordering::Relaxed);
+    repl.watch.set_in_sync(false);
     repl.set_state(ReplState::Syncing);
     tracing::info!(primary = %primary, primary_shards = hello.shard_count, epoch = hello.epoch, "following: full sync");
     let mut resets = Vec::new();
@@ -380,7 +375,7 @@ async fn flow(core: &Rc<ShardCore>, start: &StartFlow) -> Result<(), FollowError
                     full_done = true;
                     let synced = repl.flows_synced.fetch_add(1, Ordering::AcqRel) + 1;
                     if synced >= primary_shards {
-                        repl.in_sync.store(1, Ordering::Relaxed);
+                        repl.watch.set_in_sync(true);
                         repl.set_state(ReplState::Streaming);
                     }
                 }
@@ -401,15 +396,11 @@ async fn flow(core: &Rc<ShardCore>, start: &StartFlow) -> Result<(), FollowError
             // lock: either the watchdog sees this receipt (and does not
             // promote now), or it has promoted and we do not ack (an ack
             // would renew the old primary's lease).
-            let may_ack = {
-                let _one_at_a_time = core.node.repl.promotion.lock().expect("not poisoned");
-                let now_ns = core.clock.now_ns();
-                core.node
-                    .repl
-                    .last_sync_ns
-                    .fetch_max(now_ns, Ordering::AcqRel);
-                current(core, start.generation)
-            };
+            let may_ack = core
+                .node
+                .repl
+                .watch
+                .receipt(core.clock.now_ns(), || current(core, start.generation));
             if !may_ack {
                 return Ok(());
             }

@@ -19,6 +19,7 @@
 //! reported by ROLE).
 
 pub mod follower;
+pub mod lease;
 pub mod primary;
 
 use sluice_protocol::replication::{Mode, ReplState, Role, RoleOk};
@@ -84,15 +85,8 @@ pub struct ReplNode {
     pub probing: AtomicU64,
     /// Primary during a planned failover: 1 while it hands over.
     pub handing_over: AtomicU64,
-    /// Follower: clock time of the last SYNC from the primary.
-    pub last_sync_ns: AtomicU64,
-    /// Follower: 1 once the current attempt's full sync is complete (it
-    /// may promote itself only then).
-    pub in_sync: AtomicU64,
-    /// Follower: taken to decide "ack what I received" and "promote
-    /// myself" one at a time, so that an ack that renews the primary's lease
-    /// is never sent after the decision to promote (see `follower`).
-    pub promotion: Mutex<()>,
+    /// Follower: receipts of SYNCs and the decision to promote itself.
+    pub watch: lease::Watch,
     /// The primary's address (follower) or our own (primary).
     primary: Mutex<String>,
     /// The follower's address as seen by a primary.
@@ -136,9 +130,7 @@ impl ReplNode {
             lease_ns: AtomicU64::new(0),
             probing: AtomicU64::new(u64::from(replica_of.is_none() && peer.is_some())),
             handing_over: AtomicU64::new(0),
-            last_sync_ns: AtomicU64::new(0),
-            in_sync: AtomicU64::new(0),
-            promotion: Mutex::new(()),
+            watch: lease::Watch::default(),
             primary: Mutex::new(primary),
             follower: Mutex::new(String::new()),
         }
@@ -245,7 +237,7 @@ impl ReplNode {
         self.epoch.fetch_max(epoch_min, Ordering::AcqRel);
         let epoch = epoch.max(epoch_min);
         *self.primary.lock().expect("not poisoned") = own_addr;
-        self.in_sync.store(0, Ordering::Relaxed);
+        self.watch.set_in_sync(false);
         self.set_state(ReplState::Alone);
         tracing::warn!(epoch, "promoted to primary");
         Ok(epoch)
@@ -259,6 +251,7 @@ impl ReplNode {
         }
         self.lease_ns.store(0, Ordering::Relaxed);
         self.probing.store(0, Ordering::Relaxed);
+        self.handing_over.store(0, Ordering::Relaxed);
         let epoch = self.epoch.fetch_add(1, Ordering::AcqRel) + 1;
         tracing::warn!(epoch, "fence lifted by hand: serving alone");
         Ok(epoch)

@@ -1243,4 +1243,107 @@ mod tests {
         );
         assert!(t.len() > 10_000 - EVICT_SCAN_SLOTS);
     }
+
+    /// Whether a replicated state is the same as no state at `now_ns`.
+    fn full(state: &State, now_ns: u64) -> bool {
+        let w = |window_ns: u64| Window {
+            limit: u64::MAX,
+            window_ns: window_ns.max(1),
+        };
+        match state {
+            State::TokenBucket(b) => b.is_full(now_ns),
+            State::FixedWindow { window_ns, state } => state.is_full(&w(*window_ns), now_ns),
+            State::SlidingCounter { window_ns, state } => state.is_full(&w(*window_ns), now_ns),
+            State::SlidingLog { window_ns, log } => log.is_full(&w(*window_ns), now_ns),
+            State::Concurrency(c) => c.is_full(now_ns),
+        }
+    }
+
+    fn effective(t: &Table, kind: Kind, bucket: u128, now_ns: u64) -> Option<State> {
+        t.export(kind, bucket).filter(|s| !full(s, now_ns))
+    }
+
+    const KINDS: [Kind; 5] = [
+        Kind::TokenBucket,
+        Kind::FixedWindow,
+        Kind::SlidingLog,
+        Kind::SlidingCounter,
+        Kind::Concurrency,
+    ];
+
+    proptest::proptest! {
+        /// The one write hook misses nothing: after any operation, every
+        /// bucket whose state changed (a full bucket and no bucket count as
+        /// the same) is among the changes taken, with its state now.
+        #[test]
+        fn every_write_is_recorded(ops in proptest::collection::vec((0u8..8, 0u128..6, 0u64..4, 0u64..3_000), 1..120)) {
+            let limits: Vec<Limit> = [
+                "token-bucket:2/s,burst=3",
+                "fixed-window:3/s",
+                "sliding-log:3/s",
+                "sliding-counter:3/s",
+                "concurrency:3,lease=1s",
+            ]
+            .iter()
+            .map(|s| s.parse().unwrap())
+            .collect();
+            let policy = Policy::new(2, S, 3).unwrap();
+            let cell = CellPolicy::new(2, 2, 1).unwrap();
+            let mut t = Table::with_cap(0, 0);
+            t.track_changes();
+            let mut now = 100 * S;
+            let mut leases: Vec<(u128, u64)> = Vec::new();
+            for (op, key, cost, advance_ms) in ops {
+                now += advance_ms * 1_000_000;
+                // (Bucket key 0 is stored as 1: keep clear of it.)
+                let key = key + 1;
+                let refs: Vec<LimitRef> = limits
+                    .iter()
+                    .map(|l| LimitRef { bucket: (key << 8) | l.kind() as u128, limit: *l })
+                    .collect();
+                let universe: Vec<(u128, Kind)> = (1..7u128)
+                    .flat_map(|k| KINDS.iter().map(move |&kind| ((k << 8) | kind as u128, kind)))
+                    .chain((1..7u128).map(|k| (k << 8, Kind::TokenBucket)))
+                    .collect();
+                let before: Vec<Option<State>> =
+                    universe.iter().map(|&(b, k)| effective(&t, k, b, now)).collect();
+                let Limit::Concurrency(conc) = limits[4] else { unreachable!() };
+                match op {
+                    0 => drop(t.throttle(key << 8, &policy, cost.min(3), now)),
+                    1 => drop(t.cell_throttle(key << 8, &cell, cost, now)),
+                    2 => {
+                        if let Ok(m) = t.decide_many(&refs, Mode::Spend, cost.min(3), now) {
+                            if m.verdicts()[4].lease_id != 0 {
+                                leases.push((refs[4].bucket, m.verdicts()[4].lease_id));
+                            }
+                        }
+                    }
+                    3 => drop(t.decide_many(&refs, Mode::Refund, cost, now)),
+                    4 => drop(t.decide_many(&refs[..(key as usize % 5) + 1], Mode::Reset, 0, now)),
+                    5 => drop(t.decide_many(&refs, Mode::Probe, cost.min(3), now)),
+                    6 => {
+                        if let Some(&(b, id)) = leases.get(key as usize % leases.len().max(1)) {
+                            let _ = t.release(b, &conc, id, now);
+                        }
+                    }
+                    _ => {
+                        if let Some(&(b, id)) = leases.get(key as usize % leases.len().max(1)) {
+                            let _ = t.renew(b, &conc, id, now);
+                        }
+                    }
+                }
+                let mut taken = Vec::new();
+                t.take_changes(&mut taken);
+                for (i, &(bucket, kind)) in universe.iter().enumerate() {
+                    let after = effective(&t, kind, bucket, now);
+                    if after != before[i] {
+                        let got = taken.iter().find(|(b, k, _)| *b == bucket && *k == kind);
+                        proptest::prop_assert!(got.is_some(), "op {op}: {kind:?} {bucket:#x} changed unrecorded");
+                        let shipped = got.unwrap().2.clone().filter(|s| !full(s, now));
+                        proptest::prop_assert_eq!(shipped, after);
+                    }
+                }
+            }
+        }
+    }
 }
