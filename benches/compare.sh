@@ -179,6 +179,31 @@ LIMIT_ARGS="--rate 1/h --burst 100" run "sluice 1k keys" sluice 50 64 1000 40000
   --duration-s 60 --rate 1/h --burst 100 --json >/dev/null
 LIMIT_ARGS="--rate 1/h --burst 100" run "sluice 10M keys" sluice 50 64 10000000 4000000
 RSS_KB=$(ps -o rss= -p "$S_PID" | tr -d ' ')
+
+echo "== full sync of the 10M-key table to a new follower, while the primary answers"
+SYNC=$WORK/fullsync.jsonl
+: >"$SYNC"
+# sync_bench PHASE: one second of load on the primary (50 x 16), its JSON
+# tagged with the phase.
+sync_bench() {
+  "$SLUICE" --addr "$SADDR" bench --connections 50 --pipeline 16 --keys 100000 --requests 100000000 \
+    --duration-s 1 --rate 1/h --burst 100 --json |
+    python3 -c 'import json,sys; r=json.load(sys.stdin); r["phase"]=sys.argv[1]; print(json.dumps(r))' "$1" >>"$SYNC"
+}
+sync_bench before
+start_sluiced FS --shards "$SHARDS" --replica-of "$SADDR"
+t0=$(date +%s.%N)
+for _ in $(seq 120); do
+  [ "$(role_field "$FS_ADDR" state)" = streaming ] && break
+  sync_bench during
+done
+t1=$(date +%s.%N)
+synced=$(role_field "$FS_ADDR" keys_synced)
+sync_bench after
+python3 -c 'import json,sys; print(json.dumps({"phase":"sync","seconds":float(sys.argv[2])-float(sys.argv[1]),"keys":int(sys.argv[3])}))' \
+  "$t0" "$t1" "$synced" >>"$SYNC"
+echo "   full sync: $synced keys in $(python3 -c "print(round($t1 - $t0, 2))") s (load ran in 1 s slices meanwhile)"
+kill "$FS_PID" 2>/dev/null || true
 kill "$S_PID" "$D_PID" 2>/dev/null || true
 
 echo "== memory: bytes per token-bucket bucket (RSS growth / distinct keys)"

@@ -137,6 +137,24 @@ if os.path.exists(repl_path):
         w(f"| {r['mode']} | {r['workload']} | {r['decisions']:,} | {r['records']:,} | {r['bytes']:,} | **{r['bytes'] / r['decisions']:.1f}** |")
     w("")
 
+sync_path = os.path.join(work, "fullsync.jsonl")
+if os.path.exists(sync_path):
+    phases = [json.loads(l) for l in open(sync_path) if l.strip()]
+    done = [p for p in phases if p.get("phase") == "sync"]
+    if done:
+        d = done[0]
+        w("## Full sync of a large table\n")
+        w(f"A new follower took the full sync of the primary's {d['keys']:,}-key table (the 10M")
+        w(f"keyspace run's) in **{d['seconds']:.1f} s**, while load (50 x 16, 100k keys) ran")
+        w("against the primary in one-second slices; the shard reads 8,192 slots per step and")
+        w("serves between steps.\n")
+        w("| load slice | ops/s | p50 | p99 |")
+        w("|---|---|---|---|")
+        for p in phases:
+            if p.get("phase") in ("before", "during", "after"):
+                w(f"| {p['phase']} | {fmt_ops(p['ops_per_s'])} | {fmt_us(p['latency_us']['p50'])} | {fmt_us(p['latency_us']['p99'])} |")
+        w("")
+
 w("## Keyspace size (Sluice, 50 x 64)\n")
 k1, k10 = get("sluice 1k keys"), get("sluice 10M keys")
 if k1 and k10:

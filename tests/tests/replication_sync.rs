@@ -175,3 +175,46 @@ async fn follower_that_falls_behind_resyncs() {
     let f = big_client(follower.addr).await;
     converge(&p, &f, &keys).await;
 }
+
+/// Sends one inline RESP command and reads what comes back within a moment.
+async fn resp(addr: std::net::SocketAddr, command: &str) -> String {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let mut s = tokio::net::TcpStream::connect(addr).await.unwrap();
+    s.write_all(format!("{command}\r\n").as_bytes())
+        .await
+        .unwrap();
+    let mut buf = vec![0u8; 4096];
+    let mut got = Vec::new();
+    while let Ok(Ok(n)) = tokio::time::timeout(Duration::from_millis(300), s.read(&mut buf)).await {
+        if n == 0 {
+            break;
+        }
+        got.extend_from_slice(&buf[..n]);
+    }
+    String::from_utf8_lossy(&got).into_owned()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn resp_role_info_and_readonly_on_a_follower() {
+    let (primary, follower) = start_pair(&["--resp-port", "0"], &["--resp-port", "0"]).await;
+    let (p, f) = (primary.resp_addr.unwrap(), follower.resp_addr.unwrap());
+    let role = resp(p, "ROLE").await;
+    assert!(role.starts_with("*3\r\n$6\r\nmaster\r\n:"), "{role:?}");
+    let role = resp(f, "ROLE").await;
+    let port = primary.addr.port().to_string();
+    assert!(
+        role.starts_with(&format!(
+            "*5\r\n$5\r\nslave\r\n$9\r\n127.0.0.1\r\n:{port}\r\n$9\r\nconnected\r\n"
+        )),
+        "{role:?}"
+    );
+    let info = resp(f, "INFO replication").await;
+    assert!(
+        info.contains("role:slave\r\n") && info.contains("master_link_status:up\r\n"),
+        "{info:?}"
+    );
+    let refused = resp(f, "CL.THROTTLE k 10 1 60").await;
+    assert!(refused.starts_with("-READONLY "), "{refused:?}");
+    let allowed = resp(p, "CL.THROTTLE k 10 1 60").await;
+    assert!(allowed.starts_with("*5\r\n:0\r\n"), "{allowed:?}");
+}

@@ -11,9 +11,10 @@
 //! | `PING [message]` | `+PONG`, or the message as a bulk string |
 //! | `ECHO message` | the message |
 //! | `QUIT` | `+OK`, then the connection closes |
-//! | `INFO [section ...]` | server, clients and shard facts |
+//! | `INFO [section ...]` | server, clients, shard and replication facts |
 //! | `AUTH [default] token` | `+OK` when it matches `--auth-token` |
 //! | `CONFIG GET name ...` | pairs for the few settings tools ask about |
+//! | `ROLE` | Redis's shape: `master` or `slave`, with offsets |
 //! | `CL.THROTTLE key max_burst count period [quantity]` | redis-cell's five integers |
 //!
 //! Anything else is `-ERR unknown command ...`, word for word as Redis
@@ -51,6 +52,8 @@ pub enum Command<'a> {
     ConfigGet(Args<'a>),
     /// CL.THROTTLE.
     Throttle(CellRequest<'a>),
+    /// ROLE: primary (`master`) or follower (`slave`), in Redis's shape.
+    Role,
 }
 
 impl Command<'_> {
@@ -71,6 +74,8 @@ pub enum Reply {
     Bulk(Vec<u8>),
     /// An array of bulk strings.
     Array(Vec<Vec<u8>>),
+    /// A reply already encoded (ROLE's nested, mixed array).
+    Raw(Vec<u8>),
     /// An error: the code and text after the `-`.
     Error(String),
 }
@@ -121,6 +126,9 @@ pub fn parse<'a>(args: &Args<'a>) -> Result<Option<Command<'a>>, Reply> {
         Command::Quit
     } else if is("INFO") {
         Command::Info(*args)
+    } else if is("ROLE") {
+        arity(argc == 0, "role")?;
+        Command::Role
     } else if is("AUTH") {
         arity((1..=2).contains(&argc), "auth")?;
         let token = args.get(argc).unwrap_or_default();
@@ -206,6 +214,7 @@ pub fn encode(buf: &mut BytesMut, reply: &Reply) {
                 put_bulk(buf, item);
             }
         }
+        Reply::Raw(bytes) => buf.extend_from_slice(bytes),
         Reply::Error(text) => {
             buf.put_u8(b'-');
             // A CR or LF inside an error line would end it early: Redis

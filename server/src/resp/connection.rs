@@ -290,6 +290,11 @@ impl Session {
                 self.reply(Reply::Bulk(text.into_bytes()));
             }
             Command::Auth { user, token } => self.auth(user, token),
+            Command::Role => {
+                let now = *now_ns.get_or_insert_with(|| self.core.clock.now_ns());
+                let role = self.core.node.repl.role_ok(now);
+                self.reply(Reply::Raw(super::role::role_reply(&role)));
+            }
             Command::ConfigGet(args) => self.config_get(&args),
         }
     }
@@ -347,6 +352,13 @@ impl Session {
                 self.guard.open_count(),
                 node.config.connections_max,
             );
+        }
+        if want("replication") {
+            let role = node.repl.role_ok(self.core.clock.now_ns());
+            if !out.is_empty() {
+                out.push_str("\r\n");
+            }
+            out.push_str(&super::role::info_replication(&role));
         }
         if want("shard") {
             let _ = write!(

@@ -10,6 +10,7 @@
 //! - [`parser`]: RESP2 arrays and inline commands, bounded, resumable.
 //! - [`command`]: what each command means and answers, and RESP2 replies.
 //! - [`connection`]: one connection's task on its shard thread.
+//! - [`role`]: ROLE and `INFO replication` in Redis's shapes.
 //!
 //! `CL.THROTTLE`'s decision is `sluice_protocol::cell`, on the same shard
 //! tables (and bucket records) as protocol v1's THROTTLE.
@@ -17,3 +18,4 @@
 pub mod command;
 pub mod connection;
 pub mod parser;
+pub mod role;
