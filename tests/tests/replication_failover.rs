@@ -16,7 +16,7 @@ use sluice_tests::support::{specs, Sluiced};
 /// kind refills) at 1 an hour, so the test sees no refill.
 const BURST: u64 = 500;
 /// Concurrent callers.
-const CALLERS: usize = 32;
+const CALLERS: usize = 64;
 
 fn limits(spec: &str) -> Limits<'static> {
     inline_limits(&specs(&[spec])).expect("one limit")
