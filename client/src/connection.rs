@@ -267,6 +267,7 @@ pub async fn handshake(
         version_max: PROTOCOL_VERSION,
         shard,
         token,
+        epoch: 0,
     };
     Request::Hello(hello).encode(&mut w, &mut buf, 1);
     w.finish(&mut buf);

@@ -130,6 +130,7 @@ async fn hello_binds_a_connection_to_a_shard() {
             version_max: 1,
             shard: Some(shard),
             token: b"",
+            epoch: 0,
         };
         raw.send_frame(&[(1, Request::Hello(hello))]).await;
         let (id, reply) = raw.next_reply().await.unwrap();
@@ -156,12 +157,14 @@ async fn hello_binds_a_connection_to_a_shard() {
         version_max: 1,
         shard: Some(4),
         token: b"",
+        epoch: 0,
     };
     let old = Hello {
         version_min: 2,
         version_max: 9,
         shard: None,
         token: b"",
+        epoch: 0,
     };
     raw.send_frame(&[(1, Request::Hello(bad)), (2, Request::Hello(old))])
         .await;

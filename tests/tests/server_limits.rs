@@ -229,6 +229,7 @@ async fn auth_token_is_required_and_checked() {
             version_max: 1,
             shard: None,
             token,
+            epoch: 0,
         })
     };
     raw.send_frame(&[(3, hello(b"s3cret")), (4, Request::Ping)])
@@ -245,6 +246,7 @@ async fn auth_token_is_required_and_checked() {
         version_max: 1,
         shard: Some(99),
         token: b"s3cret",
+        epoch: 0,
     });
     raw.send_frame(&[
         (

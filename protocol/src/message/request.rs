@@ -29,6 +29,11 @@ pub struct Hello<'a> {
     pub shard: Option<u16>,
     /// The auth token; empty when the client has none.
     pub token: &'a [u8],
+    /// The highest epoch the client has seen in its group (0: none; then
+    /// not sent, and the payload has its original layout). A primary that
+    /// learns of a newer epoch than its own is stale: it stops admitting
+    /// (and, with `--peer`, steps down to follow the newer primary).
+    pub epoch: u64,
 }
 
 /// THROTTLE and PEEK: spend (or ask about) `cost` units of `key`'s bucket.
@@ -351,6 +356,9 @@ impl<'a> Request<'a> {
                 b.put_u16_le(h.shard.unwrap_or(SHARD_ANY));
                 b.put_u16_le(h.token.len() as u16);
                 b.put_slice(h.token);
+                if h.epoch != 0 {
+                    b.put_u64_le(h.epoch);
+                }
             }),
             Request::Ping => w.message(buf, op::PING, request_id, |_| {}),
             Request::Throttle(t) => {
@@ -382,7 +390,15 @@ fn parse_hello(payload: &[u8]) -> Result<Request<'_>, RequestError> {
         return Err(Status::BadRequest.into());
     }
     let token_len = usize::from(u16_at(payload, 6));
-    if payload.len() != HELLO_FIXED_BYTES + token_len || token_len > TOKEN_BYTES_MAX {
+    let token_end = HELLO_FIXED_BYTES + token_len;
+    // The epoch is optional: a client that knows none sends the original
+    // layout.
+    let epoch = match payload.len().checked_sub(token_end) {
+        Some(0) => 0,
+        Some(8) => u64_at(payload, token_end),
+        _ => return Err(Status::BadRequest.into()),
+    };
+    if token_len > TOKEN_BYTES_MAX {
         return Err(Status::BadRequest.into());
     }
     let shard = u16_at(payload, 4);
@@ -390,7 +406,8 @@ fn parse_hello(payload: &[u8]) -> Result<Request<'_>, RequestError> {
         version_min: u16_at(payload, 0),
         version_max: u16_at(payload, 2),
         shard: (shard != SHARD_ANY).then_some(shard),
-        token: &payload[HELLO_FIXED_BYTES..],
+        token: &payload[HELLO_FIXED_BYTES..token_end],
+        epoch,
     }))
 }
 
@@ -667,12 +684,14 @@ mod tests {
                 version_max: 3,
                 shard: Some(2),
                 token: b"secret",
+                epoch: 7,
             }),
             Request::Hello(Hello {
                 version_min: 1,
                 version_max: 1,
                 shard: None,
                 token: b"",
+                epoch: 0,
             }),
             Request::Throttle(Throttle {
                 key: b"user:42",

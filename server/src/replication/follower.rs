@@ -262,6 +262,8 @@ async fn connect(
         version_max: PROTOCOL_VERSION,
         shard,
         token: token.as_bytes(),
+        // A primary older than what we know learns that it is stale.
+        epoch: core.node.repl.epoch(),
     });
     let mut w = FrameWriter::new();
     let mut buf = BytesMut::new();

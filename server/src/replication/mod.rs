@@ -85,6 +85,9 @@ pub struct ReplNode {
     pub probing: AtomicU64,
     /// Primary during a planned failover: 1 while it hands over.
     pub handing_over: AtomicU64,
+    /// Primary: the newer epoch a client said it saw (0: none); see
+    /// [`ReplNode::saw_epoch`].
+    pub stale: AtomicU64,
     /// Follower: receipts of SYNCs and the decision to promote itself.
     pub watch: lease::Watch,
     /// The primary's address (follower) or our own (primary).
@@ -130,6 +133,7 @@ impl ReplNode {
             lease_ns: AtomicU64::new(0),
             probing: AtomicU64::new(u64::from(replica_of.is_none() && peer.is_some())),
             handing_over: AtomicU64::new(0),
+            stale: AtomicU64::new(0),
             watch: lease::Watch::default(),
             primary: Mutex::new(primary),
             follower: Mutex::new(String::new()),
@@ -156,6 +160,7 @@ impl ReplNode {
         self.is_primary()
             && self.probing.load(Ordering::Relaxed) == 0
             && self.handing_over.load(Ordering::Relaxed) == 0
+            && self.stale.load(Ordering::Relaxed) == 0
             && !self.fenced(now_ns)
     }
 
@@ -243,6 +248,29 @@ impl ReplNode {
         Ok(epoch)
     }
 
+    /// A client (or follower) says it has seen `epoch`. Epochs rise only
+    /// through promotions of this group's follower, so a primary that sees
+    /// a newer one is stale: it stops admitting (`stale` joins `admits`)
+    /// until its peer check steps it down (`--peer`) or an operator lifts
+    /// it (`sluice promote`). A follower just learns the epoch.
+    pub fn saw_epoch(&self, epoch: u64) {
+        let own = self.epoch();
+        if epoch <= own {
+            return;
+        }
+        if self.is_primary() {
+            if self.stale.swap(epoch, Ordering::AcqRel) == 0 {
+                tracing::warn!(
+                    own,
+                    seen = epoch,
+                    "a client saw a newer epoch: this primary is stale; not admitting"
+                );
+            }
+        } else {
+            self.observe_epoch(epoch);
+        }
+    }
+
     /// Ends a fenced primary's fence by hand (`sluice promote` on it: the
     /// operator knows the follower is gone): a new epoch, no lease.
     pub fn unfence(&self) -> Result<u64, String> {
@@ -252,7 +280,9 @@ impl ReplNode {
         self.lease_ns.store(0, Ordering::Relaxed);
         self.probing.store(0, Ordering::Relaxed);
         self.handing_over.store(0, Ordering::Relaxed);
-        let epoch = self.epoch.fetch_add(1, Ordering::AcqRel) + 1;
+        let stale = self.stale.swap(0, Ordering::AcqRel);
+        let epoch = self.epoch.fetch_max(stale, Ordering::AcqRel).max(stale) + 1;
+        self.epoch.store(epoch, Ordering::Release);
         tracing::warn!(epoch, "fence lifted by hand: serving alone");
         Ok(epoch)
     }
@@ -267,6 +297,7 @@ impl ReplNode {
         self.lease_ns.store(0, Ordering::Relaxed);
         self.probing.store(0, Ordering::Relaxed);
         self.handing_over.store(0, Ordering::Relaxed);
+        self.stale.store(0, Ordering::Relaxed);
         self.set_follower(String::new());
         self.set_state(ReplState::Down);
         tracing::warn!(
@@ -302,6 +333,8 @@ impl ReplNode {
         if self.is_primary() {
             let why = if self.handing_over.load(Ordering::Relaxed) != 0 {
                 "handing over to its follower"
+            } else if self.stale.load(Ordering::Relaxed) != 0 {
+                "stale: a client has seen a newer epoch (the follower took over)"
             } else if self.probing.load(Ordering::Relaxed) != 0 {
                 "checking whether its peer took over"
             } else {
