@@ -4,9 +4,15 @@
 //! owners in one batch per shard, and writes every reply in request order,
 //! as many as are ready in one write.
 //!
-//! Ordering and forwarding are the [`Pipeline`]'s (shared with the RESP
-//! connection): while nothing forwarded is outstanding, replies are encoded
-//! straight into the write buffer; otherwise they wait their turn there.
+//! The read-decide-write loop (sync-replication wait, flush, Drain,
+//! closing, back-pressure) is `coordinator::run`, shared with the RESP
+//! connection; this module is protocol v1's `coordinator::Handler` for it,
+//! and says what becomes of a socket the loop hands on: a HELLO moves it
+//! to another shard, a follower's SUBSCRIBE turns it into this shard's
+//! replication flow. Ordering and forwarding are the [`Pipeline`]'s
+//! (shared too): while nothing forwarded is outstanding, replies are
+//! encoded straight into the write buffer; otherwise they wait their turn
+//! there.
 //!
 //! Limits: a frame larger than `frame_bytes_max` or one that does not parse
 //! ends the connection after an error reply (the stream can't be trusted);
@@ -25,17 +31,15 @@ use sluice_protocol::message::{
 };
 use sluice_protocol::routing::{key_hash, shard_of, ROUTING_XXH3_128_MULSHIFT};
 use sluice_protocol::{Clock, Status, PROTOCOL_VERSION};
-use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::TcpStream;
 use tokio_util::codec::Decoder;
 
+use crate::coordinator::{self, constant_time_eq, Handler, READ_CHUNK_BYTES};
 use crate::pipeline::{Pipeline, Protocol};
-use crate::replication::primary::{replication_wait, wait_replicated};
-use crate::shard::{Adopt, ConnectionGuard, MultiVerdict, Op, Outcome, ShardCore, ShardMsg};
+use crate::shard::{
+    Adopt, BatchReply, ConnectionGuard, MultiVerdict, Op, Outcome, ShardCore, ShardMsg,
+};
 use sluice_protocol::replication::{self, RoleOk, Subscribe};
-
-/// Spare read-buffer capacity kept before each read.
-const READ_CHUNK_BYTES: usize = 16 << 10;
 
 /// A reply ready to be encoded.
 #[derive(Debug)]
@@ -148,7 +152,7 @@ struct Migration {
     request_id: u32,
 }
 
-/// Why the read-decide-write loop handed the socket on.
+/// Why the read-decide-write loop hands the socket on.
 #[derive(Debug)]
 enum Handoff {
     /// HELLO bound the connection to another shard.
@@ -157,20 +161,17 @@ enum Handoff {
     Flow(u32, Subscribe),
 }
 
-/// The state of one connection task.
+/// The state of one connection task, but for the socket and the bytes read
+/// and not yet decoded (the [`coordinator`]'s).
 #[derive(Debug)]
 struct Connection {
     /// The shard this task runs on.
     core: Rc<ShardCore>,
-    /// The socket.
-    stream: TcpStream,
-    /// Bytes read and not yet decoded.
-    rbuf: BytesMut,
     /// Encoded replies not yet written.
     wbuf: BytesMut,
     /// Frames replies into `wbuf`.
     writer: FrameWriter,
-    /// Splits `rbuf` into frames, enforcing `frame_bytes_max`.
+    /// Splits the read bytes into frames, enforcing `frame_bytes_max`.
     decoder: FrameDecoder,
     /// Replies in request order, and requests out at other shards.
     pipe: Pipeline<V1>,
@@ -190,7 +191,8 @@ struct Connection {
     guard: ConnectionGuard,
 }
 
-/// Serves one connection until it closes (or moves to another shard).
+/// Serves one connection until it closes (or moves to another shard, or
+/// becomes a replication flow).
 pub async fn run(core: Rc<ShardCore>, adopt: Adopt) {
     let Adopt {
         stream,
@@ -199,19 +201,9 @@ pub async fn run(core: Rc<ShardCore>, adopt: Adopt) {
         authed,
         guard,
     } = adopt;
-    let stream = match TcpStream::from_std(stream) {
-        Ok(s) => s,
-        Err(e) => {
-            tracing::warn!(error = %e, "could not register a connection");
-            core.connection_closed();
-            return;
-        }
-    };
     let frame_bytes_max = core.node.config.frame_bytes_max;
     let mut conn = Connection {
         core: core.clone(),
-        stream,
-        rbuf: read_buf,
         wbuf: BytesMut::with_capacity(READ_CHUNK_BYTES),
         writer: FrameWriter::new(),
         decoder: FrameDecoder::new(frame_bytes_max),
@@ -226,83 +218,78 @@ pub async fn run(core: Rc<ShardCore>, adopt: Adopt) {
         let hello = conn.hello_ok(Some(core.id));
         conn.push(request_id, Local::HelloOk(hello));
     }
-    // Bytes that came along with a moved connection may hold whole frames.
-    conn.decode_buffered();
-    let result = conn.serve().await;
-    if let Err(e) = &result {
-        tracing::debug!(shard = core.id, error = %e, "connection ended");
+    coordinator::run(stream, read_buf, conn).await;
+}
+
+impl Handler for Connection {
+    type Protocol = V1;
+    type Handoff = Handoff;
+    const NAME: &'static str = "connection";
+
+    fn core(&self) -> &Rc<ShardCore> {
+        &self.core
     }
-    match result {
-        Ok(Some(Handoff::Move(m))) => conn.move_to(m),
-        Ok(Some(Handoff::Flow(request_id, sub))) => {
-            // A flow is not a client connection: it does not hold a slot.
-            core.connection_closed();
-            let Connection { stream, rbuf, .. } = conn;
-            return crate::replication::primary::serve_flow(core, stream, rbuf, request_id, sub)
-                .await;
+
+    fn pipe(&mut self) -> &mut Pipeline<V1> {
+        &mut self.pipe
+    }
+
+    fn closing(&self) -> bool {
+        self.closing
+    }
+
+    fn close(&mut self) {
+        self.closing = true;
+    }
+
+    /// Bytes that came along with a moved connection may hold whole frames.
+    fn started(&mut self, rbuf: &mut BytesMut) {
+        self.decode_buffered(rbuf);
+    }
+
+    fn handle_read(&mut self, rbuf: &mut BytesMut) {
+        self.decode_buffered(rbuf);
+    }
+
+    fn fill(&mut self, reply: BatchReply) {
+        let (writer, wbuf) = (&mut self.writer, &mut self.wbuf);
+        self.pipe.fill(reply, |r| encode(writer, wbuf, r));
+    }
+
+    /// Closes the frame being written: every encoded reply goes in one
+    /// write.
+    fn output(&mut self) -> &mut BytesMut {
+        self.writer.finish(&mut self.wbuf);
+        &mut self.wbuf
+    }
+
+    fn take_handoff(&mut self) -> Option<Handoff> {
+        self.migrate.take()
+    }
+
+    async fn hand_off(self, stream: TcpStream, rbuf: BytesMut, handoff: Handoff) {
+        let core = self.core.clone();
+        match handoff {
+            Handoff::Move(m) => {
+                self.move_to(stream, rbuf, m);
+                core.connection_closed();
+            }
+            Handoff::Flow(request_id, sub) => {
+                // A flow is not a client connection: it does not hold a slot.
+                core.connection_closed();
+                drop(self);
+                crate::replication::primary::serve_flow(core, stream, rbuf, request_id, sub).await;
+            }
         }
-        _ => {}
     }
-    core.connection_closed();
 }
 
 impl Connection {
-    /// The read-decide-write loop. `Ok(Some(h))` when the socket moves on.
-    async fn serve(&mut self) -> std::io::Result<Option<Handoff>> {
-        let mut draining = self.core.draining.subscribe();
-        let mut replies = Vec::new();
-        loop {
-            if let Some(need) = replication_wait(&self.core) {
-                // Sync mode: these replies reflect changes the follower
-                // must have first.
-                if !wait_replicated(&self.core, need).await && self.core.node.repl.fencing() {
-                    // The follower may be promoted without them: the
-                    // client must not learn they were admitted. It sees
-                    // the connection drop (outcome unknown).
-                    return Ok(None);
-                }
-            }
-            self.flush().await?;
-            if let Some(m) = self.migrate.take() {
-                return Ok(Some(m));
-            }
-            if *draining.borrow() {
-                self.closing = true;
-            }
-            if self.closing && self.pipe.is_empty() {
-                let _ = self.stream.shutdown().await;
-                return Ok(None);
-            }
-            let can_read = !self.closing && self.pipe.len() < self.core.node.config.inflight_max;
-            if self.rbuf.capacity() - self.rbuf.len() < READ_CHUNK_BYTES {
-                self.rbuf.reserve(READ_CHUNK_BYTES);
-            }
-            tokio::select! {
-                biased;
-                () = self.pipe.recv(&mut replies), if self.pipe.awaiting() => {
-                    for reply in replies.drain(..) {
-                        self.pipe.fill(reply, |r| encode(&mut self.writer, &mut self.wbuf, r));
-                    }
-                }
-                read = self.stream.read_buf(&mut self.rbuf), if can_read => {
-                    if read? == 0 {
-                        // The peer is gone or finished sending; a partial
-                        // frame is dropped, pending replies still go out.
-                        self.closing = true;
-                    } else {
-                        self.decode_buffered();
-                    }
-                }
-                _ = draining.changed(), if !self.closing => {}
-            }
-        }
-    }
-
-    /// Decodes and handles every whole frame in the read buffer, then sends
-    /// the forwarded batches it produced.
-    fn decode_buffered(&mut self) {
+    /// Decodes and handles every whole frame in `rbuf`, then sends the
+    /// forwarded batches it produced.
+    fn decode_buffered(&mut self, rbuf: &mut BytesMut) {
         while !self.closing && self.migrate.is_none() {
-            match self.decoder.decode(&mut self.rbuf) {
+            match self.decoder.decode(rbuf) {
                 Ok(Some(frame)) => self.handle_frame(&frame),
                 Ok(None) => break,
                 Err(e) => {
@@ -560,7 +547,7 @@ impl Connection {
         tokio::task::spawn_local(async move {
             let result = crate::replication::primary::failover(core).await;
             let outcomes = vec![(seq, Outcome::Failover(result))];
-            let _ = tx.send(crate::shard::BatchReply { outcomes });
+            let _ = tx.send(BatchReply { outcomes });
         });
     }
 
@@ -688,26 +675,16 @@ impl Connection {
             .send_forwards(&self.core.node, |r| encode(writer, wbuf, r));
     }
 
-    /// Writes every encoded reply in one write.
-    async fn flush(&mut self) -> std::io::Result<()> {
-        self.writer.finish(&mut self.wbuf);
-        if !self.wbuf.is_empty() {
-            self.stream.write_all(&self.wbuf).await?;
-            self.wbuf.clear();
-        }
-        Ok(())
-    }
-
     /// Hands the socket, and any bytes read past the HELLO, to `m.shard`.
-    fn move_to(self, m: Migration) {
+    fn move_to(self, stream: TcpStream, rbuf: BytesMut, m: Migration) {
         let core = self.core.clone();
-        let stream = match self.stream.into_std() {
+        let stream = match stream.into_std() {
             Ok(s) => s,
             Err(e) => return tracing::warn!(error = %e, "could not move a connection"),
         };
         let adopt = Adopt {
             stream,
-            read_buf: self.rbuf,
+            read_buf: rbuf,
             hello_request_id: Some(m.request_id),
             authed: self.authed,
             guard: self.guard,
@@ -751,12 +728,4 @@ fn encode_local(w: &mut FrameWriter, buf: &mut BytesMut, request_id: u32, reply:
             message::put_stats(w, buf, request_id, *shard_count, *shard_first, shards);
         }
     }
-}
-
-/// Compares secrets in time that does not depend on where they differ.
-pub(crate) fn constant_time_eq(a: &[u8], b: &[u8]) -> bool {
-    if a.len() != b.len() {
-        return false;
-    }
-    a.iter().zip(b).fold(0u8, |acc, (x, y)| acc | (x ^ y)) == 0
 }

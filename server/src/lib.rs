@@ -5,11 +5,16 @@
 //! Layout:
 //! - [`config`]: flags, defaults and limits, validated at start-up.
 //! - [`server`]: bind, accept, hand connections to shards, shut down.
-//! - [`shard`]: a shard thread, its messages and its [`shard::Table`].
-//! - [`connection`]: one protocol v1 connection's coordinator task
-//!   (decode, route, decide or forward, reply in order).
+//! - [`worker`]: a shard thread: its runtime, its message loop, the tasks
+//!   it starts (connections, replication flows, the heap sweep).
+//! - [`shard`]: a shard's types: its messages, the [`shard::ShardCore`]
+//!   its tasks share, and its [`shard::Table`].
+//! - `coordinator`: the read-decide-write loop both connection kinds run
+//!   (flush, sync-replication wait, drain, back-pressure, linger).
+//! - [`connection`]: protocol v1's side of that loop (decode, route,
+//!   decide or forward, reply in order; a HELLO's move to another shard).
 //! - [`resp`]: the optional RESP2 listener's parser, commands and
-//!   connection task (redis-cli, redis-benchmark, redis-cell's CL.THROTTLE).
+//!   connection (redis-cli, redis-benchmark, redis-cell's CL.THROTTLE).
 //! - [`pipeline`]: the reply ordering and forwarding both connection kinds
 //!   share.
 //! - [`replication`]: role and epoch, a primary shard's flow to its
@@ -21,6 +26,7 @@
 
 pub mod config;
 pub mod connection;
+mod coordinator;
 pub mod inbox;
 pub mod pipeline;
 pub mod replication;
@@ -29,6 +35,7 @@ pub mod server;
 pub mod shard;
 mod sync;
 pub mod tiers;
+pub mod worker;
 
 pub use config::Config;
 pub use server::{Server, StartError};

@@ -18,8 +18,9 @@ use tokio::sync::mpsc;
 
 use crate::config::Config;
 use crate::inbox;
-use crate::shard::{self, Adopt, AdoptResp, ConnectionGuard, Node, ShardMsg};
+use crate::shard::{Adopt, AdoptResp, ConnectionGuard, Node, ShardMsg};
 use crate::sync::{Arc, AtomicUsize};
+use crate::worker;
 
 /// How long a refused connection is given to read its error before close.
 const REFUSAL_LINGER_MS: u64 = 1_000;
@@ -86,7 +87,7 @@ impl Server {
         for id in 0..shard_count {
             let (tx, rx) = inbox::inbox();
             let (node_tx, node_rx) = crate::sync::mpsc::channel();
-            let thread = shard::spawn(id, rx, node_rx, drained_tx.clone(), clock)
+            let thread = worker::spawn(id, rx, node_rx, drained_tx.clone(), clock)
                 .map_err(StartError::Thread)?;
             senders.push(tx);
             node_txs.push(node_tx);

@@ -4,39 +4,33 @@
 //! can on the spot (CL.THROTTLE on a key this shard owns is decided inline,
 //! on this shard's table), forwards CL.THROTTLEs for other shards' keys in
 //! one batch per shard per read, and writes every reply in command order,
-//! as many as are ready in one write. Ordering and forwarding are the
-//! shared [`Pipeline`]'s.
+//! as many as are ready in one write. The read-decide-write loop is the
+//! shared `coordinator::run` (this module is RESP's `coordinator::Handler`
+//! for it); ordering and forwarding are the shared [`Pipeline`]'s.
 //!
 //! Limits: a command longer than `frame_bytes_max` or one that does not
 //! parse is answered `-ERR Protocol error: ...` and ends the connection
 //! once earlier replies are written (the stream can't be trusted; other
-//! connections are untouched); with `inflight_max` commands unanswered the
-//! task stops reading until replies drain. QUIT answers `+OK` and closes;
-//! at shutdown (Drain) the task stops reading, finishes what is in flight
-//! and closes.
+//! connections are untouched), after a short linger so the client reads
+//! the error (`coordinator::ERROR_LINGER_MS`); with `inflight_max`
+//! commands unanswered the task stops reading until replies drain. QUIT
+//! answers `+OK` and closes; at shutdown (Drain) the task stops reading,
+//! finishes what is in flight and closes.
 
+use std::convert::Infallible;
 use std::fmt::Write as _;
 use std::rc::Rc;
 
 use bytes::{Buf, BytesMut};
 use sluice_protocol::routing::{key_hash, shard_of};
 use sluice_protocol::{Clock, Status};
-use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::TcpStream;
 
 use super::command::{self, Command, Reply};
 use super::parser::{Args, Parser};
-use crate::connection::constant_time_eq;
+use crate::coordinator::{self, constant_time_eq, Handler, READ_CHUNK_BYTES};
 use crate::pipeline::{Pipeline, Protocol};
-use crate::replication::primary::{replication_wait, wait_replicated};
-use crate::shard::{AdoptResp, ConnectionGuard, Op, Outcome, ShardCore};
-
-/// Spare read-buffer capacity kept before each read.
-const READ_CHUNK_BYTES: usize = 16 << 10;
-/// After closing on bad input, how long the task keeps reading (and
-/// dropping) what the peer still sends: the close is then a FIN after the
-/// error reply, not a reset that could make the peer lose that reply.
-const ERROR_LINGER_MS: u64 = 1_000;
+use crate::shard::{AdoptResp, BatchReply, ConnectionGuard, Op, Outcome, ShardCore};
 
 /// The RESP protocol's use of the [`Pipeline`]: a forwarded command is
 /// always a CL.THROTTLE, and RESP replies are positional, so a waiting
@@ -62,7 +56,8 @@ impl Protocol for Resp {
 }
 
 /// What the command handlers work on: everything but the socket and the
-/// bytes being parsed (which the parsed arguments borrow).
+/// bytes being parsed (the [`coordinator`]'s), and the parser (which the
+/// parsed arguments borrow).
 #[derive(Debug)]
 struct Session {
     /// The shard this task runs on.
@@ -75,20 +70,18 @@ struct Session {
     authed: bool,
     /// Stop reading; close once every pending reply is written.
     closing: bool,
-    /// The input did not parse: linger on close (see [`ERROR_LINGER_MS`]).
+    /// The input did not parse: linger on close (see
+    /// [`ERROR_LINGER_MS`](crate::coordinator::ERROR_LINGER_MS)).
     bad_input: bool,
     /// Keeps the node's connection count while the connection lives.
     guard: ConnectionGuard,
 }
 
-/// The state of one RESP connection task.
+/// The state of one RESP connection task, but for the socket and the bytes
+/// read and not yet parsed (the [`coordinator`]'s).
 #[derive(Debug)]
 struct RespConnection {
-    /// The socket.
-    stream: TcpStream,
-    /// Bytes read and not yet parsed.
-    rbuf: BytesMut,
-    /// Splits `rbuf` into commands, enforcing `frame_bytes_max`.
+    /// Splits the read bytes into commands, enforcing `frame_bytes_max`.
     parser: Parser,
     /// The rest.
     session: Session,
@@ -97,18 +90,8 @@ struct RespConnection {
 /// Serves one RESP connection until it closes.
 pub async fn run(core: Rc<ShardCore>, adopt: AdoptResp) {
     let AdoptResp { stream, guard } = adopt;
-    let stream = match TcpStream::from_std(stream) {
-        Ok(s) => s,
-        Err(e) => {
-            tracing::warn!(error = %e, "could not register a RESP connection");
-            core.connection_closed();
-            return;
-        }
-    };
     let command_bytes_max = usize::try_from(core.node.config.frame_bytes_max).unwrap_or(usize::MAX);
-    let mut conn = RespConnection {
-        stream,
-        rbuf: BytesMut::with_capacity(READ_CHUNK_BYTES),
+    let conn = RespConnection {
         parser: Parser::new(command_bytes_max),
         session: Session {
             core: core.clone(),
@@ -120,91 +103,41 @@ pub async fn run(core: Rc<ShardCore>, adopt: AdoptResp) {
             guard,
         },
     };
-    if let Err(e) = conn.serve().await {
-        tracing::debug!(shard = core.id, error = %e, "RESP connection ended");
-    }
-    core.connection_closed();
+    coordinator::run(stream, BytesMut::with_capacity(READ_CHUNK_BYTES), conn).await;
 }
 
-impl RespConnection {
-    /// The read-decide-write loop.
-    async fn serve(&mut self) -> std::io::Result<()> {
-        let mut draining = self.session.core.draining.subscribe();
-        let mut replies = Vec::new();
-        let inflight_max = self.session.core.node.config.inflight_max;
-        loop {
-            if let Some(need) = replication_wait(&self.session.core) {
-                // Sync mode: these replies reflect changes the follower
-                // must have first (see the v1 connection).
-                let core = &self.session.core;
-                if !wait_replicated(core, need).await && core.node.repl.fencing() {
-                    return Ok(());
-                }
-            }
-            let s = &mut self.session;
-            if !s.wbuf.is_empty() {
-                self.stream.write_all(&s.wbuf).await?;
-                s.wbuf.clear();
-            }
-            if *draining.borrow() {
-                s.closing = true;
-            }
-            if s.closing && s.pipe.is_empty() {
-                let _ = self.stream.shutdown().await;
-                if s.bad_input && !*draining.borrow() {
-                    self.linger().await;
-                }
-                return Ok(());
-            }
-            let can_read = !s.closing && s.pipe.len() < inflight_max;
-            if self.rbuf.capacity() - self.rbuf.len() < READ_CHUNK_BYTES {
-                self.rbuf.reserve(READ_CHUNK_BYTES);
-            }
-            tokio::select! {
-                biased;
-                () = s.pipe.recv(&mut replies), if s.pipe.awaiting() => {
-                    for reply in replies.drain(..) {
-                        s.pipe.fill(reply, |r| command::encode(&mut s.wbuf, r));
-                    }
-                }
-                read = self.stream.read_buf(&mut self.rbuf), if can_read => {
-                    if read? == 0 {
-                        // The peer is done sending; a partial command is
-                        // dropped, pending replies still go out.
-                        s.closing = true;
-                    } else {
-                        self.handle_buffered();
-                    }
-                }
-                _ = draining.changed(), if !s.closing => {}
-            }
-        }
+impl Handler for RespConnection {
+    type Protocol = Resp;
+    /// A RESP connection never moves on.
+    type Handoff = Infallible;
+    const NAME: &'static str = "RESP connection";
+
+    fn core(&self) -> &Rc<ShardCore> {
+        &self.session.core
     }
 
-    /// Reads and drops what the peer sends until it closes its side too, or
-    /// [`ERROR_LINGER_MS`] pass.
-    async fn linger(&mut self) {
-        let deadline = tokio::time::sleep(std::time::Duration::from_millis(ERROR_LINGER_MS));
-        tokio::pin!(deadline);
-        let mut sink = [0u8; 4096];
-        loop {
-            tokio::select! {
-                n = self.stream.read(&mut sink) => if !matches!(n, Ok(n) if n > 0) { return },
-                () = &mut deadline => return,
-            }
-        }
+    fn pipe(&mut self) -> &mut Pipeline<Resp> {
+        &mut self.session.pipe
     }
 
-    /// Parses and carries out every whole command in the read buffer, then
-    /// sends the forwarded batches they produced.
-    fn handle_buffered(&mut self) {
+    fn closing(&self) -> bool {
+        self.session.closing
+    }
+
+    fn close(&mut self) {
+        self.session.closing = true;
+    }
+
+    /// Parses and carries out every whole command in `rbuf`, then sends the
+    /// forwarded batches they produced.
+    fn handle_read(&mut self, rbuf: &mut BytesMut) {
         let mut at = 0;
         // The clock is read once per read, and only if a decision needs it.
         let mut now_ns = None;
         while !self.session.closing {
-            match self.parser.parse(&self.rbuf[at..]) {
+            match self.parser.parse(&rbuf[at..]) {
                 Ok(Some(n)) => {
-                    let args = self.parser.args(&self.rbuf[at..]);
+                    let args = self.parser.args(&rbuf[at..]);
                     self.session.execute(&args, &mut now_ns);
                     at += n;
                 }
@@ -217,10 +150,27 @@ impl RespConnection {
                 }
             }
         }
-        self.rbuf.advance(at);
+        rbuf.advance(at);
         let s = &mut self.session;
         s.pipe
             .send_forwards(&s.core.node, |r| command::encode(&mut s.wbuf, r));
+    }
+
+    fn fill(&mut self, reply: BatchReply) {
+        let s = &mut self.session;
+        s.pipe.fill(reply, |r| command::encode(&mut s.wbuf, r));
+    }
+
+    fn output(&mut self) -> &mut BytesMut {
+        &mut self.session.wbuf
+    }
+
+    fn linger_on_close(&self) -> bool {
+        self.session.bad_input
+    }
+
+    async fn hand_off(self, _: TcpStream, _: BytesMut, handoff: Infallible) {
+        match handoff {}
     }
 }
 

@@ -1,4 +1,10 @@
 //! A shard: one thread, one single-threaded tokio runtime, one [`Table`].
+//! This module holds a shard's types: the messages other threads send it
+//! ([`ShardMsg`]; a [`Batch`] of [`Op`]s is answered with [`Outcome`]s),
+//! what its tasks share ([`ShardCore`]) and what the node's shards share
+//! ([`Node`]). The thread itself (start-up, the message loop, the tasks it
+//! spawns) is [`worker`](crate::worker)'s, which sits above the connection
+//! and replication tasks it runs; nothing here imports them.
 //!
 //! The shard thread runs the connection tasks it was handed (each a
 //! coordinator: parse, validate, route), protocol v1 and RESP alike, and
@@ -12,22 +18,19 @@ pub mod table;
 
 use std::cell::{Cell, RefCell};
 use std::net::{SocketAddr, TcpStream as StdTcpStream};
-use std::rc::Rc;
 use std::time::Instant;
 
 use bytes::BytesMut;
 use sluice_protocol::cell::{CellPolicy, CellVerdict};
 use sluice_protocol::gcra::Verdict;
 use sluice_protocol::limit::Concurrency;
-use sluice_protocol::{Clock, MonotonicClock, Policy, Status};
+use sluice_protocol::{MonotonicClock, Policy, Status};
 use tokio::sync::{mpsc, watch};
 
 use crate::config::Config;
-use crate::connection;
-use crate::inbox::{Receiver, Sender};
+use crate::inbox::Sender;
 use crate::replication::primary::FlowShard;
 use crate::replication::{follower, ReplNode};
-use crate::resp;
 use crate::sync::{Arc, AtomicU64, AtomicUsize, Ordering};
 use crate::tiers::Tiers;
 use crossbeam_utils::CachePadded;
@@ -334,6 +337,37 @@ pub struct ShardCore {
 }
 
 impl ShardCore {
+    /// Shard `id`'s core, on its own thread: an empty table whose lease ids
+    /// are drawn for the node's epoch, the tiers the config loaded, no
+    /// connection yet. It reports drained on `drained_tx`.
+    pub fn new(
+        id: u16,
+        node: Arc<Node>,
+        clock: MonotonicClock,
+        drained_tx: mpsc::UnboundedSender<u16>,
+    ) -> ShardCore {
+        let tiers = RefCell::new(Arc::new(node.config.tiers.clone()));
+        // Lease ids are unique per node and epoch: each shard counts in
+        // its own range.
+        let base = table::lease_id_base(node.epoch(), id);
+        let table = Table::with_cap(node.config.keys_max, base);
+        let lease_epoch = Cell::new(node.epoch());
+        ShardCore {
+            id,
+            tiers,
+            flow: RefCell::default(),
+            follow_gen: Cell::new(0),
+            lease_epoch,
+            table: RefCell::new(table),
+            node,
+            clock,
+            draining: watch::channel(false).0,
+            connections: Cell::new(0),
+            drained_tx,
+            drained_sent: Cell::new(false),
+        }
+    }
+
     /// A DECIDE's limits as buckets: inline ones as sent (validated by the
     /// parser), a tier's as in force on this shard (UNKNOWN_TIER if none,
     /// and its limits checked against the cost).
@@ -441,186 +475,14 @@ impl ShardCore {
         self.report_if_drained();
     }
 
-    fn report_if_drained(&self) {
+    /// Reports drained (once) if Drain came and no connection is left.
+    pub fn report_if_drained(&self) {
         if *self.draining.borrow()
             && self.connections.get() == 0
             && !self.drained_sent.replace(true)
         {
             let _ = self.drained_tx.send(self.id);
         }
-    }
-
-    /// Decides a forwarded batch and sends the outcomes back (in sync
-    /// mode, once the follower has what they changed).
-    fn decide_batch(self: &Rc<Self>, batch: Batch) {
-        self.sync_epoch();
-        let now_ns = self.clock.now_ns();
-        let mut table = self.table.borrow_mut();
-        let outcomes = batch
-            .items
-            .iter()
-            .map(|it| (it.seq, table.decide(it.key, &it.op, now_ns)))
-            .collect();
-        drop(table);
-        self.publish_stats();
-        let reply = BatchReply { outcomes };
-        match crate::replication::primary::replication_wait(self) {
-            // A connection that has gone away no longer needs its answers.
-            None => drop(batch.reply_to.send(reply)),
-            Some(need) => {
-                let core = self.clone();
-                tokio::task::spawn_local(async move {
-                    let mut reply = reply;
-                    if !crate::replication::primary::wait_replicated(&core, need).await
-                        && core.node.repl.fencing()
-                    {
-                        // Not known to the follower, which may be promoted:
-                        // the clients must not be told these admitted.
-                        for (_, outcome) in &mut reply.outcomes {
-                            *outcome = Outcome::Refused(Status::NotPrimary);
-                        }
-                    }
-                    let _ = batch.reply_to.send(reply);
-                });
-            }
-        }
-    }
-}
-
-/// Starts shard `id`'s thread. Messages reach it through `rx`; it reports
-/// drained on `drained_tx`.
-pub fn spawn(
-    id: u16,
-    rx: Receiver<ShardMsg>,
-    node_rx: crate::sync::mpsc::Receiver<Arc<Node>>,
-    drained_tx: mpsc::UnboundedSender<u16>,
-    clock: MonotonicClock,
-) -> std::io::Result<std::thread::JoinHandle<()>> {
-    std::thread::Builder::new()
-        .name(format!("sluice-shard-{id}"))
-        .spawn(move || {
-            // The node (with every shard's inbox) exists only once all shards
-            // have been created, so it arrives after the thread starts.
-            let Ok(node) = node_rx.recv() else { return };
-            let rt = tokio::runtime::Builder::new_current_thread()
-                .enable_all()
-                .build()
-                .expect("a shard's runtime builds");
-            let local = tokio::task::LocalSet::new();
-            let tiers = RefCell::new(Arc::new(node.config.tiers.clone()));
-            // Lease ids are unique per node and epoch: each shard counts in
-            // its own range.
-            let base = table::lease_id_base(node.epoch(), id);
-            let table = Table::with_cap(node.config.keys_max, base);
-            let lease_epoch = Cell::new(node.epoch());
-            let core = Rc::new(ShardCore {
-                id,
-                tiers,
-                flow: RefCell::default(),
-                follow_gen: Cell::new(0),
-                lease_epoch,
-                table: RefCell::new(table),
-                node,
-                clock,
-                draining: watch::channel(false).0,
-                connections: Cell::new(0),
-                drained_tx,
-                drained_sent: Cell::new(false),
-            });
-            local.block_on(&rt, run(core, rx));
-        })
-}
-
-/// The shard's loop: take every queued message, act on each, repeat.
-/// After Stop the inbox is closed, and whatever it had already accepted is
-/// still handled: batches are decided and answered (every accepted send is
-/// received, as the inbox promises), connections arriving that late are
-/// closed.
-async fn run(core: Rc<ShardCore>, mut rx: Receiver<ShardMsg>) {
-    tokio::task::spawn_local(sweep_heap_periodically(core.clone()));
-    if let (0, Some(primary)) = (core.id, core.node.config.replica_of.clone()) {
-        tokio::task::spawn_local(follower::follow(core.clone(), primary));
-    }
-    if let (0, Some(peer)) = (core.id, core.node.config.peer.clone()) {
-        tokio::task::spawn_local(follower::watch_peer(core.clone(), peer));
-    }
-    let mut msgs = Vec::new();
-    let mut stopped = false;
-    while rx.recv_many(&mut msgs).await {
-        for msg in msgs.drain(..) {
-            match msg {
-                ShardMsg::Batch(b) => core.decide_batch(b),
-                ShardMsg::Adopt(_) | ShardMsg::AdoptResp(_) if stopped => {}
-                ShardMsg::Adopt(a) => {
-                    core.connections.set(core.connections.get() + 1);
-                    tokio::task::spawn_local(connection::run(core.clone(), a));
-                }
-                ShardMsg::AdoptResp(a) => {
-                    core.connections.set(core.connections.get() + 1);
-                    tokio::task::spawn_local(resp::connection::run(core.clone(), a));
-                }
-                ShardMsg::Tiers(tiers) => {
-                    *core.tiers.borrow_mut() = tiers;
-                }
-                ShardMsg::Reset(r) => {
-                    core.table.borrow_mut().clear();
-                    core.follow_gen.set(r.generation);
-                    let _ = r.done.send(());
-                }
-                ShardMsg::Flow(f) if !stopped => {
-                    tokio::task::spawn_local(follower::run_flow(core.clone(), f));
-                }
-                ShardMsg::Flow(_) => {}
-                ShardMsg::Handover(done) => {
-                    let core = core.clone();
-                    tokio::task::spawn_local(async move {
-                        let ok = crate::replication::primary::handed_over(core).await;
-                        let _ = done.send(ok);
-                    });
-                }
-                ShardMsg::Takeover(epoch) => {
-                    let mut flow = core.flow.borrow_mut();
-                    flow.takeover = Some(epoch);
-                    flow.wake.notify_one();
-                }
-                ShardMsg::Apply(a) => {
-                    if a.generation == core.follow_gen.get() {
-                        let now_ns = core.clock.now_ns();
-                        let mut table = core.table.borrow_mut();
-                        for r in a.records {
-                            table.import(r.key, r.kind, r.state, now_ns);
-                        }
-                    }
-                    let _ = a.done.send(());
-                }
-                ShardMsg::Drain => {
-                    core.draining.send_replace(true);
-                    core.report_if_drained();
-                }
-                ShardMsg::Stop => {
-                    rx.close();
-                    stopped = true;
-                }
-            }
-        }
-    }
-    tracing::debug!(
-        shard = core.id,
-        buckets = core.table.borrow().len(),
-        "shard stopped"
-    );
-}
-
-/// Sliding logs and lease lists do not sweep themselves as they go (the
-/// fixed-size tables do): drop the full ones every HEAP_SWEEP_MS. Ends with
-/// the shard's runtime.
-async fn sweep_heap_periodically(core: Rc<ShardCore>) {
-    let mut tick = tokio::time::interval(std::time::Duration::from_millis(table::HEAP_SWEEP_MS));
-    tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
-    loop {
-        tick.tick().await;
-        core.table.borrow_mut().sweep_heap(core.clock.now_ns());
-        core.publish_stats();
     }
 }
 

@@ -1,0 +1,204 @@
+//! The read-decide-write loop every client connection runs on its shard
+//! thread, whatever protocol it speaks: protocol v1
+//! ([`connection`](crate::connection)) and RESP
+//! ([`resp::connection`](crate::resp::connection)) each implement
+//! [`Handler`], their side of the loop (decode and handle what was read,
+//! encode the replies forwarded requests fill in, say whether to linger on
+//! close and what becomes of a socket the loop hands on), and [`run`] does
+//! the rest.
+//!
+//! Each turn: in sync replication mode, wait until the follower has what
+//! the encoded replies reflect (if it may not have it and a fencing lease
+//! is on, the connection drops without them: the client must not learn
+//! they were admitted); write every encoded reply in one write; hand the
+//! socket on if the handler asks; at shutdown (Drain) stop reading; once
+//! closing with nothing in flight, close (lingering first if the handler
+//! asks). Otherwise wait for the first of: forwarded replies coming back,
+//! bytes to read (not while `inflight_max` requests are unanswered, which
+//! pushes back on the peer through TCP), Drain.
+
+use std::future::Future;
+use std::net::TcpStream as StdTcpStream;
+use std::rc::Rc;
+
+use bytes::BytesMut;
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::net::TcpStream;
+
+use crate::pipeline::{Pipeline, Protocol};
+use crate::replication::primary::{replication_wait, wait_replicated};
+use crate::shard::{BatchReply, ShardCore};
+
+/// Spare read-buffer capacity kept before each read (and a write buffer's
+/// first capacity).
+pub(crate) const READ_CHUNK_BYTES: usize = 16 << 10;
+
+/// After closing on bad input, how long the loop keeps reading (and
+/// dropping) what the peer still sends, for a handler that asks to linger:
+/// the close is then a FIN after the error reply, not a reset that could
+/// make the peer lose that reply.
+pub(crate) const ERROR_LINGER_MS: u64 = 1_000;
+
+/// A protocol's side of the loop: everything of a connection but the socket
+/// and the bytes read and not yet handled, which the loop owns.
+pub(crate) trait Handler: Sized {
+    /// The protocol's use of the [`Pipeline`].
+    type Protocol: Protocol;
+    /// Why the loop hands the socket on.
+    type Handoff;
+    /// What log lines call this kind of connection.
+    const NAME: &'static str;
+
+    /// The shard this connection runs on.
+    fn core(&self) -> &Rc<ShardCore>;
+    /// Replies in request order, and requests out at other shards.
+    fn pipe(&mut self) -> &mut Pipeline<Self::Protocol>;
+    /// Whether the connection stops reading and closes once every pending
+    /// reply is written.
+    fn closing(&self) -> bool;
+    /// Stop reading; close once every pending reply is written.
+    fn close(&mut self);
+    /// Once the socket is registered, before the first turn: handles bytes
+    /// that came with the socket.
+    fn started(&mut self, _rbuf: &mut BytesMut) {}
+    /// Decodes and handles every whole request in `rbuf` (consuming it),
+    /// then sends the forwarded batches that produced.
+    fn handle_read(&mut self, rbuf: &mut BytesMut);
+    /// Fills the slots an owner's reply answers and encodes the replies
+    /// that makes ready, in order.
+    fn fill(&mut self, reply: BatchReply);
+    /// The encoded replies, ready to write (the loop clears them once
+    /// written).
+    fn output(&mut self) -> &mut BytesMut;
+    /// Once the replies are written: whether the socket moves on.
+    fn take_handoff(&mut self) -> Option<Self::Handoff> {
+        None
+    }
+    /// Whether to linger on close (see [`ERROR_LINGER_MS`]).
+    fn linger_on_close(&self) -> bool {
+        false
+    }
+    /// What becomes of a socket the loop handed on. The connection is
+    /// still counted on its shard: this must call
+    /// [`ShardCore::connection_closed`] when it stops being a client
+    /// connection of this shard.
+    fn hand_off(
+        self,
+        stream: TcpStream,
+        rbuf: BytesMut,
+        handoff: Self::Handoff,
+    ) -> impl Future<Output = ()>;
+}
+
+/// Serves one connection until it closes, or until the handler takes the
+/// socket on; then the connection stops counting on its shard.
+pub(crate) async fn run<H: Handler>(stream: StdTcpStream, mut rbuf: BytesMut, mut handler: H) {
+    let core = handler.core().clone();
+    let mut stream = match TcpStream::from_std(stream) {
+        Ok(s) => s,
+        Err(e) => {
+            tracing::warn!(error = %e, "could not register a {}", H::NAME);
+            core.connection_closed();
+            return;
+        }
+    };
+    handler.started(&mut rbuf);
+    let handoff = match serve(&mut stream, &mut rbuf, &mut handler).await {
+        Ok(handoff) => handoff,
+        Err(e) => {
+            tracing::debug!(shard = core.id, error = %e, "{} ended", H::NAME);
+            None
+        }
+    };
+    match handoff {
+        Some(h) => handler.hand_off(stream, rbuf, h).await,
+        None => core.connection_closed(),
+    }
+}
+
+/// The read-decide-write loop. `Ok(Some(h))` when the socket moves on.
+async fn serve<H: Handler>(
+    stream: &mut TcpStream,
+    rbuf: &mut BytesMut,
+    h: &mut H,
+) -> std::io::Result<Option<H::Handoff>> {
+    let core = h.core().clone();
+    let mut draining = core.draining.subscribe();
+    let mut replies = Vec::new();
+    let inflight_max = core.node.config.inflight_max;
+    loop {
+        if let Some(need) = replication_wait(&core) {
+            // Sync mode: these replies reflect changes the follower must
+            // have first.
+            if !wait_replicated(&core, need).await && core.node.repl.fencing() {
+                // The follower may be promoted without them: the client
+                // must not learn they were admitted. It sees the
+                // connection drop (outcome unknown).
+                return Ok(None);
+            }
+        }
+        let out = h.output();
+        if !out.is_empty() {
+            stream.write_all(out).await?;
+            out.clear();
+        }
+        if let Some(handoff) = h.take_handoff() {
+            return Ok(Some(handoff));
+        }
+        if *draining.borrow() {
+            h.close();
+        }
+        if h.closing() && h.pipe().is_empty() {
+            let _ = stream.shutdown().await;
+            if h.linger_on_close() && !*draining.borrow() {
+                linger(stream).await;
+            }
+            return Ok(None);
+        }
+        let can_read = !h.closing() && h.pipe().len() < inflight_max;
+        if rbuf.capacity() - rbuf.len() < READ_CHUNK_BYTES {
+            rbuf.reserve(READ_CHUNK_BYTES);
+        }
+        tokio::select! {
+            biased;
+            () = h.pipe().recv(&mut replies), if h.pipe().awaiting() => {
+                for reply in replies.drain(..) {
+                    h.fill(reply);
+                }
+            }
+            read = stream.read_buf(rbuf), if can_read => {
+                if read? == 0 {
+                    // The peer is gone or finished sending; a partial
+                    // request is dropped, pending replies still go out.
+                    h.close();
+                } else {
+                    h.handle_read(rbuf);
+                }
+            }
+            _ = draining.changed(), if !h.closing() => {}
+        }
+    }
+}
+
+/// Reads and drops what the peer sends until it closes its side too, or
+/// [`ERROR_LINGER_MS`] pass.
+async fn linger(stream: &mut TcpStream) {
+    let deadline = tokio::time::sleep(std::time::Duration::from_millis(ERROR_LINGER_MS));
+    tokio::pin!(deadline);
+    let mut sink = [0u8; 4096];
+    loop {
+        tokio::select! {
+            n = stream.read(&mut sink) => if !matches!(n, Ok(n) if n > 0) { return },
+            () = &mut deadline => return,
+        }
+    }
+}
+
+/// Compares secrets in time that does not depend on where they differ
+/// (HELLO's token, RESP's AUTH).
+pub(crate) fn constant_time_eq(a: &[u8], b: &[u8]) -> bool {
+    if a.len() != b.len() {
+        return false;
+    }
+    a.iter().zip(b).fold(0u8, |acc, (x, y)| acc | (x ^ y)) == 0
+}

@@ -1,0 +1,179 @@
+//! A shard's thread: [`spawn`] starts it (its own single-threaded tokio
+//! runtime and `LocalSet`, and its [`ShardCore`]), and its loop takes
+//! every message from the shard's inbox and acts on it: a connection
+//! becomes a task (protocol v1's [`connection::run`], RESP's
+//! [`resp::connection::run`]), a forwarded [`Batch`] is decided and
+//! answered, replication messages start flows or apply records, Drain and
+//! Stop shut it down. Beside them run the periodic heap sweep and, on
+//! shard 0, a follower's [`follow`](follower::follow) and the
+//! [`watch_peer`](follower::watch_peer) task.
+//!
+//! This module sits above the shard types ([`shard`](crate::shard)), the
+//! connection tasks and the replication tasks: it is the one place that
+//! starts them, so none of them needs to import another's entry point
+//! through the shard.
+
+use std::rc::Rc;
+
+use sluice_protocol::{Clock, MonotonicClock, Status};
+use tokio::sync::mpsc;
+
+use crate::connection;
+use crate::inbox::Receiver;
+use crate::replication::follower;
+use crate::replication::primary::{handed_over, replication_wait, wait_replicated};
+use crate::resp;
+use crate::shard::{table, Batch, BatchReply, Node, Outcome, ShardCore, ShardMsg};
+use crate::sync::Arc;
+
+/// Starts shard `id`'s thread. Messages reach it through `rx`; it reports
+/// drained on `drained_tx`.
+pub fn spawn(
+    id: u16,
+    rx: Receiver<ShardMsg>,
+    node_rx: crate::sync::mpsc::Receiver<Arc<Node>>,
+    drained_tx: mpsc::UnboundedSender<u16>,
+    clock: MonotonicClock,
+) -> std::io::Result<std::thread::JoinHandle<()>> {
+    std::thread::Builder::new()
+        .name(format!("sluice-shard-{id}"))
+        .spawn(move || {
+            // The node (with every shard's inbox) exists only once all shards
+            // have been created, so it arrives after the thread starts.
+            let Ok(node) = node_rx.recv() else { return };
+            let rt = tokio::runtime::Builder::new_current_thread()
+                .enable_all()
+                .build()
+                .expect("a shard's runtime builds");
+            let local = tokio::task::LocalSet::new();
+            let core = Rc::new(ShardCore::new(id, node, clock, drained_tx));
+            local.block_on(&rt, run(core, rx));
+        })
+}
+
+/// The shard's loop: take every queued message, act on each, repeat.
+/// After Stop the inbox is closed, and whatever it had already accepted is
+/// still handled: batches are decided and answered (every accepted send is
+/// received, as the inbox promises), connections arriving that late are
+/// closed.
+async fn run(core: Rc<ShardCore>, mut rx: Receiver<ShardMsg>) {
+    tokio::task::spawn_local(sweep_heap_periodically(core.clone()));
+    if let (0, Some(primary)) = (core.id, core.node.config.replica_of.clone()) {
+        tokio::task::spawn_local(follower::follow(core.clone(), primary));
+    }
+    if let (0, Some(peer)) = (core.id, core.node.config.peer.clone()) {
+        tokio::task::spawn_local(follower::watch_peer(core.clone(), peer));
+    }
+    let mut msgs = Vec::new();
+    let mut stopped = false;
+    while rx.recv_many(&mut msgs).await {
+        for msg in msgs.drain(..) {
+            match msg {
+                ShardMsg::Batch(b) => decide_batch(&core, b),
+                ShardMsg::Adopt(_) | ShardMsg::AdoptResp(_) if stopped => {}
+                ShardMsg::Adopt(a) => {
+                    core.connections.set(core.connections.get() + 1);
+                    tokio::task::spawn_local(connection::run(core.clone(), a));
+                }
+                ShardMsg::AdoptResp(a) => {
+                    core.connections.set(core.connections.get() + 1);
+                    tokio::task::spawn_local(resp::connection::run(core.clone(), a));
+                }
+                ShardMsg::Tiers(tiers) => {
+                    *core.tiers.borrow_mut() = tiers;
+                }
+                ShardMsg::Reset(r) => {
+                    core.table.borrow_mut().clear();
+                    core.follow_gen.set(r.generation);
+                    let _ = r.done.send(());
+                }
+                ShardMsg::Flow(f) if !stopped => {
+                    tokio::task::spawn_local(follower::run_flow(core.clone(), f));
+                }
+                ShardMsg::Flow(_) => {}
+                ShardMsg::Handover(done) => {
+                    let core = core.clone();
+                    tokio::task::spawn_local(async move {
+                        let ok = handed_over(core).await;
+                        let _ = done.send(ok);
+                    });
+                }
+                ShardMsg::Takeover(epoch) => {
+                    let mut flow = core.flow.borrow_mut();
+                    flow.takeover = Some(epoch);
+                    flow.wake.notify_one();
+                }
+                ShardMsg::Apply(a) => {
+                    if a.generation == core.follow_gen.get() {
+                        let now_ns = core.clock.now_ns();
+                        let mut table = core.table.borrow_mut();
+                        for r in a.records {
+                            table.import(r.key, r.kind, r.state, now_ns);
+                        }
+                    }
+                    let _ = a.done.send(());
+                }
+                ShardMsg::Drain => {
+                    core.draining.send_replace(true);
+                    core.report_if_drained();
+                }
+                ShardMsg::Stop => {
+                    rx.close();
+                    stopped = true;
+                }
+            }
+        }
+    }
+    tracing::debug!(
+        shard = core.id,
+        buckets = core.table.borrow().len(),
+        "shard stopped"
+    );
+}
+
+/// Sliding logs and lease lists do not sweep themselves as they go (the
+/// fixed-size tables do): drop the full ones every HEAP_SWEEP_MS. Ends with
+/// the shard's runtime.
+async fn sweep_heap_periodically(core: Rc<ShardCore>) {
+    let mut tick = tokio::time::interval(std::time::Duration::from_millis(table::HEAP_SWEEP_MS));
+    tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    loop {
+        tick.tick().await;
+        core.table.borrow_mut().sweep_heap(core.clock.now_ns());
+        core.publish_stats();
+    }
+}
+
+/// Decides a forwarded batch and sends the outcomes back (in sync
+/// mode, once the follower has what they changed).
+fn decide_batch(core: &Rc<ShardCore>, batch: Batch) {
+    core.sync_epoch();
+    let now_ns = core.clock.now_ns();
+    let mut table = core.table.borrow_mut();
+    let outcomes = batch
+        .items
+        .iter()
+        .map(|it| (it.seq, table.decide(it.key, &it.op, now_ns)))
+        .collect();
+    drop(table);
+    core.publish_stats();
+    let reply = BatchReply { outcomes };
+    match replication_wait(core) {
+        // A connection that has gone away no longer needs its answers.
+        None => drop(batch.reply_to.send(reply)),
+        Some(need) => {
+            let core = core.clone();
+            tokio::task::spawn_local(async move {
+                let mut reply = reply;
+                if !wait_replicated(&core, need).await && core.node.repl.fencing() {
+                    // Not known to the follower, which may be promoted:
+                    // the clients must not be told these admitted.
+                    for (_, outcome) in &mut reply.outcomes {
+                        *outcome = Outcome::Refused(Status::NotPrimary);
+                    }
+                }
+                let _ = batch.reply_to.send(reply);
+            });
+        }
+    }
+}
