@@ -623,6 +623,8 @@ impl Connection {
                 return self.push(request_id, error(Status::AuthFailed.into()));
             }
         }
+        // (Only from an authenticated peer: a stale primary stops admitting.)
+        self.core.node.repl.saw_epoch(hello.epoch);
         let Some(shard) = hello.shard else {
             self.authed = true;
             let hello_ok = self.hello_ok(None);
