@@ -34,6 +34,14 @@ if ! command -v redis-server >/dev/null || ! command -v redis-benchmark >/dev/nu
   apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq redis-server redis-tools >/dev/null
 fi
 
+# cpu_ticks PID: user + system CPU time of a process so far, in clock ticks.
+cpu_ticks() { awk '{print $14 + $15}' "/proc/$1/stat"; }
+CPU=$WORK/cpu.jsonl
+: >"$CPU"
+# cpu_row NAME DECISIONS WHO TICKS...: CPU per decision of each process.
+cpu_row() {
+  python3 -c 'import json,sys,os; n=int(sys.argv[2]); hz=os.sysconf("SC_CLK_TCK"); print(json.dumps({"name":sys.argv[1],"decisions":n,"cpu_us_per_decision":{w:int(t)*1e6/hz/n for w,t in zip(sys.argv[3::2],sys.argv[4::2])}}))' "$@" >>"$CPU"
+}
 free_port() { python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])'; }
 
 echo "== start redis-server and sluiced on loopback"
@@ -121,7 +129,9 @@ for cp in "50 1" "50 16" "50 64" "1 1"; do
   set -- $cp
   c=$1 p=$2
   base=$(( p == 1 ? (c == 1 ? 100000 : 400000) : 4000000 ))
+  t0=$(cpu_ticks "$S_PID")
   run "sluice c$c p$p" sluice "$c" "$p" 100000 "$base"
+  [ "$c $p" = "50 64" ] && cpu_row "sluice c50 p64" $(( base / SCALE )) primary $(( $(cpu_ticks "$S_PID") - t0 ))
   run "redis-lua c$c p$p" redis-lua "$c" "$p" 100000 $(( base / 8 ))
 done
 
@@ -149,7 +159,10 @@ for mode in sync async; do
   # The follower's lag, sampled every 20 ms during the pipelined run.
   ( while :; do role_field "$F_ADDR" lag_ms; sleep 0.02; done ) >"$WORK/lag-$mode.txt" 2>/dev/null &
   LAG_PID=$!
+  tp=$(cpu_ticks "$P_PID"); tf=$(cpu_ticks "$F_PID")
   ADDR=$P_ADDR run "sluice-$mode c50 p64" sluice 50 64 100000 4000000
+  cpu_row "sluice-$mode c50 p64" $(( 4000000 / SCALE )) primary $(( $(cpu_ticks "$P_PID") - tp )) \
+    follower $(( $(cpu_ticks "$F_PID") - tf ))
   kill "$LAG_PID" 2>/dev/null || true; wait "$LAG_PID" 2>/dev/null || true
   ADDR=$P_ADDR run "sluice-$mode c50 p1" sluice 50 1 100000 400000
   # Stream bytes per decision: clients under their limits (every decision

@@ -111,6 +111,25 @@ for mode in ["sync", "async"]:
         w(f"| {mode} | {c} x {p} | {fmt_ops(r['ops_per_s'])} | {fmt_us(r['latency_us']['p50'])} | {fmt_us(r['latency_us']['p99'])} "
           f"| **{x:.2f}** | {fmt_us(r['latency_us']['p50'] - base['latency_us']['p50'])} |")
 w("")
+cpu_path = os.path.join(work, "cpu.jsonl")
+cpu = {}
+if os.path.exists(cpu_path):
+    for line in open(cpu_path):
+        r = json.loads(line)
+        cpu[r["name"]] = r["cpu_us_per_decision"]
+if cpu.get("sluice c50 p64"):
+    base_cpu = cpu["sluice c50 p64"]["primary"]
+    w("On two cores the generator, the primary and the follower compete for CPU, so")
+    w("the throughput ratio above measures the machine as much as replication. The")
+    w("cost itself, as CPU time per decision (from /proc, 50 x 64 runs):\n")
+    w("| setup | primary CPU per decision | follower CPU per decision | primary CPU / no follower |")
+    w("|---|---|---|---|")
+    w(f"| no follower | {base_cpu * 1000:.0f} ns | - | 1.00 |")
+    for mode in ["sync", "async"]:
+        c = cpu.get(f"sluice-{mode} c50 p64")
+        if c:
+            w(f"| {mode} | {c['primary'] * 1000:.0f} ns | {c.get('follower', 0) * 1000:.0f} ns | **{c['primary'] / base_cpu:.2f}** |")
+    w("")
 lags = {}
 for mode in ["sync", "async"]:
     path = os.path.join(work, f"lag-{mode}.txt")

@@ -20,6 +20,7 @@
 //! - [`replication`]: what a follower and its primary exchange (SUBSCRIBE,
 //!   SYNC, ACK), the state record of every limit kind, ROLE and PROMOTE.
 //! - [`routing`]: how a routing key maps to its 128-bit hash and its shard.
+//! - [`ring`]: which shard group of a cluster owns a routing key (rendezvous).
 //! - [`identity`]: which requests share a bucket: the 128-bit bucket key of
 //!   `(routing key, limit kind, slot)`.
 
@@ -32,6 +33,7 @@ pub mod limit;
 pub mod message;
 pub mod policy;
 pub mod replication;
+pub mod ring;
 pub mod routing;
 pub mod status;
 

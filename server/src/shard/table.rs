@@ -16,7 +16,7 @@
 //! `refused_total`) rather than evicting a partly spent bucket, which would
 //! hand that client a free burst.
 
-use hashbrown::{HashMap, HashSet};
+use hashbrown::HashMap;
 use sluice_protocol::cell::{self, CellPolicy, CellVerdict};
 use sluice_protocol::gcra::{self, Bucket, Verdict};
 use sluice_protocol::limit::concurrency::{self, ConcurrencyState};
@@ -210,7 +210,7 @@ pub struct Table {
     /// Buckets written since replication last took them: the one write
     /// hook (see [`Table::changed`]). `None` while no follower is attached,
     /// so a node without one tracks nothing.
-    changes: Option<HashSet<(u128, Kind), FoldState>>,
+    changes: Option<HashMap<(u128, Kind), Snap, FoldState>>,
 }
 
 impl Table {
@@ -238,7 +238,7 @@ impl Table {
 
     /// Starts recording every written bucket (a follower attached).
     pub fn track_changes(&mut self) {
-        self.changes.get_or_insert_with(HashSet::default);
+        self.changes.get_or_insert_with(HashMap::default);
     }
 
     /// Stops recording (no follower any more) and forgets what was recorded.
@@ -254,14 +254,26 @@ impl Table {
 
     /// The one write hook: every write to a bucket of any kind (decisions,
     /// refunds, resets, lease acquire/release/renew, imports excepted)
-    /// records the bucket here, so replication ships its latest state.
-    /// Sweeps and evictions do not call it: they only drop buckets that are
-    /// full, and a full bucket is the same as an absent one on the follower
-    /// too (same state, same clock basis), whose own sweeps drop it.
+    /// records the bucket here, after the write, so replication ships its
+    /// latest state. A fixed-size record's state is copied now, while its
+    /// slot is in cache (reading it again at the drain would be a second
+    /// cache miss per decision); a log's or lease list's is read at the
+    /// drain. Sweeps and evictions do not call it: they only drop buckets
+    /// that are full, and a full bucket is the same as an absent one on the
+    /// follower too (same state, same clock basis), whose own sweeps drop it.
     #[inline]
     fn changed(&mut self, kind: Kind, bucket: u128) {
+        if self.changes.is_none() {
+            return;
+        }
+        let snap = match kind {
+            Kind::TokenBucket => Snap::Bucket(self.buckets.get(bucket).copied()),
+            Kind::FixedWindow => Snap::Fixed(self.fixed.get(bucket).copied()),
+            Kind::SlidingCounter => Snap::Counter(self.counters.get(bucket).copied()),
+            Kind::SlidingLog | Kind::Concurrency => Snap::Read,
+        };
         if let Some(c) = &mut self.changes {
-            c.insert((bucket, kind));
+            c.insert((bucket, kind), snap);
         }
     }
 
@@ -368,11 +380,24 @@ impl Table {
         ] {
             moved.clear();
             map_moved.moved(&mut moved);
-            changes.extend(moved.iter().map(|&k| (k, kind)));
+            changes.extend(moved.iter().map(|&k| ((k, kind), Snap::Read)));
         }
-        let keys: Vec<(u128, Kind)> = changes.drain().collect();
-        for (bucket, kind) in keys {
-            out.push((bucket, kind, self.export(kind, bucket)));
+        let taken: Vec<((u128, Kind), Snap)> = changes.drain().collect();
+        out.reserve(taken.len());
+        for ((bucket, kind), snap) in taken {
+            let state = match snap {
+                Snap::Bucket(b) => b.map(State::TokenBucket),
+                Snap::Fixed(w) => w.map(|w| State::FixedWindow {
+                    window_ns: w.window_ns,
+                    state: w.state,
+                }),
+                Snap::Counter(w) => w.map(|w| State::SlidingCounter {
+                    window_ns: w.window_ns,
+                    state: w.state,
+                }),
+                Snap::Read => self.export(kind, bucket),
+            };
+            out.push((bucket, kind, state));
         }
     }
 
@@ -512,6 +537,18 @@ impl Table {
         self.buckets.prefetch(key);
     }
 
+    /// Starts loading the slot of a bucket of `kind` into cache (for a
+    /// follower importing a batch of records).
+    #[inline]
+    pub fn prefetch_kind(&self, kind: Kind, key: u128) {
+        match kind {
+            Kind::TokenBucket => self.buckets.prefetch(key),
+            Kind::FixedWindow => self.fixed.prefetch(key),
+            Kind::SlidingCounter => self.counters.prefetch(key),
+            Kind::SlidingLog | Kind::Concurrency => {}
+        }
+    }
+
     /// Room for `new` more buckets: at the cap, evicts every full bucket
     /// first; `Err(KeysFull)` if that is not enough.
     fn make_room(&mut self, new: usize, now_ns: u64) -> Result<(), Status> {
@@ -602,7 +639,6 @@ impl Table {
             // Limited changes nothing (not even a v1 bucket's fraction).
             return Ok(d.verdict);
         }
-        self.changed(Kind::TokenBucket, key);
         match d.tat_ns.filter(|&tat_ns| tat_ns > now_ns) {
             Some(tat_ns) => match self.buckets.get_mut(key) {
                 Some(b) => *b = Bucket::from_tat_ns(tat_ns),
@@ -616,6 +652,7 @@ impl Table {
                 self.buckets.remove(key);
             }
         }
+        self.changed(Kind::TokenBucket, key);
         Ok(d.verdict)
     }
 
@@ -796,7 +833,12 @@ impl Table {
 
     /// Gives `units` back to `r`, never above its limit.
     fn refund_one(&mut self, r: &LimitRef, units: u64, now_ns: u64) -> Verdict {
+        let verdict = self.refund_unrecorded(r, units, now_ns);
         self.changed(r.limit.kind(), r.bucket);
+        verdict
+    }
+
+    fn refund_unrecorded(&mut self, r: &LimitRef, units: u64, now_ns: u64) -> Verdict {
         match &r.limit {
             Limit::TokenBucket(p) => {
                 let d = gcra::refund(self.buckets.get(r.bucket).copied(), p, units, now_ns);
@@ -823,8 +865,8 @@ impl Table {
     }
 
     fn reset_one(&mut self, r: &LimitRef) {
-        self.changed(r.limit.kind(), r.bucket);
         self.drop_bucket(r.limit.kind(), r.bucket);
+        self.changed(r.limit.kind(), r.bucket);
     }
 
     /// A DECIDE on the limits `refs` of one routing key, as one atomic
@@ -928,10 +970,10 @@ impl Table {
         lease_id: u64,
     ) -> Result<LimitVerdict, Status> {
         let verdict = d.decision.verdict;
+        self.put_leases(bucket, d.decision.state);
         if d.outcome.is_ok() {
             self.changed(Kind::Concurrency, bucket);
         }
-        self.put_leases(bucket, d.decision.state);
         d.outcome.map_err(|_| Status::LeaseNotFound)?;
         Ok(LimitVerdict {
             kind: Kind::Concurrency,
@@ -939,6 +981,20 @@ impl Table {
             lease_id,
         })
     }
+}
+
+/// What the change set keeps of a written bucket (see [`Table::changed`]).
+#[derive(Clone, Copy, Debug)]
+enum Snap {
+    /// A token bucket as the write left it (`None`: gone).
+    Bucket(Option<Bucket>),
+    /// A fixed window as the write left it.
+    Fixed(Option<Windowed<FixedWindowState>>),
+    /// A sliding counter as the write left it.
+    Counter(Option<Windowed<SlidingCounterState>>),
+    /// Read the state at the drain (logs, leases, records a full sync's
+    /// walk would miss).
+    Read,
 }
 
 /// A fixed-size table's keys moved below its full-sync walk.
