@@ -147,7 +147,7 @@ rb "sluice-resp CL.THROTTLE c50 p1" "${RESPADDR##*:}" 50 1 400000 -r 100000 CL.T
 
 echo "== replication: the same runs against a primary with a follower (sync, then async)"
 # role_field ADDR FIELD: one field of `sluice role --json`.
-role_field() { "$SLUICE" --addr "$1" role --json | python3 -c 'import json,sys; print(json.load(sys.stdin)[sys.argv[1]])' "$2"; }
+role_field() { "$SLUICE" --addr "$1" --timeout-ms 10000 role --json | python3 -c 'import json,sys; print(json.load(sys.stdin)[sys.argv[1]])' "$2"; }
 REPL=$WORK/replication.jsonl
 : >"$REPL"
 for mode in sync async; do

@@ -83,9 +83,14 @@ pub fn key_bits(hash: u128) -> u64 {
 /// which every input bit affects every output bit.
 #[inline]
 pub fn mix64(x: u64) -> u64 {
-    let mut z = x;
-    z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
-    z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
+    mix64_tail(x ^ (x >> 30))
+}
+
+/// [`mix64`] after its first step.
+#[inline]
+fn mix64_tail(y: u64) -> u64 {
+    let z = y.wrapping_mul(0xbf58_476d_1ce4_e5b9);
+    let z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
     z ^ (z >> 31)
 }
 
@@ -115,8 +120,8 @@ pub enum RingError {
 pub struct Ring {
     /// The names, in the caller's order.
     names: Vec<String>,
-    /// Each group's [`name_hash`], in ascending name order (so that the
-    /// first of equal scores is the smaller name).
+    /// Each group's [`name_hash`] `h`, as `h ^ (h >> 30)`, in ascending
+    /// name order (so that the first of equal scores is the smaller name).
     hashes: Box<[u64]>,
     /// The caller's index of the group at each position of `hashes`.
     index: Box<[usize]>,
@@ -152,7 +157,13 @@ impl Ring {
         if let Some(w) = order.windows(2).find(|w| names[w[0]] == names[w[1]]) {
             return Err(RingError::Duplicate(names[w[0]].clone()));
         }
-        let hashes = order.iter().map(|&i| name_hash(&names[i])).collect();
+        let hashes = order
+            .iter()
+            .map(|&i| {
+                let h = name_hash(&names[i]);
+                h ^ (h >> 30)
+            })
+            .collect();
         Ok(Ring {
             names,
             hashes,
@@ -164,11 +175,14 @@ impl Ring {
     /// whose [`crate::routing::key_hash`] is `hash`.
     #[inline]
     pub fn group_of(&self, hash: u128) -> usize {
+        // `score(k, h)`, with its first step `z ^ (z >> 30)` split over the
+        // xor (it is linear): the group's half is precomputed in `hashes`.
         let k = key_bits(hash);
+        let k = k ^ (k >> 30);
         let mut best = 0;
-        let mut best_score = score(k, self.hashes[0]);
+        let mut best_score = mix64_tail(k ^ self.hashes[0]);
         for (i, &h) in self.hashes.iter().enumerate().skip(1) {
-            let s = score(k, h);
+            let s = mix64_tail(k ^ h);
             // Strictly greater: on a tie the earlier, smaller name stays.
             if s > best_score {
                 best_score = s;
@@ -303,8 +317,7 @@ mod tests {
         // Two names with one hash cannot be found; a ring with a group's
         // hash duplicated under another name shows the rule instead.
         let mut ring = Ring::new(["b", "a"]);
-        let h = ring.hashes[0];
-        ring.hashes[1] = h;
+        ring.hashes[1] = ring.hashes[0];
         for &k in &keys()[..100] {
             assert_eq!(ring.owner(k), "a");
         }
@@ -358,13 +371,21 @@ mod tests {
     /// Every cell within 5 standard deviations of an even spread of `n`, and
     /// the chi-square statistic below its 99.99th percentile.
     fn assert_spread(cells: &[usize], n: f64, what: &str) {
+        if let Err(e) = spread(cells, n) {
+            panic!("{what}: {e}");
+        }
+    }
+
+    fn spread(cells: &[usize], n: f64) -> Result<(), String> {
         let k = cells.len() as f64;
         let expected = n / k;
         let sd = (expected * (1.0 - 1.0 / k)).sqrt();
         let mut chi2 = 0.0;
         for &c in cells {
             let d = c as f64 - expected;
-            assert!(d.abs() < 5.0 * sd, "{what}: uneven {cells:?}");
+            if d.abs() >= 5.0 * sd {
+                return Err(format!("uneven {cells:?}"));
+            }
             chi2 += d * d / expected;
         }
         // Wilson-Hilferty: the 99.99th percentile of chi-square with df
@@ -372,7 +393,26 @@ mod tests {
         let df = k - 1.0;
         let t = 2.0 / (9.0 * df);
         let limit = df * (1.0 - t + 3.72 * t.sqrt()).powi(3);
-        assert!(chi2 < limit, "{what}: chi-square {chi2:.1} >= {limit:.1}");
+        if chi2 >= limit {
+            return Err(format!("chi-square {chi2:.1} >= {limit:.1}: {cells:?}"));
+        }
+        Ok(())
+    }
+
+    /// The check above has teeth: choosing the group from the shard's own
+    /// bits (`shard_of(hash, 3)`) fails it.
+    #[test]
+    fn a_correlated_choice_fails_the_spread_check() {
+        let mine: Vec<u128> = keys()
+            .iter()
+            .copied()
+            .filter(|&h| shard_of(h, 3) == 0)
+            .collect();
+        let mut c = [0usize; 4];
+        for &h in &mine {
+            c[usize::from(shard_of(h, 4))] += 1;
+        }
+        assert!(spread(&c, mine.len() as f64).is_err(), "{c:?}");
     }
 
     proptest! {

@@ -2,9 +2,10 @@
 //! `hex golden=NAME` is one complete frame: decoding it must give exactly the
 //! typed messages listed here, and encoding those messages with the crate's
 //! encoders must give exactly its bytes. The `text golden=routing`,
-//! `text golden=identity` and `text golden=limits` blocks, the worked routing
-//! example and the error-code table are checked the same way, so the spec
-//! cannot drift from the code without a test failing.
+//! `text golden=identity`, `text golden=cluster_routing` and
+//! `text golden=limits` blocks, the worked routing example and the
+//! error-code table are checked the same way, so the spec cannot drift
+//! from the code without a test failing.
 
 use std::collections::BTreeMap;
 use std::path::Path;
@@ -27,6 +28,7 @@ use sluice_protocol::replication::{
     self as repl, FailoverOk, Record, ReplState, Role, RoleOk, State, Subscribe, SyncHeader,
     SyncReader, SyncWriter,
 };
+use sluice_protocol::ring::{self, Ring};
 use sluice_protocol::routing::{self, key_hash, shard_of};
 use sluice_protocol::status::{Action, Status};
 use tokio_util::codec::Decoder;
@@ -761,6 +763,98 @@ fn golden_routing_block_is_the_code() {
         keys += 1;
     }
     assert!(keys >= 2, "the routing block must give several keys");
+}
+
+/// A `"quoted"` word of a golden line.
+fn unquote<'a>(word: Option<&'a str>, what: &str, line: &str) -> &'a str {
+    word.and_then(|w| w.strip_prefix('"'))
+        .and_then(|w| w.strip_suffix('"'))
+        .unwrap_or_else(|| panic!("cluster_routing line `{line}`: the {what} must be quoted"))
+}
+
+/// A `0x` hex word of a golden line.
+fn hex_word(word: Option<&str>, what: &str, line: &str) -> u128 {
+    word.and_then(|w| w.strip_prefix("0x"))
+        .and_then(|w| u128::from_str_radix(w, 16).ok())
+        .unwrap_or_else(|| panic!("cluster_routing line `{line}`: expected a 0x {what}"))
+}
+
+/// PROTOCOL.md, "Cluster routing": every group's name hash, every score
+/// and every key's owner among each listed set of group names.
+#[test]
+fn golden_cluster_routing_block_is_the_code() {
+    let blocks = golden_blocks(&doc());
+    let block = blocks
+        .get("cluster_routing")
+        .expect("PROTOCOL.md lacks the block golden=cluster_routing");
+    assert_eq!(block.lang, "text", "golden=cluster_routing is a text block");
+    let (mut groups, mut scores, mut keys, mut moved) = (0, 0, 0, 0);
+    let mut sets = std::collections::BTreeSet::new();
+    for line in block.body.lines() {
+        let line = line.trim();
+        if line.is_empty() || line.starts_with('#') {
+            continue;
+        }
+        let mut words = line.split_whitespace().peekable();
+        match words.peek() {
+            Some(&"group") => {
+                words.next();
+                let name = unquote(words.next(), "group name", line);
+                let want = hex_word(words.next(), "name hash", line);
+                assert_eq!(u128::from(ring::name_hash(name)), want, "{line}");
+                assert!(words.next().is_none(), "{line}: group NAME HASH");
+                groups += 1;
+            }
+            Some(&"score") => {
+                words.next();
+                let key = unquote(words.next(), "key", line);
+                let name = unquote(words.next(), "group name", line);
+                let want = hex_word(words.next(), "score", line);
+                let bits = ring::key_bits(key_hash(key.as_bytes()));
+                let got = ring::score(bits, ring::name_hash(name));
+                assert_eq!(u128::from(got), want, "{line}");
+                assert!(words.next().is_none(), "{line}: score KEY NAME SCORE");
+                scores += 1;
+            }
+            _ => {
+                let key = unquote(words.next(), "key", line);
+                let hash = hex_word(words.next(), "hash", line);
+                assert_eq!(key_hash(key.as_bytes()), hash, "key_hash({key:?})");
+                let bits = hex_word(words.next(), "key_bits", line);
+                assert_eq!(u128::from(ring::key_bits(hash)), bits, "key_bits({key:?})");
+                let mut owners = Vec::new();
+                for pair in words {
+                    let (names, owner) = pair.split_once('=').unwrap_or_else(|| {
+                        panic!("cluster_routing line `{line}`: `{pair}` is not NAMES=OWNER")
+                    });
+                    let names: Vec<&str> = names.split(',').collect();
+                    let ring = Ring::new(names.iter().copied());
+                    assert_eq!(ring.owner(hash), owner, "owner of {key:?} among {names:?}");
+                    // The same owner whatever the order of the names.
+                    let reversed = Ring::new(names.iter().rev().copied());
+                    assert_eq!(reversed.owner(hash), owner, "{key:?} among {names:?}");
+                    sets.insert(names.join(","));
+                    owners.push(owner);
+                }
+                assert!(
+                    owners.len() >= 2,
+                    "cluster_routing line `{line}`: give several group sets"
+                );
+                if owners.windows(2).any(|w| w[0] != w[1]) {
+                    moved += 1;
+                }
+                keys += 1;
+            }
+        }
+    }
+    assert!(groups >= 4, "the block must give every group's name hash");
+    assert!(scores >= 4, "the block must give a key's scores");
+    assert!(keys >= 12, "the block must give at least 12 keys");
+    assert!(
+        sets.contains("a,b,c") && sets.contains("a,b,c,d"),
+        "{sets:?}"
+    );
+    assert!(moved >= 1, "the block must show a key that moves");
 }
 
 /// The worked example in PROTOCOL.md, "Routing", hard-coded here.
