@@ -27,11 +27,13 @@
 
 pub mod bench;
 pub mod client;
+pub mod cluster;
 pub mod connection;
 pub mod error;
 pub mod report;
 
 pub use client::{inline_limits, Client, ClientConfig};
+pub use cluster::{Cluster, ClusterConfig, ClusterVerdict, FailurePolicy, Source, Topology};
 pub use error::{Action, Error};
 pub use sluice_protocol::message::{
     DecideOk, LeaseOk, LeaseTarget, LimitSet, LimitVerdict, Limits, Mode, ShardStats, StatsOk,

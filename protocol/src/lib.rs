@@ -15,6 +15,8 @@
 //!   and the pure decision of each, with what each promises.
 //! - [`cell`]: redis-cell's `CL.THROTTLE` decision, argument rules and reply,
 //!   exactly, for the server's RESP listener.
+//! - [`composite`]: the composite decision (all or nothing) over any store
+//!   of bucket states, for in-process limiters (the client's fallback).
 //! - [`clock`]: where `now` comes from (a monotonic clock, or a manual one in
 //!   tests); the decision never reads a clock itself.
 //! - [`replication`]: what a follower and its primary exchange (SUBSCRIBE,
@@ -27,6 +29,7 @@
 pub mod cell;
 pub mod clock;
 pub mod codec;
+pub mod composite;
 pub mod gcra;
 pub mod identity;
 pub mod limit;

@@ -1,0 +1,744 @@
+//! The cluster client: many shard groups, each a primary with an optional
+//! follower; every decision routed to its group by consistent hashing of the
+//! client id (`sluice_protocol::ring`, rendezvous hashing over the group
+//! names), sent to the group's current primary (inside the group the
+//! single-node [`Client`] sends each key straight to its shard), failed over
+//! to the follower when the primary dies, and decided by a local limiter
+//! when the group cannot answer at all.
+//!
+//! What a caller learns from each call ([`ClusterVerdict`]):
+//! - `source`: where the verdict came from: the store, the local fallback,
+//!   or the failure policy's fixed answer (open / closed).
+//! - `outcome_unknown`: the spend was sent to the store and no answer came
+//!   (the node died or the deadline passed): the store may have applied it.
+//!   The call is never resent elsewhere (that could charge the client
+//!   twice); the failure policy answers it, and the flag says so.
+//!
+//! Failover: a call that was not sent (no connection), or that the node
+//! refused without applying it (NOT_PRIMARY, SHUTTING_DOWN), makes the
+//! group look for its primary: it asks every member's ROLE (host names are
+//! resolved again each time, so a DNS name that lists a group's members
+//! works) and takes the primary of the highest epoch; then the call is sent
+//! there. A group whose members all fail is searched again at most every
+//! [`ClusterConfig::search_interval`]; in between its calls go straight to
+//! the failure policy.
+//!
+//! Local fallback: the same decision code as the server
+//! (`sluice_protocol::composite`), with every limit scaled by
+//! [`ClusterConfig::local_share`] (for example 1/N for N gateways), for the
+//! keys of the groups that cannot answer, until they answer again. Tiers are
+//! named on the server only, so a tier request that the store cannot answer
+//! gets [`ClusterConfig::tier_fallback`] instead.
+
+use std::collections::HashMap;
+use std::path::Path;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex, RwLock};
+use std::time::{Duration, Instant};
+
+use sluice_protocol::composite::{self, LimitAt, Store};
+use sluice_protocol::gcra::Verdict;
+use sluice_protocol::identity::bucket_key;
+use sluice_protocol::limit::{Kind, Limit, Window};
+use sluice_protocol::message::{DecideOk, LimitVerdict, Limits, Mode};
+use sluice_protocol::replication::{ReplState, Role, State};
+use sluice_protocol::ring::Ring;
+use sluice_protocol::routing::key_hash;
+use sluice_protocol::{Clock, MonotonicClock, Policy, Status};
+
+use crate::{Client, ClientConfig, Error};
+
+/// Default shortest time between two searches for a group's primary.
+pub const SEARCH_INTERVAL_MS_DEFAULT: u64 = 50;
+
+/// One shard group: a primary and an optional follower.
+#[derive(Clone, Debug, PartialEq, Eq, serde::Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct GroupSpec {
+    /// The group's name: routing hashes it, so keep it stable.
+    pub name: String,
+    /// The primary's address (`host:port`; a name is resolved at connect).
+    pub primary: String,
+    /// The follower's address.
+    #[serde(default)]
+    pub follower: Option<String>,
+}
+
+/// A cluster: its groups. In TOML:
+///
+/// ```toml
+/// [[groups]]
+/// name = "a"
+/// primary = "127.0.0.1:7700"
+/// follower = "127.0.0.1:7701"   # optional
+/// ```
+#[derive(Clone, Debug, Default, PartialEq, Eq, serde::Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Topology {
+    /// The groups, in any order (routing depends on the names only).
+    pub groups: Vec<GroupSpec>,
+}
+
+impl Topology {
+    /// Parses a cluster file's text.
+    pub fn from_toml(text: &str) -> Result<Topology, Error> {
+        let t: Topology =
+            toml::from_str(text).map_err(|e| Error::Invalid(format!("cluster file: {e}")))?;
+        t.validate()?;
+        Ok(t)
+    }
+
+    /// Reads a cluster file.
+    pub fn load(path: &Path) -> Result<Topology, Error> {
+        let text = std::fs::read_to_string(path)
+            .map_err(|e| Error::Invalid(format!("cannot read {}: {e}", path.display())))?;
+        Topology::from_toml(&text)
+    }
+
+    /// A builder's start: no groups.
+    pub fn new() -> Topology {
+        Topology::default()
+    }
+
+    /// Adds a group (builder style).
+    pub fn group(mut self, name: &str, primary: &str, follower: Option<&str>) -> Topology {
+        self.groups.push(GroupSpec {
+            name: name.to_owned(),
+            primary: primary.to_owned(),
+            follower: follower.map(str::to_owned),
+        });
+        self
+    }
+
+    fn validate(&self) -> Result<(), Error> {
+        if self.groups.is_empty() {
+            return Err(Error::Invalid("a cluster needs at least one group".into()));
+        }
+        Ring::try_new(self.groups.iter().map(|g| g.name.as_str()))
+            .map(|_| ())
+            .map_err(|e| Error::Invalid(format!("cluster groups: {e}")))
+    }
+}
+
+/// What a call gets when its group cannot answer.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum FailurePolicy {
+    /// Allow: availability over limits.
+    Open,
+    /// Deny: limits over availability.
+    Closed,
+    /// Decide in-process, with a share of each limit (the default).
+    Local,
+}
+
+/// Where a verdict came from.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Source {
+    /// The group's primary decided it.
+    Store,
+    /// The local fallback limiter decided it (the group could not answer).
+    Local,
+    /// The failure policy allowed it without deciding.
+    Open,
+    /// The failure policy denied it without deciding.
+    Closed,
+}
+
+impl Source {
+    /// `store`, `local`, `open` or `closed`.
+    pub fn name(self) -> &'static str {
+        match self {
+            Source::Store => "store",
+            Source::Local => "local",
+            Source::Open => "open",
+            Source::Closed => "closed",
+        }
+    }
+}
+
+/// How a [`Cluster`] behaves.
+#[derive(Clone, Debug)]
+pub struct ClusterConfig {
+    /// Each group's connections (deadline per call, connect timeout, token).
+    pub client: ClientConfig,
+    /// What a call gets when its group cannot answer.
+    pub failure: FailurePolicy,
+    /// The share of each limit the local fallback enforces, as
+    /// numerator / denominator (for example 1/8 with 8 gateways).
+    pub local_share: (u64, u64),
+    /// What a tier request gets when the store cannot answer (tiers are
+    /// known to the server only): `Open` or `Closed`.
+    pub tier_fallback: FailurePolicy,
+    /// Shortest time between two searches for a group's primary.
+    pub search_interval: Duration,
+}
+
+impl Default for ClusterConfig {
+    fn default() -> Self {
+        ClusterConfig {
+            client: ClientConfig::default(),
+            failure: FailurePolicy::Local,
+            local_share: (1, 1),
+            tier_fallback: FailurePolicy::Open,
+            search_interval: Duration::from_millis(SEARCH_INTERVAL_MS_DEFAULT),
+        }
+    }
+}
+
+/// A decision and where it came from.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct ClusterVerdict {
+    /// Who decided.
+    pub source: Source,
+    /// The group the key belongs to.
+    pub group: String,
+    /// The decision (for `Open`/`Closed`: one verdict per limit, with the
+    /// limit's numbers and nothing spent).
+    pub decision: DecideOk,
+    /// The spend was sent to the store and no answer came: it may have
+    /// been applied there too.
+    pub outcome_unknown: bool,
+}
+
+impl ClusterVerdict {
+    /// Whether the request may go ahead.
+    pub fn allowed(&self) -> bool {
+        self.decision.allowed
+    }
+}
+
+/// Counters a gateway can export.
+#[derive(Debug, Default)]
+pub struct ClusterStats {
+    /// Calls made.
+    pub calls_total: AtomicU64,
+    /// Verdicts by source.
+    pub store_total: AtomicU64,
+    /// Local fallback verdicts.
+    pub local_total: AtomicU64,
+    /// Fail-open verdicts.
+    pub open_total: AtomicU64,
+    /// Fail-closed verdicts.
+    pub closed_total: AtomicU64,
+    /// Calls whose outcome at the store is unknown.
+    pub unknown_total: AtomicU64,
+    /// Times a group moved to another primary.
+    pub failovers_total: AtomicU64,
+}
+
+/// A group's state in the client.
+#[derive(Debug)]
+struct Group {
+    /// What the topology says.
+    spec: GroupSpec,
+    /// The connection to the group's current primary, if known.
+    primary: RwLock<Option<(String, Client)>>,
+    /// The highest epoch seen for the group.
+    epoch: AtomicU64,
+    /// Held by the one caller searching for the primary.
+    searching: tokio::sync::Mutex<()>,
+    /// When the last search found nothing.
+    failed_at: Mutex<Option<Instant>>,
+    /// The local fallback's buckets for this group's keys.
+    local: Mutex<LocalTable>,
+}
+
+/// Routing and groups, swapped whole by a reload.
+#[derive(Debug)]
+struct Layout {
+    ring: Ring,
+    /// By ring index.
+    groups: Vec<Arc<Group>>,
+}
+
+#[derive(Debug)]
+struct Inner {
+    config: ClusterConfig,
+    layout: RwLock<Arc<Layout>>,
+    stats: ClusterStats,
+    clock: MonotonicClock,
+}
+
+/// A handle to a cluster of shard groups, shared by every task of a
+/// gateway (clone it freely).
+#[derive(Clone, Debug)]
+pub struct Cluster {
+    inner: Arc<Inner>,
+}
+
+impl Cluster {
+    /// A cluster client for `topology`. Connects lazily: a group that is
+    /// down at start is served by the failure policy until it answers.
+    pub fn new(topology: &Topology, config: ClusterConfig) -> Result<Cluster, Error> {
+        topology.validate()?;
+        let layout = layout(topology, &HashMap::new());
+        Ok(Cluster {
+            inner: Arc::new(Inner {
+                config,
+                layout: RwLock::new(Arc::new(layout)),
+                stats: ClusterStats::default(),
+                clock: MonotonicClock::new(),
+            }),
+        })
+    }
+
+    /// Takes a changed topology: groups keep their connections and local
+    /// buckets by name; calls in flight finish on the layout they started
+    /// with.
+    pub fn reload(&self, topology: &Topology) -> Result<(), Error> {
+        topology.validate()?;
+        let old = self.layout();
+        let by_name: HashMap<String, Arc<Group>> = old
+            .groups
+            .iter()
+            .filter(|g| topology.groups.iter().any(|s| s == &g.spec))
+            .map(|g| (g.spec.name.clone(), g.clone()))
+            .collect();
+        let new = layout(topology, &by_name);
+        *self.inner.layout.write().expect("not poisoned") = Arc::new(new);
+        Ok(())
+    }
+
+    fn layout(&self) -> Arc<Layout> {
+        self.inner.layout.read().expect("not poisoned").clone()
+    }
+
+    /// The counters.
+    pub fn stats(&self) -> &ClusterStats {
+        &self.inner.stats
+    }
+
+    /// The group that owns `key`, and the node serving it now (its primary
+    /// as last found, else the configured primary).
+    pub fn route(&self, key: &[u8]) -> (String, String) {
+        let layout = self.layout();
+        let g = &layout.groups[layout.ring.group_of(key_hash(key))];
+        let node = g
+            .primary
+            .read()
+            .expect("not poisoned")
+            .as_ref()
+            .map_or_else(|| g.spec.primary.clone(), |(a, _)| a.clone());
+        (g.spec.name.clone(), node)
+    }
+
+    /// THROTTLE a token bucket (the same bucket as DECIDE's one inline
+    /// token-bucket limit), through the key's group.
+    pub async fn throttle(
+        &self,
+        key: &[u8],
+        policy: Policy,
+        cost: u64,
+    ) -> Result<ClusterVerdict, Error> {
+        let limits = crate::inline_limits(&[Limit::TokenBucket(policy)])?;
+        self.decide(key, limits, Mode::Spend, cost).await
+    }
+
+    /// Spends `cost` of every limit (or none).
+    pub async fn spend(
+        &self,
+        key: &[u8],
+        limits: Limits<'_>,
+        cost: u64,
+    ) -> Result<ClusterVerdict, Error> {
+        self.decide(key, limits, Mode::Spend, cost).await
+    }
+
+    /// A DECIDE through the key's group: the store's verdict, or the
+    /// failure policy's.
+    pub async fn decide(
+        &self,
+        key: &[u8],
+        limits: Limits<'_>,
+        mode: Mode,
+        cost: u64,
+    ) -> Result<ClusterVerdict, Error> {
+        let stats = &self.inner.stats;
+        stats.calls_total.fetch_add(1, Ordering::Relaxed);
+        let layout = self.layout();
+        let group = layout.groups[layout.ring.group_of(key_hash(key))].clone();
+        // At most one search and one resend per call: a call that was not
+        // applied may go to the primary found; one that may have been
+        // applied never goes anywhere else.
+        for attempt in 0..2 {
+            let Some(client) = self.primary_of(&group, attempt > 0).await else {
+                break;
+            };
+            match client.decide(key, limits, mode, cost).await {
+                Ok(decision) => {
+                    stats.store_total.fetch_add(1, Ordering::Relaxed);
+                    return Ok(ClusterVerdict {
+                        source: Source::Store,
+                        group: group.spec.name.clone(),
+                        decision,
+                        outcome_unknown: false,
+                    });
+                }
+                Err(e) if not_applied(&e) => forget(&group),
+                Err(Error::Timeout(_) | Error::Disconnected) if mode == Mode::Probe => {
+                    forget(&group)
+                }
+                Err(Error::Timeout(_) | Error::Disconnected) => {
+                    forget(&group);
+                    stats.unknown_total.fetch_add(1, Ordering::Relaxed);
+                    return Ok(self.fallback(&group, key, limits, mode, cost, true));
+                }
+                Err(e) => return Err(e),
+            }
+        }
+        Ok(self.fallback(&group, key, limits, mode, cost, false))
+    }
+
+    /// The group's primary: the one known, or (if `search` or none is
+    /// known) a search of every member's ROLE, at most every
+    /// `search_interval` while nothing answers.
+    async fn primary_of(&self, group: &Group, search: bool) -> Option<Client> {
+        if !search {
+            if let Some((_, c)) = group.primary.read().expect("not poisoned").as_ref() {
+                return Some(c.clone());
+            }
+        }
+        let _one = group.searching.lock().await;
+        // Someone else may have found it while we waited.
+        if let Some((_, c)) = group.primary.read().expect("not poisoned").as_ref() {
+            return Some(c.clone());
+        }
+        if let Some(t) = *group.failed_at.lock().expect("not poisoned") {
+            if t.elapsed() < self.inner.config.search_interval {
+                return None;
+            }
+        }
+        match self.search(group).await {
+            Some((addr, client)) => {
+                *group.failed_at.lock().expect("not poisoned") = None;
+                let had = group.primary.read().expect("not poisoned").is_some();
+                *group.primary.write().expect("not poisoned") = Some((addr, client.clone()));
+                if had || group.epoch.load(Ordering::Relaxed) > 0 {
+                    self.inner
+                        .stats
+                        .failovers_total
+                        .fetch_add(1, Ordering::Relaxed);
+                }
+                Some(client)
+            }
+            None => {
+                *group.failed_at.lock().expect("not poisoned") = Some(Instant::now());
+                None
+            }
+        }
+    }
+
+    /// Asks every member for its role; connects to the admitting primary of
+    /// the highest epoch. A newer epoch always wins over an older one.
+    async fn search(&self, group: &Group) -> Option<(String, Client)> {
+        let config = &self.inner.config.client;
+        let probe_config = ClientConfig {
+            shard_aware: false,
+            ..config.clone()
+        };
+        let members = std::iter::once(&group.spec.primary).chain(group.spec.follower.as_ref());
+        let mut best: Option<(u64, String)> = None;
+        for addr in members {
+            let Ok(c) = Client::connect_with(addr.as_str(), probe_config.clone()).await else {
+                continue;
+            };
+            let Ok(r) = c.role().await else { continue };
+            let admits = r.role == Role::Primary && r.state != ReplState::Fenced;
+            if admits && !best.as_ref().is_some_and(|(e, _)| r.epoch <= *e) {
+                best = Some((r.epoch, addr.clone()));
+            }
+        }
+        let (epoch, addr) = best?;
+        if epoch < group.epoch.load(Ordering::Relaxed) {
+            // Only an older primary answers: it is stale, not ours.
+            return None;
+        }
+        group.epoch.store(epoch, Ordering::Relaxed);
+        let client = Client::connect_with(addr.as_str(), config.clone())
+            .await
+            .ok()?;
+        Some((addr, client))
+    }
+
+    /// The failure policy's answer for a group that could not answer.
+    fn fallback(
+        &self,
+        group: &Group,
+        key: &[u8],
+        limits: Limits<'_>,
+        mode: Mode,
+        cost: u64,
+        outcome_unknown: bool,
+    ) -> ClusterVerdict {
+        let config = &self.inner.config;
+        let stats = &self.inner.stats;
+        let policy = match (config.failure, limits) {
+            (FailurePolicy::Local, Limits::Tier(_)) => config.tier_fallback,
+            (p, _) => p,
+        };
+        let (source, decision) = match (policy, limits) {
+            (FailurePolicy::Local, Limits::Inline(set)) => {
+                let now_ns = self.inner.clock.now_ns();
+                let d = group.local.lock().expect("not poisoned").decide(
+                    key,
+                    &limits,
+                    set.as_slice(),
+                    config.local_share,
+                    mode,
+                    cost,
+                    now_ns,
+                );
+                stats.local_total.fetch_add(1, Ordering::Relaxed);
+                (Source::Local, d)
+            }
+            (FailurePolicy::Closed, _) => {
+                stats.closed_total.fetch_add(1, Ordering::Relaxed);
+                (Source::Closed, fixed(limits, false))
+            }
+            _ => {
+                stats.open_total.fetch_add(1, Ordering::Relaxed);
+                (Source::Open, fixed(limits, true))
+            }
+        };
+        ClusterVerdict {
+            source,
+            group: group.spec.name.clone(),
+            decision,
+            outcome_unknown,
+        }
+    }
+}
+
+/// The layout for `topology`, reusing `keep`'s groups by name.
+fn layout(topology: &Topology, keep: &HashMap<String, Arc<Group>>) -> Layout {
+    let ring = Ring::new(topology.groups.iter().map(|g| g.name.as_str()));
+    let groups = (0..ring.group_count())
+        .map(|i| {
+            let name = ring.name(i);
+            keep.get(name).cloned().unwrap_or_else(|| {
+                let spec = topology
+                    .groups
+                    .iter()
+                    .find(|g| g.name == name)
+                    .expect("the ring's names are the topology's")
+                    .clone();
+                Arc::new(Group {
+                    spec,
+                    primary: RwLock::new(None),
+                    epoch: AtomicU64::new(0),
+                    searching: tokio::sync::Mutex::new(()),
+                    failed_at: Mutex::new(None),
+                    local: Mutex::new(LocalTable::default()),
+                })
+            })
+        })
+        .collect();
+    Layout { ring, groups }
+}
+
+/// Drops the group's primary: the next call searches.
+fn forget(group: &Group) {
+    *group.primary.write().expect("not poisoned") = None;
+}
+
+/// Errors after which the request was surely not applied: it may go to
+/// another node.
+fn not_applied(e: &Error) -> bool {
+    match e {
+        Error::Connect { .. } => true,
+        Error::Server {
+            status: Some(s), ..
+        } => matches!(
+            s,
+            Status::NotPrimary | Status::ShuttingDown | Status::TooManyConnections
+        ),
+        _ => false,
+    }
+}
+
+/// Open or closed: every limit's numbers, nothing spent.
+fn fixed(limits: Limits<'_>, allowed: bool) -> DecideOk {
+    let verdicts = match limits {
+        Limits::Inline(set) => set
+            .iter()
+            .map(|l| LimitVerdict {
+                kind: l.kind(),
+                verdict: Verdict {
+                    allowed,
+                    limit: limit_of(l),
+                    remaining: if allowed { limit_of(l) } else { 0 },
+                    retry_after_ns: 0,
+                    reset_after_ns: 0,
+                },
+                lease_id: 0,
+            })
+            .collect(),
+        Limits::Tier(_) => vec![LimitVerdict {
+            kind: Kind::TokenBucket,
+            verdict: Verdict {
+                allowed,
+                ..Verdict::default()
+            },
+            lease_id: 0,
+        }],
+    };
+    let mut d = DecideOk::from_verdicts(verdicts);
+    d.retry_after_ns = 0;
+    d
+}
+
+fn limit_of(l: &Limit) -> u64 {
+    match l {
+        Limit::TokenBucket(p) => p.burst,
+        Limit::FixedWindow(w) | Limit::SlidingLog(w) | Limit::SlidingCounter(w) => w.limit,
+        Limit::Concurrency(c) => c.limit,
+    }
+}
+
+/// A limit scaled to `share` (never below 1 unit).
+fn scaled(l: &Limit, (num, den): (u64, u64)) -> Limit {
+    let s = |v: u64| (u128::from(v) * u128::from(num) / u128::from(den.max(1))).max(1) as u64;
+    match *l {
+        Limit::TokenBucket(p) => Limit::TokenBucket(Policy {
+            count: s(p.count),
+            burst: s(p.burst),
+            ..p
+        }),
+        Limit::FixedWindow(w) => Limit::FixedWindow(Window {
+            limit: s(w.limit),
+            ..w
+        }),
+        Limit::SlidingLog(w) => Limit::SlidingLog(Window {
+            limit: s(w.limit),
+            ..w
+        }),
+        Limit::SlidingCounter(w) => Limit::SlidingCounter(Window {
+            limit: s(w.limit),
+            ..w
+        }),
+        Limit::Concurrency(c) => Limit::Concurrency(sluice_protocol::Concurrency {
+            limit: s(c.limit),
+            ..c
+        }),
+    }
+}
+
+/// The local fallback's buckets (one table per group; bounded by what the
+/// group's clients spend while it is down, and dropped bucket by bucket as
+/// they refill).
+#[derive(Debug, Default)]
+struct LocalTable {
+    states: HashMap<(u128, Kind), State>,
+    next_lease_id: u64,
+}
+
+impl Store for LocalTable {
+    fn get(&self, bucket: u128, kind: Kind) -> Option<&State> {
+        self.states.get(&(bucket, kind))
+    }
+
+    fn put(&mut self, bucket: u128, kind: Kind, state: Option<State>) {
+        match state {
+            Some(s) => {
+                self.states.insert((bucket, kind), s);
+            }
+            None => {
+                self.states.remove(&(bucket, kind));
+            }
+        }
+    }
+}
+
+impl LocalTable {
+    #[allow(clippy::too_many_arguments)]
+    fn decide(
+        &mut self,
+        key: &[u8],
+        limits: &Limits<'_>,
+        set: &[Limit],
+        share: (u64, u64),
+        mode: Mode,
+        cost: u64,
+        now_ns: u64,
+    ) -> DecideOk {
+        let hash = key_hash(key);
+        let refs: Vec<LimitAt> = set
+            .iter()
+            .enumerate()
+            .map(|(i, l)| LimitAt {
+                bucket: bucket_key(hash, l.kind(), limits.slot(i as u8)),
+                limit: scaled(l, share),
+            })
+            .collect();
+        // A cost above a scaled limit can never pass locally: deny, spend
+        // nothing (the pure functions require cost <= limit).
+        if matches!(mode, Mode::Spend | Mode::Probe)
+            && refs.iter().any(|r| cost > limit_of(&r.limit))
+        {
+            let verdicts = refs
+                .iter()
+                .map(|r| LimitVerdict {
+                    kind: r.limit.kind(),
+                    verdict: Verdict {
+                        allowed: cost <= limit_of(&r.limit),
+                        limit: limit_of(&r.limit),
+                        ..Verdict::default()
+                    },
+                    lease_id: 0,
+                })
+                .collect();
+            return DecideOk::from_verdicts(verdicts);
+        }
+        let mut next_lease_id = self.next_lease_id;
+        let d = composite::decide(self, &refs, mode, cost, now_ns, &mut next_lease_id);
+        self.next_lease_id = next_lease_id;
+        d
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn topology_file_parses_and_validates() {
+        let t = Topology::from_toml(
+            r#"
+            [[groups]]
+            name = "a"
+            primary = "127.0.0.1:7700"
+            follower = "127.0.0.1:7701"
+
+            [[groups]]
+            name = "b"
+            primary = "sluice-b.example:7700"
+            "#,
+        )
+        .unwrap();
+        assert_eq!(t.groups.len(), 2);
+        assert_eq!(t.groups[1].follower, None);
+        assert!(Topology::from_toml("").is_err());
+        let dup = "[[groups]]\nname='a'\nprimary='x:1'\n[[groups]]\nname='a'\nprimary='y:1'\n";
+        assert!(Topology::from_toml(dup).is_err());
+        assert!(Topology::from_toml("[[groups]]\nname='a'\nprimary='x:1'\nextra=1\n").is_err());
+    }
+
+    #[test]
+    fn local_fallback_enforces_the_share() {
+        let mut t = LocalTable::default();
+        let lim: Limit = "token-bucket:1/h,burst=100".parse().unwrap();
+        let limits = crate::inline_limits(&[lim]).unwrap();
+        let admitted = (0..200)
+            .filter(|_| {
+                t.decide(b"k", &limits, &[lim], (1, 4), Mode::Spend, 1, 1_000)
+                    .allowed
+            })
+            .count();
+        assert_eq!(admitted, 25, "a quarter of the burst");
+        // A cost above the scaled limit is denied, not a panic.
+        assert!(
+            !t.decide(b"k", &limits, &[lim], (1, 4), Mode::Spend, 30, 1_000)
+                .allowed
+        );
+    }
+}

@@ -1,0 +1,266 @@
+//! The cluster client against real processes: three groups of primary +
+//! follower; keys spread over the groups as the ring says; exact admission
+//! per key across the cluster; kill -9 of one primary (its follower
+//! promotes itself) while the other groups never notice; a whole group
+//! down gets local verdicts, marked as such, then the store again when it
+//! returns; a group added by reload takes about 1/(N+1) of the keys.
+
+use std::time::{Duration, Instant};
+
+use sluice_client::{
+    inline_limits, ClientConfig, Cluster, ClusterConfig, Limits, Source, Topology,
+};
+use sluice_protocol::ring::Ring;
+use sluice_protocol::routing::key_hash;
+use sluice_tests::repl::{self, wait_role};
+use sluice_tests::support::{specs, Sluiced};
+use tokio::task::JoinSet;
+
+/// A group: its primary and follower processes.
+struct Group {
+    name: String,
+    primary: Sluiced,
+    follower: Sluiced,
+}
+
+/// Starts `n` groups named a, b, c, ...; followers promote themselves
+/// after `promote_after_ms` of silence.
+async fn groups(n: usize, promote_after_ms: u64) -> Vec<Group> {
+    let mut out = Vec::new();
+    for i in 0..n {
+        let name = ((b'a' + i as u8) as char).to_string();
+        let primary = Sluiced::start(&["--shards", "1"]);
+        let of = primary.addr.to_string();
+        let promote = promote_after_ms.to_string();
+        let follower = Sluiced::start(&[
+            "--shards",
+            "1",
+            "--replica-of",
+            &of,
+            "--promote-after-ms",
+            &promote,
+        ]);
+        out.push(Group {
+            name,
+            primary,
+            follower,
+        });
+    }
+    for g in &out {
+        wait_role(g.follower.addr, Duration::from_secs(20), repl::streaming).await;
+    }
+    out
+}
+
+fn topology(groups: &[Group]) -> Topology {
+    groups.iter().fold(Topology::new(), |t, g| {
+        let f = g.follower.addr.to_string();
+        t.group(&g.name, &g.primary.addr.to_string(), Some(&f))
+    })
+}
+
+fn config() -> ClusterConfig {
+    ClusterConfig {
+        client: ClientConfig {
+            deadline: Duration::from_millis(500),
+            connect_timeout: Duration::from_millis(300),
+            ..ClientConfig::default()
+        },
+        ..ClusterConfig::default()
+    }
+}
+
+fn limits(spec: &str) -> Limits<'static> {
+    inline_limits(&specs(&[spec])).unwrap()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn keys_spread_as_the_ring_says_and_admit_exactly() {
+    let gs = groups(3, 60_000).await;
+    let cluster = Cluster::new(&topology(&gs), config()).unwrap();
+    let ring = Ring::new(gs.iter().map(|g| g.name.as_str()));
+    let keys: Vec<String> = (0..60).map(|i| format!("user:{i}")).collect();
+    let lim = limits("token-bucket:1/h,burst=20");
+    // 16 callers race on every key: exactly the burst each, cluster-wide.
+    let mut set = JoinSet::new();
+    for _ in 0..16 {
+        let (cluster, keys) = (cluster.clone(), keys.clone());
+        set.spawn(async move {
+            let mut admitted = vec![0u64; keys.len()];
+            for _ in 0..3 {
+                for (i, k) in keys.iter().enumerate() {
+                    let v = cluster.spend(k.as_bytes(), lim, 1).await.unwrap();
+                    assert_eq!(v.source, Source::Store, "{k}: {v:?}");
+                    admitted[i] += u64::from(v.allowed());
+                }
+            }
+            admitted
+        });
+    }
+    let mut total = vec![0u64; keys.len()];
+    while let Some(r) = set.join_next().await {
+        for (t, a) in total.iter_mut().zip(r.unwrap()) {
+            *t += a;
+        }
+    }
+    assert!(total.iter().all(|&t| t == 20), "{total:?}");
+    // Each group's primary holds exactly the keys the ring gives it.
+    for g in &gs {
+        let expected = keys
+            .iter()
+            .filter(|k| ring.owner(key_hash(k.as_bytes())) == g.name)
+            .count() as u64;
+        let stats = repl::control(g.primary.addr)
+            .await
+            .unwrap()
+            .stats()
+            .await
+            .unwrap();
+        let buckets: u64 = stats.shards.iter().map(|s| s.buckets).sum();
+        assert_eq!(buckets, expected, "group {}", g.name);
+        assert!(expected > 5, "the ring spreads 60 keys over 3 groups");
+        assert_eq!(cluster.route(b"user:0").0, ring.owner(key_hash(b"user:0")));
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn killed_primary_fails_over_and_other_groups_never_notice() {
+    let mut gs = groups(3, 400).await;
+    let cluster = Cluster::new(&topology(&gs), config()).unwrap();
+    let ring = Ring::new(gs.iter().map(|g| g.name.as_str()));
+    let key_of = |group: &str| -> String {
+        (0..)
+            .map(|i| format!("k{i}"))
+            .find(|k| ring.owner(key_hash(k.as_bytes())) == group)
+            .unwrap()
+    };
+    let (ka, kb) = (key_of("a"), key_of("b"));
+    let lim = limits("token-bucket:1/h,burst=1000");
+    for _ in 0..10 {
+        assert!(cluster
+            .spend(ka.as_bytes(), lim, 1)
+            .await
+            .unwrap()
+            .allowed());
+    }
+    gs[0].primary.kill9();
+    let killed = Instant::now();
+    let mut back = None;
+    let mut a_admitted = 10;
+    while killed.elapsed() < Duration::from_secs(10) {
+        let vb = cluster.spend(kb.as_bytes(), lim, 1).await.unwrap();
+        assert_eq!(
+            vb.source,
+            Source::Store,
+            "group b noticed group a's failure"
+        );
+        let va = cluster.spend(ka.as_bytes(), lim, 1).await.unwrap();
+        if va.source == Source::Store {
+            a_admitted += u64::from(va.allowed());
+            back.get_or_insert(killed.elapsed());
+            if a_admitted > 20 {
+                break;
+            }
+        }
+    }
+    let back = back.expect("group a answered again after its follower's promotion");
+    eprintln!(
+        "group a back on the store {} ms after the kill",
+        back.as_millis()
+    );
+    // The follower took over with everything the old primary acknowledged.
+    let r = repl::role(gs[0].follower.addr).await.unwrap();
+    assert_eq!(r.epoch, 1);
+    let peek = repl::control(gs[0].follower.addr)
+        .await
+        .unwrap()
+        .decide(ka.as_bytes(), lim, sluice_client::Mode::Probe, 0)
+        .await
+        .unwrap();
+    assert_eq!(peek.verdicts[0].verdict.remaining, 1000 - a_admitted);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_group_down_gets_local_verdicts_then_the_store_again() {
+    // Group b's primary on a port we can bring back.
+    let port = {
+        let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        l.local_addr().unwrap().port()
+    };
+    let a = Sluiced::start(&["--shards", "1"]);
+    let mut b = Sluiced::start_on(port, &["--shards", "1"]);
+    let topo =
+        Topology::new()
+            .group("a", &a.addr.to_string(), None)
+            .group("b", &b.addr.to_string(), None);
+    let mut cfg = config();
+    cfg.local_share = (1, 2);
+    let cluster = Cluster::new(&topo, cfg).unwrap();
+    let ring = Ring::new(["a", "b"]);
+    let kb = (0..)
+        .map(|i| format!("k{i}"))
+        .find(|k| ring.owner(key_hash(k.as_bytes())) == "b")
+        .unwrap();
+    let ka = (0..)
+        .map(|i| format!("k{i}"))
+        .find(|k| ring.owner(key_hash(k.as_bytes())) == "a")
+        .unwrap();
+    let lim = limits("token-bucket:1/h,burst=10");
+    assert_eq!(
+        cluster.spend(kb.as_bytes(), lim, 1).await.unwrap().source,
+        Source::Store
+    );
+    b.kill9();
+    // Down: local verdicts, marked, with half the limit; group a unharmed.
+    let mut local_admitted = 0;
+    for _ in 0..20 {
+        let v = cluster.spend(kb.as_bytes(), lim, 1).await.unwrap();
+        assert_eq!(v.source, Source::Local, "{v:?}");
+        local_admitted += u64::from(v.allowed());
+        let va = cluster.spend(ka.as_bytes(), lim, 1).await.unwrap();
+        assert_eq!(va.source, Source::Store);
+    }
+    assert_eq!(local_admitted, 5, "the local share: half of 10");
+    assert!(
+        cluster
+            .stats()
+            .local_total
+            .load(std::sync::atomic::Ordering::Relaxed)
+            >= 20
+    );
+    // Back: the store answers again.
+    let _b = Sluiced::start_on(port, &["--shards", "1"]);
+    let start = Instant::now();
+    loop {
+        let v = cluster.spend(kb.as_bytes(), lim, 1).await.unwrap();
+        if v.source == Source::Store {
+            break;
+        }
+        assert!(
+            start.elapsed() < Duration::from_secs(10),
+            "never back on the store"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn reload_with_a_new_group_moves_about_a_quarter_of_the_keys() {
+    let topo3 = Topology::new()
+        .group("a", "127.0.0.1:1", None)
+        .group("b", "127.0.0.1:2", None)
+        .group("c", "127.0.0.1:3", None);
+    let cluster = Cluster::new(&topo3, config()).unwrap();
+    let keys: Vec<String> = (0..20_000).map(|i| format!("client:{i}")).collect();
+    let before: Vec<String> = keys.iter().map(|k| cluster.route(k.as_bytes()).0).collect();
+    let topo4 = topo3.clone().group("d", "127.0.0.1:4", None);
+    cluster.reload(&topo4).unwrap();
+    let after: Vec<String> = keys.iter().map(|k| cluster.route(k.as_bytes()).0).collect();
+    let moved: Vec<usize> = (0..keys.len()).filter(|&i| before[i] != after[i]).collect();
+    let share = moved.len() as f64 / keys.len() as f64;
+    assert!((0.23..=0.27).contains(&share), "moved {share}");
+    assert!(
+        moved.iter().all(|&i| after[i] == "d"),
+        "moved keys go to the new group"
+    );
+}
