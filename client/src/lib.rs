@@ -15,7 +15,6 @@
 //! - [`client`]: `Client`, its configuration and calls.
 //! - [`connection`]: one multiplexed connection (handshake, writer, reader).
 //! - [`error`]: errors that say what to do next.
-//! - [`report`]: what the `sluice` command line prints for each reply.
 //!
 //! Besides THROTTLE and PEEK (one token bucket), the client speaks DECIDE:
 //! one key, 1..=8 limits of any kind ([`Limit`], inline through
@@ -25,11 +24,9 @@
 //! a concurrency limit hands out ([`LeaseTarget`]); RELOAD and STATS; and
 //! ROLE and PROMOTE ([`Client::role`], [`Client::promote`], [`RoleOk`]).
 
-pub mod bench;
 pub mod client;
 pub mod connection;
 pub mod error;
-pub mod report;
 
 pub use client::{inline_limits, Client, ClientConfig};
 pub use error::{Action, Error};

@@ -53,7 +53,7 @@ pub fn binary(name: &str) -> PathBuf {
                 "-p",
                 "sluice-server",
                 "-p",
-                "sluice-client",
+                "sluice-cli",
                 "--bins",
             ])
             .current_dir(env!("CARGO_MANIFEST_DIR"))
