@@ -15,6 +15,9 @@
 //! - [`client`]: `Client`, its configuration and calls.
 //! - [`connection`]: one multiplexed connection (handshake, writer, reader).
 //! - [`error`]: errors that say what to do next.
+//! - `tower` (feature `tower`, off by default): `RateLimitLayer`, a tower
+//!   layer for HTTP gateways that answers 429 with `Retry-After` and the
+//!   RateLimit header fields.
 //!
 //! Besides THROTTLE and PEEK (one token bucket), the client speaks DECIDE:
 //! one key, 1..=8 limits of any kind ([`Limit`], inline through
@@ -27,6 +30,8 @@
 pub mod client;
 pub mod connection;
 pub mod error;
+#[cfg(feature = "tower")]
+pub mod tower;
 
 pub use client::{inline_limits, Client, ClientConfig};
 pub use error::{Action, Error};
