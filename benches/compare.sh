@@ -25,7 +25,7 @@ cleanup() {
 trap cleanup EXIT
 
 echo "== build (release)"
-cargo build --release --quiet -p sluice-server -p sluice-client --bins
+cargo build --release --quiet -p sluice-server -p sluice-cli --bins
 SLUICED=$ROOT/target/release/sluiced
 SLUICE=$ROOT/target/release/sluice
 

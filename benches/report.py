@@ -57,7 +57,7 @@ w(f"- Run: {datetime.datetime.now(datetime.timezone.utc).strftime('%Y-%m-%d %H:%
 w("- The load generator shares the cores with the server under test.")
 w("- Limit: token bucket, 10/s with burst 100, keys `key:N` uniform over 100k keys")
 w("  unless noted. Redis runs the usual token-bucket Lua script (HMGET, lazy refill,")
-w("  HMSET, EXPIRE; reads TIME) via EVALSHA (`client/src/bench/redis.rs`).")
+w("  HMSET, EXPIRE; reads TIME) via EVALSHA (`cli/src/bench/redis.rs`).")
 if scale != "1":
     w(f"- **Quick run** (request counts divided by {scale}): figures are noisier.")
 w("")

@@ -12,13 +12,17 @@ RUSTFLAGS="--cfg sluice_loom" LOOM_MAX_PREEMPTIONS=2 \
 
 echo "== build (binaries the integration tests start)"
 cargo build --workspace --bins --quiet
+# The example gateway (feature `tower`) that tests/tests/gateway_http.rs
+# starts: target/debug/examples/gateway.
+cargo build -p sluice-client --example gateway --features tower --quiet
 # The integration tests start these; building once here spares each test
 # process its own `cargo build`.
 export SLUICE_BIN_DIR="$PWD/target/debug"
 
 echo "== unit, property and integration tests"
+# --all-features: the `tower` layer's unit tests too.
 if cargo nextest --version >/dev/null 2>&1; then
-  cargo nextest run --workspace --no-fail-fast
+  cargo nextest run --workspace --all-features --no-fail-fast
 else
-  cargo test --workspace --no-fail-fast
+  cargo test --workspace --all-features --no-fail-fast
 fi

@@ -15,7 +15,9 @@
 //! - [`client`]: `Client`, its configuration and calls.
 //! - [`connection`]: one multiplexed connection (handshake, writer, reader).
 //! - [`error`]: errors that say what to do next.
-//! - [`report`]: what the `sluice` command line prints for each reply.
+//! - `tower` (feature `tower`, off by default): `RateLimitLayer`, a tower
+//!   layer for HTTP gateways that answers 429 with `Retry-After` and the
+//!   RateLimit header fields.
 //!
 //! Besides THROTTLE and PEEK (one token bucket), the client speaks DECIDE:
 //! one key, 1..=8 limits of any kind ([`Limit`], inline through
@@ -25,12 +27,12 @@
 //! a concurrency limit hands out ([`LeaseTarget`]); RELOAD and STATS; and
 //! ROLE and PROMOTE ([`Client::role`], [`Client::promote`], [`RoleOk`]).
 
-pub mod bench;
 pub mod client;
 pub mod cluster;
 pub mod connection;
 pub mod error;
-pub mod report;
+#[cfg(feature = "tower")]
+pub mod tower;
 
 pub use client::{inline_limits, Client, ClientConfig};
 pub use cluster::{Cluster, ClusterConfig, ClusterVerdict, FailurePolicy, Source, Topology};

@@ -8,7 +8,7 @@ use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, ExitStatus, Output, Stdio};
 use std::sync::atomic::{AtomicU32, Ordering};
-use std::sync::OnceLock;
+use std::sync::{Mutex, OnceLock};
 use std::time::{Duration, Instant};
 
 /// How long a server may take to print its listening line.
@@ -26,43 +26,62 @@ pub fn binary(name: &str) -> PathBuf {
         return PathBuf::from(dir).join(name);
     }
     let dir = DIR.get_or_init(|| {
-        // target/<profile>/deps/<test> -> target/<profile>
-        let exe = std::env::current_exe().expect("test executable path");
-        let profile_dir = exe
-            .parent()
-            .and_then(|d| d.parent())
-            .expect("target/<profile>")
-            .to_path_buf();
-        let profile = profile_dir
-            .file_name()
-            .and_then(|n| n.to_str())
-            .unwrap_or("debug")
-            .to_owned();
-        let cargo_profile = if profile == "debug" {
-            "dev".to_owned()
-        } else {
-            profile
-        };
-        let cargo = option_env!("CARGO").unwrap_or("cargo");
-        let status = Command::new(cargo)
-            .args([
-                "build",
-                "--quiet",
-                "--profile",
-                &cargo_profile,
-                "-p",
-                "sluice-server",
-                "-p",
-                "sluice-client",
-                "--bins",
-            ])
-            .current_dir(env!("CARGO_MANIFEST_DIR"))
-            .status()
-            .expect("cargo runs");
-        assert!(status.success(), "building the binaries failed");
-        profile_dir
+        cargo_build(&["-p", "sluice-server", "-p", "sluice-cli", "--bins"]);
+        profile_dir()
     });
     dir.join(name)
+}
+
+/// The path of the example `name` of `package`, built with `features`, once
+/// per test process, like [`binary`]. With `SLUICE_BIN_DIR`, the prebuilt
+/// `$SLUICE_BIN_DIR/examples/NAME` when it exists (scripts/test.sh builds
+/// it), else it is built here too.
+pub fn example(package: &str, name: &str, features: &str) -> PathBuf {
+    static BUILT: Mutex<Vec<String>> = Mutex::new(Vec::new());
+    if let Ok(dir) = std::env::var("SLUICE_BIN_DIR") {
+        let path = PathBuf::from(dir).join("examples").join(name);
+        if path.exists() {
+            return path;
+        }
+    }
+    let mut built = BUILT.lock().unwrap_or_else(|e| e.into_inner());
+    if !built.iter().any(|b| b == name) {
+        cargo_build(&["-p", package, "--example", name, "--features", features]);
+        built.push(name.to_owned());
+    }
+    profile_dir().join("examples").join(name)
+}
+
+/// target/<profile>: where this test's own build puts binaries.
+fn profile_dir() -> PathBuf {
+    // target/<profile>/deps/<test> -> target/<profile>
+    let exe = std::env::current_exe().expect("test executable path");
+    exe.parent()
+        .and_then(|d| d.parent())
+        .expect("target/<profile>")
+        .to_path_buf()
+}
+
+/// `cargo build --quiet` with this test's profile and `args`.
+fn cargo_build(args: &[&str]) {
+    let profile = profile_dir()
+        .file_name()
+        .and_then(|n| n.to_str())
+        .unwrap_or("debug")
+        .to_owned();
+    let cargo_profile = if profile == "debug" {
+        "dev".to_owned()
+    } else {
+        profile
+    };
+    let cargo = option_env!("CARGO").unwrap_or("cargo");
+    let status = Command::new(cargo)
+        .args(["build", "--quiet", "--profile", &cargo_profile])
+        .args(args)
+        .current_dir(env!("CARGO_MANIFEST_DIR"))
+        .status()
+        .expect("cargo runs");
+    assert!(status.success(), "cargo build {args:?} failed");
 }
 
 /// A running `sluiced`, killed when dropped.

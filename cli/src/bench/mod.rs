@@ -24,7 +24,7 @@ use serde::Serialize;
 use sluice_protocol::limit::Limit;
 use sluice_protocol::Policy;
 
-use crate::error::Error;
+use sluice_client::Error;
 
 /// Highest latency the histogram records: 60 s, in nanoseconds.
 const LATENCY_NS_MAX: u64 = 60_000_000_000;

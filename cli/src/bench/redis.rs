@@ -13,7 +13,7 @@ use tokio::net::TcpStream;
 use super::keys::{format_key, Keys, Rng, KEY_BYTES_MAX};
 use super::resp::{self, Value};
 use super::{BenchConfig, Budget, Tally};
-use crate::error::Error;
+use sluice_client::Error;
 
 /// The token-bucket script. KEYS[1] the bucket; ARGV: rate per second,
 /// burst, cost.

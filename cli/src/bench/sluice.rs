@@ -18,8 +18,8 @@ use tokio_util::codec::Decoder;
 
 use super::keys::{format_key, Keys, Rng, KEY_BYTES_MAX};
 use super::{BenchConfig, Budget, Tally};
-use crate::connection::handshake;
-use crate::error::Error;
+use sluice_client::connection::handshake;
+use sluice_client::Error;
 
 /// One connection's load loop.
 #[derive(Debug)]

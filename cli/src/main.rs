@@ -12,8 +12,8 @@ use std::process::ExitCode;
 use std::time::Duration;
 
 use clap::{ArgGroup, Args, Parser, Subcommand};
-use sluice_client::bench::{BenchConfig, Target};
-use sluice_client::report::{self, verdict_json};
+use sluice_cli::bench::{BenchConfig, Target};
+use sluice_cli::report::{self, verdict_json};
 use sluice_client::{inline_limits, Client, ClientConfig, Error};
 use sluice_protocol::limit::{Concurrency, Window};
 use sluice_protocol::message::{DecideOk, LeaseTarget, Limits, Mode, LIMITS_MAX};
@@ -22,7 +22,13 @@ use sluice_protocol::{Kind, Limit, Policy};
 
 /// Talk to a Sluice node.
 #[derive(Debug, Parser)]
-#[command(name = "sluice", version, about)]
+// `about` is the text `--help` has always printed (it was the description
+// of the package that held this binary), kept so the output is unchanged.
+#[command(
+    name = "sluice",
+    version,
+    about = "The Sluice client library and the `sluice` command-line tool"
+)]
 struct Cli {
     /// The node's address.
     #[arg(long, global = true, default_value = "127.0.0.1:7700")]
@@ -443,11 +449,10 @@ async fn bench(addr: &str, auth_token: Option<String>, b: BenchArgs) -> Result<E
         sequential: b.key_order == KeyOrder::Sequential,
         auth_token: auth_token.clone(),
     };
-    let sluice = |a| async move {
-        sluice_client::bench::run(config(Target::Sluice, resolve(a).await?)).await
-    };
+    let sluice =
+        |a| async move { sluice_cli::bench::run(config(Target::Sluice, resolve(a).await?)).await };
     let redis = || async {
-        sluice_client::bench::run(config(Target::RedisLua, resolve(&b.redis_addr).await?)).await
+        sluice_cli::bench::run(config(Target::RedisLua, resolve(&b.redis_addr).await?)).await
     };
     match b.target {
         BenchTarget::Sluice | BenchTarget::RedisLua => {

@@ -1,0 +1,12 @@
+//! The `sluice` command-line tool's library half: what it prints for each
+//! reply, and the load generator behind `sluice bench`. Kept out of
+//! `sluice-client` so that a gateway linking the client library compiles
+//! neither clap, serde_json nor hdrhistogram.
+//!
+//! Layout:
+//! - [`report`]: what the `sluice` command line prints for each reply.
+//! - [`bench`]: `sluice bench`, the closed-loop load generator (Sluice or
+//!   Redis + Lua).
+
+pub mod bench;
+pub mod report;
