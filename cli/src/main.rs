@@ -14,7 +14,7 @@ use std::time::Duration;
 use clap::{ArgGroup, Args, Parser, Subcommand};
 use sluice_cli::bench::{BenchConfig, Target};
 use sluice_cli::report::{self, verdict_json};
-use sluice_client::{inline_limits, Client, ClientConfig, Error};
+use sluice_client::{inline_limits, Client, ClientConfig, Cluster, ClusterConfig, Error, Topology};
 use sluice_protocol::limit::{Concurrency, Window};
 use sluice_protocol::message::{DecideOk, LeaseTarget, Limits, Mode, LIMITS_MAX};
 use sluice_protocol::policy::Rate;
@@ -41,6 +41,13 @@ struct Cli {
     /// Auth token, if the node requires one.
     #[arg(long, global = true, env = "SLUICE_AUTH_TOKEN", hide_env_values = true)]
     auth_token: Option<String>,
+
+    /// A cluster file (`[[groups]] name, primary, follower`) instead of
+    /// --addr: a command on a key goes to the current primary of the key's
+    /// group (found by asking the members' roles); ping, stats, role and
+    /// reload go to every group's primary in turn.
+    #[arg(long, global = true, value_name = "FILE")]
+    cluster: Option<std::path::PathBuf>,
 
     #[command(subcommand)]
     command: Command,
@@ -83,9 +90,22 @@ enum Command {
     /// until its follower has everything, hands over at a new epoch and
     /// follows it. Prints `failover: epoch=N unavailable_ms=M`.
     Failover(JsonArg),
+    /// With --cluster: the group and node each key goes to, a line per key
+    /// (with --json, one object per line: key, group, node).
+    Route(Route),
     /// Load generator: drive a Sluice node (or Redis + Lua) and print
     /// ops/s and latency percentiles.
     Bench(BenchArgs),
+}
+
+#[derive(Debug, Args)]
+struct Route {
+    /// The routing keys (client ids).
+    #[arg(required = true)]
+    keys: Vec<String>,
+    /// One JSON object per key and line.
+    #[arg(long)]
+    json: bool,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
@@ -289,7 +309,9 @@ fn main() -> ExitCode {
         .enable_all()
         .build()
         .expect("runtime builds");
-    match rt.block_on(run(cli)) {
+    // Boxed: the command futures are large (a debug build overflows the
+    // main stack with them inline).
+    match rt.block_on(Box::pin(run(cli))) {
         Ok(code) => code,
         Err(e) => {
             eprintln!("sluice: {e}");
@@ -301,7 +323,101 @@ fn main() -> ExitCode {
 /// Shortest deadline `sluice failover` uses (acks, then the promotion).
 const FAILOVER_TIMEOUT_MS: u64 = 5_000;
 
+/// The key a command names, if it names one.
+fn key_of(command: &Command) -> Option<&str> {
+    match command {
+        Command::Throttle(d) | Command::Peek(d) => Some(&d.key),
+        Command::Refund(r) => Some(&r.key),
+        Command::Reset(r) => Some(&r.key),
+        Command::Acquire(a) => Some(&a.key),
+        Command::Release(l) | Command::Renew(l) => Some(&l.key),
+        _ => None,
+    }
+}
+
+/// `sluice --cluster FILE ...`: `route`, or the command run against the
+/// key's group's primary, or (keyless commands) against every group's.
+async fn run_cluster(mut cli: Cli, path: std::path::PathBuf) -> Result<ExitCode, Error> {
+    let topology = Topology::load(&path)?;
+    let config = ClusterConfig {
+        client: ClientConfig {
+            deadline: Duration::from_millis(cli.timeout_ms),
+            connect_timeout: Duration::from_millis(cli.timeout_ms),
+            shard_aware: false,
+            auth_token: cli.auth_token.clone(),
+        },
+        ..ClusterConfig::default()
+    };
+    let cluster = Cluster::new(&topology, config)?;
+    if let Command::Route(r) = &cli.command {
+        for key in &r.keys {
+            let (group, node) = cluster.locate(key.as_bytes()).await;
+            let node = node.unwrap_or_default();
+            if r.json {
+                println!(
+                    "{}",
+                    serde_json::json!({"key": key, "group": group, "node": node})
+                );
+            } else {
+                println!(
+                    "{key} group={group} node={}",
+                    if node.is_empty() { "-" } else { &node }
+                );
+            }
+        }
+        return Ok(ExitCode::SUCCESS);
+    }
+    if matches!(cli.command, Command::Bench(_)) {
+        return Err(Error::Invalid("bench drives one node: give --addr".into()));
+    }
+    if let Some(key) = key_of(&cli.command) {
+        let (group, node) = cluster.locate(key.as_bytes()).await;
+        cli.addr = node
+            .ok_or_else(|| Error::Invalid(format!("group {group} has no primary that answers")))?;
+        cli.cluster = None;
+        return Box::pin(run(cli)).await;
+    }
+    if !matches!(
+        cli.command,
+        Command::Ping | Command::Stats(_) | Command::Role(_) | Command::Reload(_)
+    ) {
+        return Err(Error::Invalid(
+            "this command names a node: give --addr".into(),
+        ));
+    }
+    let mut code = ExitCode::SUCCESS;
+    for (group, node) in cluster.primaries().await {
+        let Some(node) = node else {
+            println!("group {group}: no primary answers");
+            code = ExitCode::from(2);
+            continue;
+        };
+        println!("group {group} at {node}:");
+        let one = Cli {
+            addr: node,
+            timeout_ms: cli.timeout_ms,
+            auth_token: cli.auth_token.clone(),
+            cluster: None,
+            command: match &cli.command {
+                Command::Ping => Command::Ping,
+                Command::Stats(a) => Command::Stats(JsonArg { json: a.json }),
+                Command::Role(a) => Command::Role(JsonArg { json: a.json }),
+                Command::Reload(a) => Command::Reload(JsonArg { json: a.json }),
+                _ => unreachable!("checked above"),
+            },
+        };
+        Box::pin(run(one)).await?;
+    }
+    Ok(code)
+}
+
 async fn run(cli: Cli) -> Result<ExitCode, Error> {
+    if let Some(path) = cli.cluster.clone() {
+        return run_cluster(cli, path).await;
+    }
+    if let Command::Route(_) = cli.command {
+        return Err(Error::Invalid("route needs --cluster FILE".into()));
+    }
     if let Command::Bench(b) = cli.command {
         return bench(&cli.addr, cli.auth_token, b).await;
     }
@@ -401,7 +517,7 @@ async fn run(cli: Cli) -> Result<ExitCode, Error> {
             }
             Ok(ExitCode::SUCCESS)
         }
-        Command::Bench(_) => unreachable!("handled above"),
+        Command::Bench(_) | Command::Route(_) => unreachable!("handled above"),
     }
 }
 

@@ -299,6 +299,12 @@ impl Cluster {
         Ok(())
     }
 
+    /// Re-reads a cluster file and takes it (see [`Cluster::reload`]); an
+    /// invalid file changes nothing.
+    pub fn reload_file(&self, path: &Path) -> Result<(), Error> {
+        self.reload(&Topology::load(path)?)
+    }
+
     fn layout(&self) -> Arc<Layout> {
         self.inner.layout.read().expect("not poisoned").clone()
     }
@@ -320,6 +326,47 @@ impl Cluster {
             .as_ref()
             .map_or_else(|| g.spec.primary.clone(), |(a, _)| a.clone());
         (g.spec.name.clone(), node)
+    }
+
+    /// The group that owns `key` and its current primary's address, asking
+    /// the members' ROLE if no primary is known; `None` for the node when
+    /// no member admits.
+    pub async fn locate(&self, key: &[u8]) -> (String, Option<String>) {
+        let layout = self.layout();
+        let group = layout.groups[layout.ring.group_of(key_hash(key))].clone();
+        let found = self.primary_of(&group, false).await.is_some();
+        let node = found
+            .then(|| {
+                group
+                    .primary
+                    .read()
+                    .expect("not poisoned")
+                    .as_ref()
+                    .map(|(a, _)| a.clone())
+            })
+            .flatten();
+        (group.spec.name.clone(), node)
+    }
+
+    /// Every group's name and current primary (as [`Cluster::locate`]).
+    pub async fn primaries(&self) -> Vec<(String, Option<String>)> {
+        let layout = self.layout();
+        let mut out = Vec::new();
+        for group in &layout.groups {
+            let found = self.primary_of(group, false).await.is_some();
+            let node = found
+                .then(|| {
+                    group
+                        .primary
+                        .read()
+                        .expect("not poisoned")
+                        .as_ref()
+                        .map(|(a, _)| a.clone())
+                })
+                .flatten();
+            out.push((group.spec.name.clone(), node));
+        }
+        out
     }
 
     /// THROTTLE a token bucket (the same bucket as DECIDE's one inline
@@ -353,6 +400,20 @@ impl Cluster {
         mode: Mode,
         cost: u64,
     ) -> Result<ClusterVerdict, Error> {
+        let failure = self.inner.config.failure;
+        self.decide_with(key, limits, mode, cost, failure).await
+    }
+
+    /// [`Cluster::decide`] with this call's own failure policy (a route
+    /// that must fail closed, say, on a client that fails open).
+    pub async fn decide_with(
+        &self,
+        key: &[u8],
+        limits: Limits<'_>,
+        mode: Mode,
+        cost: u64,
+        failure: FailurePolicy,
+    ) -> Result<ClusterVerdict, Error> {
         let stats = &self.inner.stats;
         stats.calls_total.fetch_add(1, Ordering::Relaxed);
         let layout = self.layout();
@@ -381,12 +442,12 @@ impl Cluster {
                 Err(Error::Timeout(_) | Error::Disconnected) => {
                     forget(&group);
                     stats.unknown_total.fetch_add(1, Ordering::Relaxed);
-                    return Ok(self.fallback(&group, key, limits, mode, cost, true));
+                    return Ok(self.fallback(&group, key, limits, mode, cost, failure, true));
                 }
                 Err(e) => return Err(e),
             }
         }
-        Ok(self.fallback(&group, key, limits, mode, cost, false))
+        Ok(self.fallback(&group, key, limits, mode, cost, failure, false))
     }
 
     /// The group's primary: the one known, or (if `search` or none is
@@ -461,6 +522,7 @@ impl Cluster {
     }
 
     /// The failure policy's answer for a group that could not answer.
+    #[allow(clippy::too_many_arguments)]
     fn fallback(
         &self,
         group: &Group,
@@ -468,11 +530,12 @@ impl Cluster {
         limits: Limits<'_>,
         mode: Mode,
         cost: u64,
+        failure: FailurePolicy,
         outcome_unknown: bool,
     ) -> ClusterVerdict {
         let config = &self.inner.config;
         let stats = &self.inner.stats;
-        let policy = match (config.failure, limits) {
+        let policy = match (failure, limits) {
             (FailurePolicy::Local, Limits::Tier(_)) => config.tier_fallback,
             (p, _) => p,
         };

@@ -40,11 +40,14 @@ pub enum Error {
 }
 
 impl Error {
-    /// What to do next: retry the call, reconnect (or fail over), or give up.
+    /// What to do next: retry the call, reconnect, fail over to the
+    /// group's other node, give up, or (no answer to a request that was
+    /// sent) know that it may have been applied.
     pub fn action(&self) -> Action {
         match self {
-            Error::Timeout(_) => Action::Retry,
-            Error::Disconnected | Error::Connect { .. } | Error::Protocol(_) => Action::Reconnect,
+            // Sent, and no answer: it may have been applied.
+            Error::Timeout(_) | Error::Disconnected => Action::OutcomeUnknown,
+            Error::Connect { .. } | Error::Protocol(_) => Action::Reconnect,
             Error::Server {
                 status: Some(s), ..
             } => s.action(),
@@ -75,11 +78,16 @@ mod tests {
     use super::*;
 
     #[test]
-    fn not_primary_says_where_the_primary_is_and_to_reconnect() {
+    fn not_primary_says_where_the_primary_is_and_to_fail_over() {
         let text = "not primary: the primary is 127.0.0.1:7700 (epoch 3)".to_owned();
         let e = Error::server(19, text.clone());
         assert_eq!(e.status(), Some(Status::NotPrimary));
-        assert_eq!(e.action(), Action::Reconnect);
+        assert_eq!(e.action(), Action::FailOver);
+        assert_eq!(Error::Disconnected.action(), Action::OutcomeUnknown);
+        assert_eq!(
+            Error::Timeout(std::time::Duration::from_millis(5)).action(),
+            Action::OutcomeUnknown
+        );
         let shown = e.to_string();
         assert!(shown.contains(&text), "{shown}");
         // A code this client does not know still shows the server's text.

@@ -10,6 +10,14 @@ pub enum Action {
     Reconnect,
     /// The request itself is wrong; sending it again gives the same answer.
     GiveUp,
+    /// This node does not admit (a follower, or a primary that is fenced
+    /// or handing over): nothing was applied; send the request to the
+    /// group's primary (ask the other member's ROLE).
+    FailOver,
+    /// No answer came for a request that was sent: it may or may not have
+    /// been applied. Do not resend a spend blindly (it could be charged
+    /// twice); the next call may fail over.
+    OutcomeUnknown,
 }
 
 macro_rules! statuses {
@@ -101,7 +109,7 @@ statuses! {
     /// This node is a follower: it refuses every request that spends,
     /// refunds or resets. The error text names the primary and the epoch;
     /// send the request there.
-    NotPrimary = 19, "not primary", Reconnect;
+    NotPrimary = 19, "not primary", FailOver;
 }
 
 impl std::fmt::Display for Status {

@@ -982,6 +982,8 @@ fn action_word(action: Action) -> &'static str {
         Action::Retry => "retry",
         Action::Reconnect => "reconnect",
         Action::GiveUp => "give up",
+        Action::FailOver => "fail over",
+        Action::OutcomeUnknown => "outcome unknown",
     }
 }
 

@@ -264,3 +264,60 @@ async fn reload_with_a_new_group_moves_about_a_quarter_of_the_keys() {
         "moved keys go to the new group"
     );
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn cli_routes_and_throttles_through_a_cluster_file() {
+    let gs = groups(2, 60_000).await;
+    let dir = std::env::temp_dir().join(format!("sluice-cluster-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let file = dir.join("cluster.toml");
+    let mut text = String::new();
+    for g in &gs {
+        text += &format!(
+            "[[groups]]\nname = \"{}\"\nprimary = \"{}\"\nfollower = \"{}\"\n\n",
+            g.name, g.primary.addr, g.follower.addr
+        );
+    }
+    std::fs::write(&file, text).unwrap();
+    let sluice = |args: &[&str]| {
+        let out = std::process::Command::new(sluice_tests::support::binary("sluice"))
+            .arg("--cluster")
+            .arg(&file)
+            .args(args)
+            .output()
+            .unwrap();
+        let err = String::from_utf8_lossy(&out.stderr).into_owned();
+        (
+            out.status.code(),
+            String::from_utf8(out.stdout).unwrap() + &err,
+        )
+    };
+    let ring = Ring::new(["a", "b"]);
+    let (code, out) = sluice(&["route", "user:1", "user:2", "user:3", "--json"]);
+    assert_eq!(code, Some(0), "{out}");
+    for (line, key) in out.lines().zip(["user:1", "user:2", "user:3"]) {
+        let v: serde_json::Value = serde_json::from_str(line).unwrap();
+        let group = ring.owner(key_hash(key.as_bytes()));
+        let primary = gs
+            .iter()
+            .find(|g| g.name == group)
+            .unwrap()
+            .primary
+            .addr
+            .to_string();
+        assert_eq!(
+            (v["key"].as_str(), v["group"].as_str()),
+            (Some(key), Some(group))
+        );
+        assert_eq!(v["node"].as_str(), Some(primary.as_str()));
+    }
+    let (code, out) = sluice(&[
+        "throttle", "user:1", "--rate", "1/h", "--burst", "2", "--json",
+    ]);
+    assert_eq!(code, Some(0), "{out}");
+    assert!(out.contains("\"remaining\":1"), "{out}");
+    let (code, out) = sluice(&["role"]);
+    assert_eq!(code, Some(0), "{out}");
+    assert_eq!(out.matches("role=primary").count(), 2, "{out}");
+    let _ = std::fs::remove_dir_all(&dir);
+}
