@@ -7,7 +7,8 @@
 //! curl -i -H 'x-api-key: alice' http://127.0.0.1:8080/hello
 //! ```
 //!
-//! Flags: `--listen ADDR` (127.0.0.1:8080), `--store ADDR` (127.0.0.1:7700),
+//! Flags: `--listen ADDR` (127.0.0.1:8080), `--store ADDR` (127.0.0.1:7700)
+//! or `--cluster FILE` (a cluster of shard groups),
 //! `--limit SPEC` (token-bucket:5/m; repeat it for a composite), `--header
 //! NAME` (x-api-key), `--headers ietf|legacy` (ietf), `--on-error
 //! open|closed` (open), `--deadline-ms MS` (100: the store call's deadline).
@@ -21,7 +22,7 @@ use std::time::Duration;
 use axum::routing::get;
 use axum::Router;
 use sluice_client::tower::{header_key, HeaderStyle, OnError, Plan, RateLimitLayer};
-use sluice_client::{Client, ClientConfig, Limit};
+use sluice_client::{Client, ClientConfig, Cluster, ClusterConfig, Limit, Topology};
 
 /// What the flags say.
 #[derive(Debug)]
@@ -40,9 +41,13 @@ struct Flags {
     on_error: OnError,
     /// The deadline of each store call.
     deadline: Duration,
+    /// A cluster file: decide through the cluster client (routing by the
+    /// key, failover, local fallback) instead of one node.
+    cluster: Option<std::path::PathBuf>,
 }
 
-const USAGE: &str = "usage: gateway [--listen ADDR] [--store ADDR] [--limit SPEC]... \
+const USAGE: &str =
+    "usage: gateway [--listen ADDR] [--store ADDR | --cluster FILE] [--limit SPEC]... \
                      [--header NAME] [--headers ietf|legacy] [--on-error open|closed] \
                      [--deadline-ms MS]";
 
@@ -50,6 +55,7 @@ fn parse(mut args: impl Iterator<Item = String>) -> Result<Flags, String> {
     let mut flags = Flags {
         listen: "127.0.0.1:8080".into(),
         store: "127.0.0.1:7700".into(),
+        cluster: None,
         limits: Vec::new(),
         header: http::HeaderName::from_static("x-api-key"),
         headers: HeaderStyle::Ietf,
@@ -61,6 +67,7 @@ fn parse(mut args: impl Iterator<Item = String>) -> Result<Flags, String> {
         match flag.as_str() {
             "--listen" => flags.listen = value,
             "--store" => flags.store = value,
+            "--cluster" => flags.cluster = Some(value.into()),
             "--limit" => flags
                 .limits
                 .push(value.parse().map_err(|e| format!("--limit {value}: {e}"))?),
@@ -109,11 +116,23 @@ async fn run(flags: Flags) -> Result<(), String> {
         deadline: flags.deadline,
         ..ClientConfig::default()
     };
-    let client = Client::connect_with(&flags.store, config)
-        .await
-        .map_err(|e| format!("connecting to {}: {e}", flags.store))?;
+    let limiter: Arc<dyn sluice_client::tower::Limiter> = match &flags.cluster {
+        Some(path) => {
+            let topology = Topology::load(path).map_err(|e| e.to_string())?;
+            let config = ClusterConfig {
+                client: config,
+                ..ClusterConfig::default()
+            };
+            Arc::new(Cluster::new(&topology, config).map_err(|e| e.to_string())?)
+        }
+        None => Arc::new(
+            Client::connect_with(&flags.store, config)
+                .await
+                .map_err(|e| format!("connecting to {}: {e}", flags.store))?,
+        ),
+    };
     let plan = Plan::inline(flags.limits).map_err(|e| e.to_string())?;
-    let layer = RateLimitLayer::new(Arc::new(client), header_key(flags.header), plan)
+    let layer = RateLimitLayer::new(limiter, header_key(flags.header), plan)
         .headers(flags.headers)
         .on_error(flags.on_error);
     let app = Router::new().route("/hello", get(hello)).route_layer(layer);

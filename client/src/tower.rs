@@ -264,6 +264,27 @@ impl Limiter for Client {
     }
 }
 
+/// A cluster decides through the key's group (failover, local fallback);
+/// the verdict's source is not in the headers (a gateway that wants it
+/// uses [`crate::Cluster`] directly).
+impl Limiter for crate::Cluster {
+    fn spend<'a>(
+        &'a self,
+        key: &'a [u8],
+        plan: &'a Plan,
+        cost: u64,
+    ) -> BoxFuture<'a, Result<Decision, Error>> {
+        Box::pin(async move {
+            let limits = match plan {
+                Plan::Inline { limits, .. } => inline_limits(limits)?,
+                Plan::Tier(name) => Limits::Tier(name),
+            };
+            let v = crate::Cluster::spend(self, key, limits, cost).await?;
+            Ok(Decision::summarize(&v.decision, plan))
+        })
+    }
+}
+
 /// Which rate-limit header fields responses carry.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub enum HeaderStyle {
