@@ -30,6 +30,9 @@ use crate::sync::{AtomicU64, Mutex, Ordering};
 /// How often an idle flow sends an empty SYNC (the follower acks it, so
 /// both sides learn the link is alive).
 pub const HEARTBEAT_MS: u64 = 50;
+/// Async mode: how long a flow lets changes gather before a drain (sync
+/// mode drains as soon as the shard is free, since replies wait for it).
+pub const ASYNC_DRAIN_MS: u64 = 1;
 /// Slots of each fixed-size table a full sync reads per step before it
 /// yields to the shard's other work (so a large table's full sync never
 /// stalls the shard for long).

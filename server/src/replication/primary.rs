@@ -31,7 +31,7 @@ use tokio::net::TcpStream;
 use tokio::sync::{watch, Notify};
 use tokio_util::codec::Decoder;
 
-use super::{FULL_SYNC_SLOTS_PER_STEP, HEARTBEAT_MS};
+use super::{ASYNC_DRAIN_MS, FULL_SYNC_SLOTS_PER_STEP, HEARTBEAT_MS};
 use crate::shard::ShardCore;
 use crate::sync::Ordering;
 
@@ -311,6 +311,12 @@ async fn stream_flow(
         }
         if !core.table.borrow().has_changes() {
             let _ = tokio::time::timeout(heartbeat, wake.notified()).await;
+        }
+        if core.node.repl.mode == replication::Mode::Async {
+            // Nobody waits for this drain: let changes gather for a
+            // moment, so that one drain (one write, one ack) carries many
+            // reads' worth of them. This is the lag async mode accepts.
+            tokio::time::sleep(Duration::from_millis(ASYNC_DRAIN_MS)).await;
         }
     }
 }

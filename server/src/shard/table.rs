@@ -210,7 +210,10 @@ pub struct Table {
     /// Buckets written since replication last took them: the one write
     /// hook (see [`Table::changed`]). `None` while no follower is attached,
     /// so a node without one tracks nothing.
-    changes: Option<HashMap<(u128, Kind), Snap, FoldState>>,
+    /// Keyed by the bucket key alone (kind in the value): bucket keys of
+    /// different kinds differ (`protocol::identity` mixes the kind in), and
+    /// hashing one `u128` is the cheapest insert on this path.
+    changes: Option<HashMap<u128, (Kind, Snap), FoldState>>,
 }
 
 impl Table {
@@ -273,7 +276,7 @@ impl Table {
             Kind::SlidingLog | Kind::Concurrency => Snap::Read,
         };
         if let Some(c) = &mut self.changes {
-            c.insert((bucket, kind), snap);
+            c.insert(bucket, (kind, snap));
         }
     }
 
@@ -380,11 +383,11 @@ impl Table {
         ] {
             moved.clear();
             map_moved.moved(&mut moved);
-            changes.extend(moved.iter().map(|&k| ((k, kind), Snap::Read)));
+            changes.extend(moved.iter().map(|&k| (k, (kind, Snap::Read))));
         }
-        let taken: Vec<((u128, Kind), Snap)> = changes.drain().collect();
+        let taken: Vec<(u128, (Kind, Snap))> = changes.drain().collect();
         out.reserve(taken.len());
-        for ((bucket, kind), snap) in taken {
+        for (bucket, (kind, snap)) in taken {
             let state = match snap {
                 Snap::Bucket(b) => b.map(State::TokenBucket),
                 Snap::Fixed(w) => w.map(|w| State::FixedWindow {
