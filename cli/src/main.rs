@@ -367,8 +367,14 @@ async fn run_cluster(mut cli: Cli, path: std::path::PathBuf) -> Result<ExitCode,
         }
         return Ok(ExitCode::SUCCESS);
     }
-    if matches!(cli.command, Command::Bench(_)) {
-        return Err(Error::Invalid("bench drives one node: give --addr".into()));
+    if let Command::Bench(b) = cli.command {
+        let mut groups = Vec::new();
+        for (name, node) in cluster.primaries().await {
+            let node =
+                node.ok_or_else(|| Error::Invalid(format!("group {name} has no primary")))?;
+            groups.push((name, resolve(&node).await?));
+        }
+        return bench(&cli.addr, cli.auth_token, b, Some(groups)).await;
     }
     if let Some(key) = key_of(&cli.command) {
         let (group, node) = cluster.locate(key.as_bytes()).await;
@@ -419,7 +425,7 @@ async fn run(cli: Cli) -> Result<ExitCode, Error> {
         return Err(Error::Invalid("route needs --cluster FILE".into()));
     }
     if let Command::Bench(b) = cli.command {
-        return bench(&cli.addr, cli.auth_token, b).await;
+        return bench(&cli.addr, cli.auth_token, b, None).await;
     }
     // A handover waits for acks and for the follower's promotion.
     let timeout_ms = if matches!(cli.command, Command::Failover(_)) {
@@ -521,7 +527,35 @@ async fn run(cli: Cli) -> Result<ExitCode, Error> {
     }
 }
 
-async fn bench(addr: &str, auth_token: Option<String>, b: BenchArgs) -> Result<ExitCode, Error> {
+/// `sluice bench`; with `cluster` (each group's name and primary), the
+/// connections are spread over the groups and each key goes to its group.
+async fn bench(
+    addr: &str,
+    auth_token: Option<String>,
+    b: BenchArgs,
+    cluster: Option<Vec<(String, SocketAddr)>>,
+) -> Result<ExitCode, Error> {
+    if cluster.is_some() && b.target != BenchTarget::Sluice {
+        return Err(Error::Invalid(
+            "--cluster drives Sluice only (--target sluice)".into(),
+        ));
+    }
+    // Which key numbers each group owns, as the cluster client routes them.
+    let groups = cluster.map(|groups| {
+        let ring = sluice_protocol::ring::Ring::new(groups.iter().map(|(n, _)| n.as_str()));
+        let mut keys: Vec<Vec<u32>> = vec![Vec::new(); groups.len()];
+        let mut buf = [0u8; sluice_cli::bench::keys::KEY_BYTES_MAX];
+        for n in 0..b.keys {
+            let key = sluice_cli::bench::keys::format_key(&mut buf, n);
+            keys[ring.group_of(sluice_protocol::routing::key_hash(key))].push(n as u32);
+        }
+        groups
+            .iter()
+            .zip(keys)
+            .filter(|(_, k)| !k.is_empty())
+            .map(|((_, addr), k)| (*addr, std::sync::Arc::new(k)))
+            .collect::<Vec<_>>()
+    });
     let burst = b.burst.unwrap_or(b.rate.count);
     let policy = Policy::new(b.rate.count, b.rate.period_ns, burst)
         .map_err(|e| Error::Invalid(e.to_string()))?;
@@ -564,6 +598,11 @@ async fn bench(addr: &str, auth_token: Option<String>, b: BenchArgs) -> Result<E
         shard_aware: !b.no_shard_aware,
         sequential: b.key_order == KeyOrder::Sequential,
         auth_token: auth_token.clone(),
+        groups: if target == Target::Sluice {
+            groups.clone()
+        } else {
+            None
+        },
     };
     let sluice =
         |a| async move { sluice_cli::bench::run(config(Target::Sluice, resolve(a).await?)).await };

@@ -319,5 +319,38 @@ async fn cli_routes_and_throttles_through_a_cluster_file() {
     let (code, out) = sluice(&["role"]);
     assert_eq!(code, Some(0), "{out}");
     assert_eq!(out.matches("role=primary").count(), 2, "{out}");
+    // The load generator drives the whole cluster, each key to its group.
+    let (code, out) = sluice(&[
+        "bench",
+        "--connections",
+        "4",
+        "--pipeline",
+        "8",
+        "--keys",
+        "1000",
+        "--requests",
+        "4000",
+        "--rate",
+        "1000/s",
+        "--json",
+    ]);
+    assert_eq!(code, Some(0), "{out}");
+    let mut total = 0;
+    for g in &gs {
+        let stats = repl::control(g.primary.addr)
+            .await
+            .unwrap()
+            .stats()
+            .await
+            .unwrap();
+        let allowed: u64 = stats.shards.iter().map(|s| s.allowed_total).sum();
+        assert!(allowed > 1000, "group {} got {allowed}", g.name);
+        total += allowed;
+    }
+    assert_eq!(
+        total,
+        4000 + 1,
+        "every request (and the throttle above) went to some group"
+    );
     let _ = std::fs::remove_dir_all(&dir);
 }

@@ -73,6 +73,10 @@ pub struct BenchConfig {
     pub sequential: bool,
     /// Sluice only: the auth token, if the node needs one.
     pub auth_token: Option<String>,
+    /// Sluice only: drive a cluster instead of `addr`: each group's primary
+    /// and the key numbers that route to it. Connections are spread over
+    /// the groups round robin; each draws only its group's keys.
+    pub groups: Option<Vec<(SocketAddr, Arc<Vec<u32>>)>>,
 }
 
 /// What one connection counted.

@@ -38,7 +38,10 @@ pub struct Driver {
 /// keyspace by shard when shard-aware.
 pub(crate) async fn prepare(config: &BenchConfig) -> Result<Vec<super::Driver>, Error> {
     let token = config.auth_token.clone().unwrap_or_default();
-    let (_, first) = connect(config, None, token.as_bytes()).await?;
+    if let Some(groups) = &config.groups {
+        return prepare_groups(config, groups, token.as_bytes()).await;
+    }
+    let (_, first) = connect(config, config.addr, None, token.as_bytes()).await?;
     let shards = first.shard_count;
     let next = Arc::new(std::sync::atomic::AtomicU64::new(0));
     let per_shard: Option<Vec<Arc<Vec<u32>>>> =
@@ -67,7 +70,7 @@ pub(crate) async fn prepare(config: &BenchConfig) -> Result<Vec<super::Driver>, 
             ),
             None => (None, Keys::All(config.keys)),
         };
-        let ((stream, rbuf), _) = connect(config, shard, token.as_bytes()).await?;
+        let ((stream, rbuf), _) = connect(config, config.addr, shard, token.as_bytes()).await?;
         drivers.push(super::Driver::Sluice(Box::new(Driver {
             stream,
             rbuf,
@@ -84,16 +87,46 @@ pub(crate) async fn prepare(config: &BenchConfig) -> Result<Vec<super::Driver>, 
     Ok(drivers)
 }
 
+/// A cluster: connection `i` goes to group `i mod G`'s primary and draws
+/// that group's keys (not bound to a shard: the node forwards, as for a
+/// client that is not shard-aware).
+async fn prepare_groups(
+    config: &BenchConfig,
+    groups: &[(std::net::SocketAddr, Arc<Vec<u32>>)],
+    token: &[u8],
+) -> Result<Vec<super::Driver>, Error> {
+    let mut drivers = Vec::with_capacity(config.connections);
+    for i in 0..config.connections {
+        let (addr, keys) = &groups[i % groups.len()];
+        let ((stream, rbuf), _) = connect(config, *addr, None, token).await?;
+        drivers.push(super::Driver::Sluice(Box::new(Driver {
+            stream,
+            rbuf,
+            keys: Keys::Subset(keys.clone()),
+            rng: Rng::new(i as u64 + 1),
+            pipeline: config.pipeline,
+            policy: config.policy,
+            limits: match config.limit {
+                Limit::TokenBucket(_) => None,
+                other => LimitSet::new(&[other]),
+            },
+        })));
+    }
+    Ok(drivers)
+}
+
 async fn connect(
     config: &BenchConfig,
+    addr: std::net::SocketAddr,
     shard: Option<u16>,
     token: &[u8],
 ) -> Result<((TcpStream, BytesMut), sluice_protocol::message::HelloOk), Error> {
+    let _ = config;
     let connect_err = |source| Error::Connect {
-        addr: config.addr.to_string(),
+        addr: addr.to_string(),
         source,
     };
-    let mut stream = TcpStream::connect(config.addr).await.map_err(connect_err)?;
+    let mut stream = TcpStream::connect(addr).await.map_err(connect_err)?;
     stream.set_nodelay(true).map_err(connect_err)?;
     let (hello, rbuf) = handshake(&mut stream, shard, token).await?;
     Ok(((stream, rbuf), hello))
