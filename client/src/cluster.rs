@@ -333,19 +333,8 @@ impl Cluster {
     /// no member admits.
     pub async fn locate(&self, key: &[u8]) -> (String, Option<String>) {
         let layout = self.layout();
-        let group = layout.groups[layout.ring.group_of(key_hash(key))].clone();
-        let found = self.primary_of(&group, false).await.is_some();
-        let node = found
-            .then(|| {
-                group
-                    .primary
-                    .read()
-                    .expect("not poisoned")
-                    .as_ref()
-                    .map(|(a, _)| a.clone())
-            })
-            .flatten();
-        (group.spec.name.clone(), node)
+        let group = &layout.groups[layout.ring.group_of(key_hash(key))];
+        (group.spec.name.clone(), self.current(group).await)
     }
 
     /// Every group's name and current primary (as [`Cluster::locate`]).
@@ -353,20 +342,16 @@ impl Cluster {
         let layout = self.layout();
         let mut out = Vec::new();
         for group in &layout.groups {
-            let found = self.primary_of(group, false).await.is_some();
-            let node = found
-                .then(|| {
-                    group
-                        .primary
-                        .read()
-                        .expect("not poisoned")
-                        .as_ref()
-                        .map(|(a, _)| a.clone())
-                })
-                .flatten();
-            out.push((group.spec.name.clone(), node));
+            out.push((group.spec.name.clone(), self.current(group).await));
         }
         out
+    }
+
+    /// The group's primary's address, searching if none is known.
+    async fn current(&self, group: &Group) -> Option<String> {
+        self.primary_of(group, false).await?;
+        let primary = group.primary.read().expect("not poisoned");
+        primary.as_ref().map(|(addr, _)| addr.clone())
     }
 
     /// THROTTLE a token bucket (the same bucket as DECIDE's one inline

@@ -246,6 +246,14 @@ pub trait Limiter: Send + Sync + 'static {
     ) -> BoxFuture<'a, Result<Decision, Error>>;
 }
 
+/// A plan's limits as a DECIDE names them.
+fn plan_limits(plan: &Plan) -> Result<Limits<'_>, Error> {
+    Ok(match plan {
+        Plan::Inline { limits, .. } => inline_limits(limits)?,
+        Plan::Tier(name) => Limits::Tier(name),
+    })
+}
+
 impl Limiter for Client {
     fn spend<'a>(
         &'a self,
@@ -254,11 +262,7 @@ impl Limiter for Client {
         cost: u64,
     ) -> BoxFuture<'a, Result<Decision, Error>> {
         Box::pin(async move {
-            let limits = match plan {
-                Plan::Inline { limits, .. } => inline_limits(limits)?,
-                Plan::Tier(name) => Limits::Tier(name),
-            };
-            let ok = Client::spend(self, key, limits, cost).await?;
+            let ok = Client::spend(self, key, plan_limits(plan)?, cost).await?;
             Ok(Decision::summarize(&ok, plan))
         })
     }
@@ -275,11 +279,7 @@ impl Limiter for crate::Cluster {
         cost: u64,
     ) -> BoxFuture<'a, Result<Decision, Error>> {
         Box::pin(async move {
-            let limits = match plan {
-                Plan::Inline { limits, .. } => inline_limits(limits)?,
-                Plan::Tier(name) => Limits::Tier(name),
-            };
-            let v = crate::Cluster::spend(self, key, limits, cost).await?;
+            let v = crate::Cluster::spend(self, key, plan_limits(plan)?, cost).await?;
             Ok(Decision::summarize(&v.decision, plan))
         })
     }
