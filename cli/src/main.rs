@@ -345,6 +345,7 @@ async fn run_cluster(mut cli: Cli, path: std::path::PathBuf) -> Result<ExitCode,
             connect_timeout: Duration::from_millis(cli.timeout_ms),
             shard_aware: false,
             auth_token: cli.auth_token.clone(),
+            known_epoch: 0,
         },
         ..ClusterConfig::default()
     };
@@ -439,6 +440,7 @@ async fn run(cli: Cli) -> Result<ExitCode, Error> {
         // One call: no point opening a connection per shard.
         shard_aware: false,
         auth_token: cli.auth_token,
+        known_epoch: 0,
     };
     let client = Client::connect_with(cli.addr.as_str(), config).await?;
     match cli.command {

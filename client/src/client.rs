@@ -32,6 +32,10 @@ pub struct ClientConfig {
     pub shard_aware: bool,
     /// Sent in HELLO when the server requires it.
     pub auth_token: Option<String>,
+    /// The highest epoch the caller has seen for this node's group, sent
+    /// in HELLO (0: none): a primary older than that learns it is stale
+    /// and stops admitting. The cluster client sets it per group.
+    pub known_epoch: u64,
 }
 
 impl Default for ClientConfig {
@@ -41,6 +45,7 @@ impl Default for ClientConfig {
             connect_timeout: Duration::from_millis(CONNECT_TIMEOUT_MS_DEFAULT),
             shard_aware: true,
             auth_token: None,
+            known_epoch: 0,
         }
     }
 }
@@ -86,7 +91,8 @@ impl Client {
     ) -> Result<Client, Error> {
         let addr = resolve(addr).await?;
         let token = config.auth_token.clone().unwrap_or_default();
-        let first = Conn::open(addr, None, token.as_bytes(), config.connect_timeout).await?;
+        let epoch = config.known_epoch;
+        let first = Conn::open(addr, None, token.as_bytes(), config.connect_timeout, epoch).await?;
         let hello = first.hello;
         if hello.routing != ROUTING_XXH3_128_MULSHIFT {
             return Err(Error::Protocol(format!(
@@ -97,8 +103,8 @@ impl Client {
         let slots = if config.shard_aware && hello.shard_count > 1 {
             let mut slots = Vec::with_capacity(usize::from(hello.shard_count));
             for shard in 0..hello.shard_count {
-                let conn =
-                    Conn::open(addr, Some(shard), token.as_bytes(), config.connect_timeout).await?;
+                let timeout = config.connect_timeout;
+                let conn = Conn::open(addr, Some(shard), token.as_bytes(), timeout, epoch).await?;
                 slots.push(Slot::new(Some(shard), conn));
             }
             slots
@@ -391,6 +397,7 @@ impl Client {
             slot.shard,
             token.as_bytes(),
             self.inner.config.connect_timeout,
+            self.inner.config.known_epoch,
         )
         .await?;
         if conn.hello.shard_count != self.inner.hello.shard_count {

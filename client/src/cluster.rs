@@ -500,9 +500,12 @@ impl Cluster {
             return None;
         }
         group.epoch.store(epoch, Ordering::Relaxed);
-        let client = Client::connect_with(addr.as_str(), config.clone())
-            .await
-            .ok()?;
+        // The group's epoch goes in HELLO: a stale primary learns it.
+        let config = ClientConfig {
+            known_epoch: epoch,
+            ..config.clone()
+        };
+        let client = Client::connect_with(addr.as_str(), config).await.ok()?;
         Some((addr, client))
     }
 

@@ -208,6 +208,7 @@ impl Conn {
         shard: Option<u16>,
         token: &[u8],
         timeout: Duration,
+        epoch: u64,
     ) -> Result<Conn, Error> {
         let connect_err = |source| Error::Connect {
             addr: addr.to_string(),
@@ -216,7 +217,7 @@ impl Conn {
         let handshake = async {
             let mut stream = TcpStream::connect(addr).await.map_err(connect_err)?;
             stream.set_nodelay(true).map_err(connect_err)?;
-            let (hello, rbuf) = handshake(&mut stream, shard, token).await?;
+            let (hello, rbuf) = handshake_at(&mut stream, shard, token, epoch).await?;
             Ok::<_, Error>((stream, rbuf, FrameDecoder::default(), hello))
         };
         let (stream, rbuf, decoder, hello) = tokio::time::timeout(timeout, handshake)
@@ -260,6 +261,17 @@ pub async fn handshake(
     shard: Option<u16>,
     token: &[u8],
 ) -> Result<(HelloOk, BytesMut), Error> {
+    handshake_at(stream, shard, token, 0).await
+}
+
+/// [`handshake`], telling the node the highest epoch the caller knows for
+/// its group (0: none).
+pub async fn handshake_at(
+    stream: &mut TcpStream,
+    shard: Option<u16>,
+    token: &[u8],
+    epoch: u64,
+) -> Result<(HelloOk, BytesMut), Error> {
     let mut buf = BytesMut::new();
     let mut w = FrameWriter::new();
     let hello = Hello {
@@ -267,7 +279,7 @@ pub async fn handshake(
         version_max: PROTOCOL_VERSION,
         shard,
         token,
-        epoch: 0,
+        epoch,
     };
     Request::Hello(hello).encode(&mut w, &mut buf, 1);
     w.finish(&mut buf);

@@ -124,6 +124,46 @@ async fn keys_spread_as_the_ring_says_and_admit_exactly() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sixteen_clients_500_calls_each_admit_exactly_the_burst_per_key() {
+    let gs = groups(3, 60_000).await;
+    let ring = Ring::new(gs.iter().map(|g| g.name.as_str()));
+    // One key in each group.
+    let keys: Vec<String> = ["a", "b", "c"]
+        .iter()
+        .map(|g| {
+            (0..)
+                .map(|i| format!("hot{i}"))
+                .find(|k| ring.owner(key_hash(k.as_bytes())) == *g)
+                .unwrap()
+        })
+        .collect();
+    let lim = limits("token-bucket:1/h,burst=100");
+    let mut set = JoinSet::new();
+    for c in 0..16 {
+        // Sixteen clients, each its own cluster client (own connections).
+        let cluster = Cluster::new(&topology(&gs), config()).unwrap();
+        let keys = keys.clone();
+        set.spawn(async move {
+            let mut admitted = [0u64; 3];
+            for i in 0..500 {
+                let k = (i + c) % 3;
+                let v = cluster.spend(keys[k].as_bytes(), lim, 1).await.unwrap();
+                assert_eq!(v.source, Source::Store);
+                admitted[k] += u64::from(v.allowed());
+            }
+            admitted
+        });
+    }
+    let mut total = [0u64; 3];
+    while let Some(r) = set.join_next().await {
+        for (t, a) in total.iter_mut().zip(r.unwrap()) {
+            *t += a;
+        }
+    }
+    assert_eq!(total, [100, 100, 100]);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn killed_primary_fails_over_and_other_groups_never_notice() {
     let mut gs = groups(3, 400).await;
     let cluster = Cluster::new(&topology(&gs), config()).unwrap();
