@@ -110,6 +110,12 @@ pub async fn wait_replicated(core: &ShardCore, need: u64) -> bool {
 /// Ends the shard's flow (if any): replies stop waiting, changes are no
 /// longer tracked.
 fn detach(core: &ShardCore) {
+    // Once only per flow: several waits may time out together, and a flow
+    // that ends also detaches (a flow is attached while changes are
+    // tracked).
+    if !core.table.borrow().tracking() {
+        return;
+    }
     let mut flow = core.flow.borrow_mut();
     flow.generation += 1;
     if flow.streaming {
