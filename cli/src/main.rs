@@ -27,7 +27,7 @@ use sluice_protocol::{Kind, Limit, Policy};
 #[command(
     name = "sluice",
     version,
-    about = "The Sluice client library and the `sluice` command-line tool"
+    about = "Talk to a Sluice node (--addr) or cluster (--cluster): decide, inspect, operate, load-test"
 )]
 struct Cli {
     /// The node's address.
