@@ -22,8 +22,6 @@ use sluice_protocol::{Kind, Limit, Policy};
 
 /// Talk to a Sluice node.
 #[derive(Debug, Parser)]
-// `about` is the text `--help` has always printed (it was the description
-// of the package that held this binary), kept so the output is unchanged.
 #[command(
     name = "sluice",
     version,
