@@ -47,6 +47,10 @@ pub mod op {
     pub const FAILOVER_OK: u8 = FAILOVER | crate::message::op::REPLY;
     /// The primary's messages on a flow, in answer to SUBSCRIBE.
     pub const SYNC: u8 = SUBSCRIBE | crate::message::op::REPLY;
+    /// Sent once, first, on a flow: how many buckets of each kind the
+    /// primary shard holds, so the follower sizes its tables before the
+    /// full sync instead of growing them step by step under it.
+    pub const SIZES: u8 = 0xa1;
 }
 
 /// Largest payload of one SYNC: records never straddle two messages, and
@@ -377,6 +381,33 @@ impl Subscribe {
             b.put_slice(addr);
         });
     }
+}
+
+/// SIZES: buckets of each kind a primary shard holds as its full sync
+/// starts, in [`Kind`] code order (token bucket, fixed window, sliding log,
+/// sliding counter, concurrency).
+pub type Sizes = [u64; 5];
+
+/// Bytes of SIZES's payload.
+pub const SIZES_BYTES: usize = 5 * 8;
+
+/// Appends a SIZES message.
+pub fn put_sizes(w: &mut FrameWriter, buf: &mut BytesMut, request_id: u32, sizes: &Sizes) {
+    w.message(buf, op::SIZES, request_id, |b| {
+        for n in sizes {
+            b.put_u64_le(*n);
+        }
+    });
+}
+
+/// Parses a SIZES payload.
+pub fn parse_sizes(p: &[u8]) -> Option<Sizes> {
+    let mut r = Reader(p);
+    let mut sizes = [0u64; 5];
+    for n in &mut sizes {
+        *n = r.u64()?;
+    }
+    r.0.is_empty().then_some(sizes)
 }
 
 /// Appends an ACK of every SYNC up to `seq`.
@@ -975,6 +1006,16 @@ mod tests {
             SyncReader::new().parse(&p, |_| {}),
             Err(SyncError::Truncated)
         );
+    }
+
+    #[test]
+    fn sizes_round_trip() {
+        let mut w = FrameWriter::new();
+        let mut b = BytesMut::new();
+        put_sizes(&mut w, &mut b, 2, &[1, 2, 3, 4, 5]);
+        w.finish(&mut b);
+        assert_eq!(parse_sizes(&b[12..]), Some([1, 2, 3, 4, 5]));
+        assert_eq!(parse_sizes(&b[12..b.len() - 1]), None);
     }
 
     #[test]

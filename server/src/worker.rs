@@ -103,6 +103,11 @@ async fn run(core: Rc<ShardCore>, mut rx: Receiver<ShardMsg>) {
                     flow.takeover = Some(epoch);
                     flow.wake.notify_one();
                 }
+                ShardMsg::Reserve(generation, more) => {
+                    if generation == core.follow_gen.get() {
+                        core.table.borrow_mut().reserve(more);
+                    }
+                }
                 ShardMsg::Apply(a) => {
                     if a.generation == core.follow_gen.get() {
                         let now_ns = core.clock.now_ns();

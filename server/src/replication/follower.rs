@@ -350,6 +350,12 @@ async fn flow(core: &Rc<ShardCore>, start: &StartFlow) -> Result<(), FollowError
             .map_err(|e| FollowError::Corrupt(e.to_string()))?
         {
             for (h, p) in frame.messages() {
+                if h.op == sluice_protocol::replication::op::SIZES {
+                    let sizes = sluice_protocol::replication::parse_sizes(p)
+                        .ok_or_else(|| FollowError::Corrupt("bad SIZES".into()))?;
+                    reserve(core, start.generation, sizes);
+                    continue;
+                }
                 if h.op != sluice_protocol::replication::op::SYNC {
                     let text = match Reply::parse(h, p) {
                         Some(Reply::Error { text, .. }) => text,
@@ -426,6 +432,20 @@ async fn flow(core: &Rc<ShardCore>, start: &StartFlow) -> Result<(), FollowError
         rbuf.reserve(64 << 10);
         if stream.read_buf(&mut rbuf).await? == 0 {
             return Err(FollowError::Refused("the primary closed the flow".into()));
+        }
+    }
+}
+
+/// Sizes every shard of this node for one primary shard's full sync: its
+/// buckets spread evenly over this node's shards (by hash).
+fn reserve(core: &ShardCore, generation: u64, sizes: [u64; 5]) {
+    let count = u64::from(core.node.shard_count);
+    let share = sizes.map(|n| n.div_ceil(count));
+    for (i, tx) in core.node.shards.iter().enumerate() {
+        if i == usize::from(core.id) {
+            core.table.borrow_mut().reserve(share);
+        } else {
+            let _ = tx.send(ShardMsg::Reserve(generation, share));
         }
     }
 }

@@ -185,6 +185,16 @@ pub async fn serve_flow(
     repl.set_state(ReplState::Syncing);
     tracing::info!(shard = core.id, follower = %peer, follower_node = sub.node_id, "follower subscribed: full sync");
     let (rd, mut wr) = stream.into_split();
+    // First the table's sizes, so the follower makes room in one step.
+    let sizes = core.table.borrow().kind_lens();
+    let mut first = BytesMut::new();
+    let mut w = FrameWriter::new();
+    replication::put_sizes(&mut w, &mut first, request_id, &sizes);
+    w.finish(&mut first);
+    if wr.write_all(&first).await.is_err() {
+        detach(&core);
+        return;
+    }
     let pending: Pending = Rc::default();
     let acks = tokio::task::spawn_local(read_acks(
         core.clone(),

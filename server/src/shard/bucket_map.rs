@@ -386,8 +386,22 @@ impl<V: Record> BucketMap<V> {
         }
     }
 
+    /// Makes room for `additional` more records in one step (a follower
+    /// about to import a full sync), so that inserting them never grows the
+    /// table.
+    pub fn reserve(&mut self, additional: usize) {
+        let want = self.len.saturating_add(additional);
+        if want * 1000 <= self.slots.len() * LOAD_MAX_PERMILLE {
+            return;
+        }
+        self.resize(want * 1000 / LOAD_MAX_PERMILLE + 1);
+    }
+
     fn grow(&mut self) {
-        let capacity = self.slots.len() * GROWTH_NUM / GROWTH_DEN + 1;
+        self.resize(self.slots.len() * GROWTH_NUM / GROWTH_DEN + 1);
+    }
+
+    fn resize(&mut self, capacity: usize) {
         let old = std::mem::replace(&mut self.slots, zeroed_slots(capacity));
         self.cursor = 0;
         if let Some(e) = &mut self.export {

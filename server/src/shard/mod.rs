@@ -57,6 +57,9 @@ pub enum ShardMsg {
     Flow(follower::StartFlow),
     /// Follower: apply these records (from a flow on another shard).
     Apply(follower::Apply),
+    /// Follower: make room for this many more buckets of each kind (a full
+    /// sync of this following attempt is about to arrive).
+    Reserve(u64, [u64; 5]),
     /// Planned failover: say once the follower has everything this shard
     /// changed.
     Handover(tokio::sync::oneshot::Sender<bool>),

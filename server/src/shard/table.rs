@@ -472,6 +472,37 @@ impl Table {
         }
     }
 
+    /// Buckets of each kind, in `Kind` code order (what SIZES carries).
+    pub fn kind_lens(&self) -> [u64; 5] {
+        [
+            self.buckets.len() as u64,
+            self.fixed.len() as u64,
+            self.logs.len() as u64,
+            self.counters.len() as u64,
+            self.leases.len() as u64,
+        ]
+    }
+
+    /// Makes room for this many more buckets of each kind (`Kind` code
+    /// order), at most `keys_max` in all: a follower about to import a full
+    /// sync sizes its tables once instead of growing them under the import.
+    pub fn reserve(&mut self, more: [u64; 5]) {
+        let cap = |n: u64| {
+            let n = usize::try_from(n).unwrap_or(usize::MAX);
+            if self.keys_max == 0 {
+                n
+            } else {
+                n.min(self.keys_max)
+            }
+        };
+        let [tokens, fixed, logs, counters, leases] = more.map(cap);
+        self.buckets.reserve(tokens);
+        self.fixed.reserve(fixed);
+        self.counters.reserve(counters);
+        self.logs.reserve(logs);
+        self.leases.reserve(leases);
+    }
+
     /// Drops every bucket (a follower starting a new full sync).
     pub fn clear(&mut self) {
         let (keys_max, lease, counters) = (self.keys_max, self.next_lease_id, self.counters_total);
