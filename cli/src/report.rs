@@ -45,18 +45,9 @@ pub fn verdict_json(v: &Verdict) -> Value {
 }
 
 /// The position of the verdict that sums up `ok` (see the module
-/// documentation): the first denial, else the least `remaining`.
+/// documentation): [`DecideOk::summary_index`].
 pub fn summary_index(ok: &DecideOk) -> usize {
-    match ok.denied_index {
-        Some(i) => usize::from(i),
-        // `min_by_key` keeps the first of equal minima.
-        None => ok
-            .verdicts
-            .iter()
-            .enumerate()
-            .min_by_key(|(_, v)| v.verdict.remaining)
-            .map_or(0, |(i, _)| i),
-    }
+    ok.summary_index()
 }
 
 /// One verdict for the whole of `ok` (see the module documentation).

@@ -163,7 +163,7 @@ pub struct Decision {
 impl Decision {
     /// Sums up a DECIDE_OK of `plan` (see the module documentation).
     pub fn summarize(ok: &DecideOk, plan: &Plan) -> Decision {
-        let index = summary_index(ok);
+        let index = ok.summary_index();
         let verdict = ok
             .verdicts
             .get(index)
@@ -198,20 +198,6 @@ impl Decision {
             policy,
             window_ns,
         }
-    }
-}
-
-/// The verdict that sums up `ok`: the first denial, else the least
-/// `remaining` (the first of equal ones).
-fn summary_index(ok: &DecideOk) -> usize {
-    match ok.denied_index {
-        Some(i) => usize::from(i),
-        None => ok
-            .verdicts
-            .iter()
-            .enumerate()
-            .min_by_key(|(_, v)| v.verdict.remaining)
-            .map_or(0, |(i, _)| i),
     }
 }
 

@@ -73,6 +73,21 @@ pub(super) fn summarize(verdicts: &[LimitVerdict]) -> (bool, Option<u8>, u64) {
 }
 
 impl DecideOk {
+    /// The position of the verdict that sums the decision up: the first
+    /// denial, else the least `remaining` (the first of equal minima).
+    pub fn summary_index(&self) -> usize {
+        match self.denied_index {
+            Some(i) => usize::from(i),
+            // `min_by_key` keeps the first of equal minima.
+            None => self
+                .verdicts
+                .iter()
+                .enumerate()
+                .min_by_key(|(_, v)| v.verdict.remaining)
+                .map_or(0, |(i, _)| i),
+        }
+    }
+
     /// The reply for these verdicts, with the composite fields computed as
     /// the server computes them.
     pub fn from_verdicts(verdicts: Vec<LimitVerdict>) -> DecideOk {

@@ -674,6 +674,17 @@ mod tests {
     use crate::message::test_util::{one_message, S};
     use crate::policy::PolicyError;
 
+    /// Encodes `r` as one message and parses it back to the same request.
+    fn assert_round_trips(r: Request<'_>) {
+        let mut buf = BytesMut::new();
+        let mut w = FrameWriter::new();
+        r.encode(&mut w, &mut buf, 99);
+        w.finish(&mut buf);
+        let (h, p) = one_message(&mut buf);
+        assert_eq!(h.request_id, 99);
+        assert_eq!(Request::parse(h, &p).unwrap(), r);
+    }
+
     #[test]
     fn requests_round_trip() {
         let policy = Policy::new(10, 1_000_000_000, 20).unwrap();
@@ -705,13 +716,7 @@ mod tests {
             }),
         ];
         for r in reqs {
-            let mut buf = BytesMut::new();
-            let mut w = FrameWriter::new();
-            r.encode(&mut w, &mut buf, 99);
-            w.finish(&mut buf);
-            let (h, p) = one_message(&mut buf);
-            assert_eq!(h.request_id, 99);
-            assert_eq!(Request::parse(h, &p).unwrap(), r);
+            assert_round_trips(r);
         }
     }
 
@@ -877,13 +882,7 @@ mod tests {
             99,
         )));
         for r in reqs {
-            let mut buf = BytesMut::new();
-            let mut w = FrameWriter::new();
-            r.encode(&mut w, &mut buf, 99);
-            w.finish(&mut buf);
-            let (h, p) = one_message(&mut buf);
-            assert_eq!(h.request_id, 99);
-            assert_eq!(Request::parse(h, &p).unwrap(), r);
+            assert_round_trips(r);
         }
     }
 

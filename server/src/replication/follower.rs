@@ -17,6 +17,7 @@ use std::time::Duration;
 
 use bytes::BytesMut;
 use sluice_protocol::codec::{FrameDecoder, FrameWriter};
+use sluice_protocol::limit::Kind;
 use sluice_protocol::message::{Hello, Reply, Request};
 use sluice_protocol::replication::{
     put_ack, Record, ReplState, Subscribe, SyncReader, SYNC_FULL_DONE, SYNC_TAKEOVER,
@@ -460,18 +461,18 @@ async fn apply(core: &ShardCore, generation: u64, records: Vec<Record>) {
         let mut table = core.table.borrow_mut();
         // Start loading the slots a few records ahead: a batch's cache
         // misses overlap instead of queueing.
-        let ahead = |i: usize| records.get(i + PREFETCH_AHEAD);
-        for (i, r) in records.iter().enumerate() {
-            if let Some(next) = ahead(i) {
-                if shard_of(next.key, count) == core.id {
-                    table.prefetch_kind(next.kind, next.key);
+        let slots: Vec<(u128, Kind)> = records.iter().map(|r| (r.key, r.kind)).collect();
+        for (i, r) in records.into_iter().enumerate() {
+            if let Some(&(key, kind)) = slots.get(i + PREFETCH_AHEAD) {
+                if shard_of(key, count) == core.id {
+                    table.prefetch_kind(kind, key);
                 }
             }
             let owner = shard_of(r.key, count);
             if owner == core.id {
-                table.import(r.key, r.kind, r.state.clone(), now_ns);
+                table.import(r.key, r.kind, r.state, now_ns);
             } else {
-                others[usize::from(owner)].push(r.clone());
+                others[usize::from(owner)].push(r);
             }
         }
     }

@@ -1334,6 +1334,21 @@ mod tests {
         assert!(t.len() > 10_000 - EVICT_SCAN_SLOTS);
     }
 
+    /// One small limit of every kind (concurrency last), for the property
+    /// tests below.
+    fn one_of_each_kind() -> Vec<Limit> {
+        [
+            "token-bucket:2/s,burst=3",
+            "fixed-window:3/s",
+            "sliding-log:3/s",
+            "sliding-counter:3/s",
+            "concurrency:3,lease=1s",
+        ]
+        .iter()
+        .map(|s| s.parse().unwrap())
+        .collect()
+    }
+
     /// Whether a replicated state is the same as no state at `now_ns`.
     fn full(state: &State, now_ns: u64) -> bool {
         let w = |window_ns: u64| Window {
@@ -1367,16 +1382,7 @@ mod tests {
         /// the same) is among the changes taken, with its state now.
         #[test]
         fn every_write_is_recorded(ops in proptest::collection::vec((0u8..8, 0u128..6, 0u64..4, 0u64..3_000), 1..120)) {
-            let limits: Vec<Limit> = [
-                "token-bucket:2/s,burst=3",
-                "fixed-window:3/s",
-                "sliding-log:3/s",
-                "sliding-counter:3/s",
-                "concurrency:3,lease=1s",
-            ]
-            .iter()
-            .map(|s| s.parse().unwrap())
-            .collect();
+            let limits = one_of_each_kind();
             let policy = Policy::new(2, S, 3).unwrap();
             let cell = CellPolicy::new(2, 2, 1).unwrap();
             let mut t = Table::with_cap(0, 0);
@@ -1461,16 +1467,7 @@ mod tests {
         /// sequence of spends, probes and resets they answer alike.
         #[test]
         fn shard_and_composite_decide_alike(ops in proptest::collection::vec((0u8..3, 1u128..4, 0u64..4, 0u64..400), 1..150)) {
-            let limits: Vec<Limit> = [
-                "token-bucket:2/s,burst=3",
-                "fixed-window:3/s",
-                "sliding-log:3/s",
-                "sliding-counter:3/s",
-                "concurrency:3,lease=1s",
-            ]
-            .iter()
-            .map(|s| s.parse().unwrap())
-            .collect();
+            let limits = one_of_each_kind();
             let mut table = Table::with_cap(0, 0);
             let mut plain = Plain::default();
             let mut lease = 0u64;
