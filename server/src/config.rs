@@ -159,6 +159,13 @@ pub struct Config {
     /// down and follows it.
     #[arg(long, value_name = "HOST:PORT")]
     pub peer: Option<String>,
+
+    /// The address the group's other node reaches this one at, when it is
+    /// not the listening address (a proxy, NAT, a container's published
+    /// port): a follower announces it to its primary (which hands over to
+    /// it), and a promoted node names it as the primary in ROLE.
+    #[arg(long, value_name = "HOST:PORT")]
+    pub advertise: Option<String>,
 }
 
 /// A configuration value out of its range.
@@ -210,6 +217,7 @@ struct FileConfig {
     replica_timeout_ms: Option<u64>,
     promote_after_ms: Option<u64>,
     peer: Option<String>,
+    advertise: Option<String>,
     #[serde(default)]
     tiers: BTreeMap<String, FileTier>,
 }
@@ -314,6 +322,11 @@ impl Config {
             if let Some(v) = file.peer.clone() {
                 if from_file("peer") {
                     config.peer = Some(v);
+                }
+            }
+            if let Some(v) = file.advertise.clone() {
+                if from_file("advertise") {
+                    config.advertise = Some(v);
                 }
             }
             if let Some(v) = file.promote_after_ms {

@@ -524,7 +524,7 @@ impl Connection {
         let result = if repl.is_primary() && !repl.admits(now_ns) {
             repl.unfence()
         } else {
-            repl.promote(self.core.node.addr.to_string())
+            repl.promote(self.core.node.advertised())
         };
         match result {
             Ok(epoch) => {

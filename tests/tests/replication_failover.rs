@@ -256,3 +256,40 @@ async fn old_primary_restarted_after_a_takeover_rejoins_as_a_follower() {
     assert_eq!(peeked.verdicts[0].verdict.remaining, 6);
     let _: SocketAddr = restarted.addr;
 }
+
+/// A follower with `--advertise` is known by that address: its primary
+/// shows it as the follower and hands over to it, and once promoted it
+/// names it as the primary. (Here the advertised address is a proxy to
+/// the follower, as the drill's cut links are.)
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_advertised_follower_is_reached_at_its_advertised_address() {
+    let primary = Sluiced::start(&["--shards", "1"]);
+    let front = repl::Proxy::unbound().await.expect("proxy");
+    let of = primary.addr.to_string();
+    let advertised = front.addr.to_string();
+    let follower = Sluiced::start(&["--replica-of", &of, "--advertise", &advertised]);
+    front.set_target(follower.addr);
+    wait_role(follower.addr, Duration::from_secs(20), repl::streaming).await;
+    let r = wait_role(primary.addr, Duration::from_secs(20), repl::streaming).await;
+    assert_eq!(r.follower, advertised);
+    // A handover goes to the advertised address (the primary waits there
+    // for the follower to say it took over).
+    let ok = repl::control(primary.addr)
+        .await
+        .unwrap()
+        .failover()
+        .await
+        .expect("handover through the advertised address");
+    assert!(ok.epoch >= 1);
+    let r = wait_role(follower.addr, Duration::from_secs(20), |r| {
+        r.role == Role::Primary
+    })
+    .await;
+    assert_eq!(r.primary, advertised);
+    // The old primary follows the advertised address.
+    let r = wait_role(primary.addr, Duration::from_secs(20), repl::streaming).await;
+    assert_eq!(
+        (r.role, r.primary.as_str()),
+        (Role::Follower, advertised.as_str())
+    );
+}

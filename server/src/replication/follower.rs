@@ -120,7 +120,7 @@ async fn watchdog(core: Rc<ShardCore>, promote_after_ms: u64) {
             .watch
             .promote_if_silent(core.clock.now_ns(), silence_max_ns, || {
                 tracing::warn!(promote_after_ms, "primary silent: promoting");
-                repl.promote(core.node.addr.to_string()).is_ok()
+                repl.promote(core.node.advertised()).is_ok()
             });
         if promoted {
             return;
@@ -183,7 +183,7 @@ pub async fn watch_peer(core: Rc<ShardCore>, peer: String) {
         }
         match query_role(&core, &peer).await {
             Ok(r) if r.role == sluice_protocol::replication::Role::Primary => {
-                let own = core.node.addr.to_string();
+                let own = core.node.advertised();
                 let newer = r.epoch > repl.epoch() || (r.epoch == repl.epoch() && peer < own);
                 if newer {
                     repl.step_down(&peer, r.epoch);
@@ -329,7 +329,7 @@ async fn flow(core: &Rc<ShardCore>, start: &StartFlow) -> Result<(), FollowError
         epoch: core.node.repl.epoch(),
         shard: start.primary_shard,
         promote_after_ms: u32::try_from(promote_after_ms).unwrap_or(u32::MAX),
-        addr: core.node.addr.to_string(),
+        addr: core.node.advertised(),
     };
     sub.encode(&mut w, &mut wbuf, 2);
     w.finish(&mut wbuf);
@@ -424,7 +424,7 @@ async fn flow(core: &Rc<ShardCore>, start: &StartFlow) -> Result<(), FollowError
         if let Some(epoch) = takeover {
             // Planned handover: everything before it is applied.
             let repl = &core.node.repl;
-            match repl.promote_to(core.node.addr.to_string(), epoch) {
+            match repl.promote_to(core.node.advertised(), epoch) {
                 Ok(epoch) => tracing::warn!(epoch, "planned failover: now primary"),
                 Err(e) => tracing::warn!(error = %e, "planned failover refused"),
             }

@@ -289,6 +289,15 @@ impl PublishedStats {
 }
 
 impl Node {
+    /// The address the group's other node reaches this one at:
+    /// `--advertise`, else the listening address.
+    pub fn advertised(&self) -> String {
+        self.config
+            .advertise
+            .clone()
+            .unwrap_or_else(|| self.addr.to_string())
+    }
+
     /// The node's epoch now.
     pub fn epoch(&self) -> u64 {
         self.repl.epoch()
