@@ -198,6 +198,12 @@ pub struct ClusterVerdict {
     /// The spend was sent to the store and no answer came: it may have
     /// been applied there too.
     pub outcome_unknown: bool,
+    /// The node that decided (its address as the topology names it), for
+    /// `Source::Store`; `None` for a fallback verdict.
+    pub node: Option<String>,
+    /// The group's epoch as this client knows it (the epoch of the primary
+    /// it found); 0 before any primary was found.
+    pub epoch: u64,
 }
 
 impl ClusterVerdict {
@@ -407,7 +413,7 @@ impl Cluster {
         // applied may go to the primary found; one that may have been
         // applied never goes anywhere else.
         for attempt in 0..2 {
-            let Some(client) = self.primary_of(&group, attempt > 0).await else {
+            let Some((node, client)) = self.primary_of(&group, attempt > 0).await else {
                 break;
             };
             match client.decide(key, limits, mode, cost).await {
@@ -418,6 +424,8 @@ impl Cluster {
                         group: group.spec.name.clone(),
                         decision,
                         outcome_unknown: false,
+                        node: Some(node),
+                        epoch: group.epoch.load(Ordering::Relaxed),
                     });
                 }
                 Err(e) if not_applied(&e) => forget(&group),
@@ -438,16 +446,16 @@ impl Cluster {
     /// The group's primary: the one known, or (if `search` or none is
     /// known) a search of every member's ROLE, at most every
     /// `search_interval` while nothing answers.
-    async fn primary_of(&self, group: &Group, search: bool) -> Option<Client> {
+    async fn primary_of(&self, group: &Group, search: bool) -> Option<(String, Client)> {
         if !search {
-            if let Some((_, c)) = group.primary.read().expect("not poisoned").as_ref() {
-                return Some(c.clone());
+            if let Some(found) = group.primary.read().expect("not poisoned").as_ref() {
+                return Some(found.clone());
             }
         }
         let _one = group.searching.lock().await;
         // Someone else may have found it while we waited.
-        if let Some((_, c)) = group.primary.read().expect("not poisoned").as_ref() {
-            return Some(c.clone());
+        if let Some(found) = group.primary.read().expect("not poisoned").as_ref() {
+            return Some(found.clone());
         }
         if let Some(t) = *group.failed_at.lock().expect("not poisoned") {
             if t.elapsed() < self.inner.config.search_interval {
@@ -458,14 +466,15 @@ impl Cluster {
             Some((addr, client)) => {
                 *group.failed_at.lock().expect("not poisoned") = None;
                 let had = group.primary.read().expect("not poisoned").is_some();
-                *group.primary.write().expect("not poisoned") = Some((addr, client.clone()));
+                *group.primary.write().expect("not poisoned") =
+                    Some((addr.clone(), client.clone()));
                 if had || group.epoch.load(Ordering::Relaxed) > 0 {
                     self.inner
                         .stats
                         .failovers_total
                         .fetch_add(1, Ordering::Relaxed);
                 }
-                Some(client)
+                Some((addr, client))
             }
             None => {
                 *group.failed_at.lock().expect("not poisoned") = Some(Instant::now());
@@ -556,6 +565,8 @@ impl Cluster {
             group: group.spec.name.clone(),
             decision,
             outcome_unknown,
+            node: None,
+            epoch: group.epoch.load(Ordering::Relaxed),
         }
     }
 }
