@@ -7,6 +7,8 @@
 //! - [`report`]: what the `sluice` command line prints for each reply.
 //! - [`bench`]: `sluice bench`, the closed-loop load generator (Sluice or
 //!   Redis + Lua).
+//! - [`drill`]: `sluice drill`, failover drills and their report.
 
 pub mod bench;
+pub mod drill;
 pub mod report;

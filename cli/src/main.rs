@@ -94,6 +94,12 @@ enum Command {
     /// Load generator: drive a Sluice node (or Redis + Lua) and print
     /// ops/s and latency percentiles.
     Bench(BenchArgs),
+    /// Failover drill: break a cluster on purpose under load (--local: one
+    /// of its own; --cluster FILE --fault-cmd CMD: yours) and report how
+    /// long each group could not answer and how many units were admitted
+    /// beyond the limits or denied below them. Exit 0: the replication
+    /// mode's promise was kept; 1: it was not; 2: the drill failed.
+    Drill(sluice_cli::drill::DrillArgs),
 }
 
 #[derive(Debug, Args)]
@@ -303,6 +309,21 @@ struct JsonArg {
 
 fn main() -> ExitCode {
     let cli = Cli::parse();
+    if let Command::Drill(args) = cli.command {
+        // Its own runtime: load, proxies and processes at once, and room
+        // to block on a process without stalling the load.
+        let rt = tokio::runtime::Builder::new_multi_thread()
+            .worker_threads(2)
+            .enable_all()
+            .build()
+            .expect("runtime builds");
+        let global = sluice_cli::drill::Global {
+            cluster: cli.cluster,
+            timeout_ms: cli.timeout_ms,
+            auth_token: cli.auth_token,
+        };
+        return ExitCode::from(rt.block_on(sluice_cli::drill::run(args, global)));
+    }
     let rt = tokio::runtime::Builder::new_current_thread()
         .enable_all()
         .build()
@@ -523,7 +544,7 @@ async fn run(cli: Cli) -> Result<ExitCode, Error> {
             }
             Ok(ExitCode::SUCCESS)
         }
-        Command::Bench(_) | Command::Route(_) => unreachable!("handled above"),
+        Command::Bench(_) | Command::Route(_) | Command::Drill(_) => unreachable!("handled above"),
     }
 }
 

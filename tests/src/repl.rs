@@ -4,13 +4,16 @@
 //! callers on one key, counting what they were told).
 
 use std::net::SocketAddr;
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use sluice_client::{Client, ClientConfig, Error, Limits, RoleOk, Status};
-use tokio::net::{TcpListener, TcpStream};
 use tokio::task::JoinSet;
+
+/// The drill's TCP proxy (a cut link): `sever` drops every connection and
+/// refuses new ones, `mend` lets them through again.
+pub use sluice_cli::drill::proxy::Proxy;
 
 use crate::support::Sluiced;
 
@@ -65,77 +68,6 @@ pub async fn start_pair(primary_args: &[&str], follower_args: &[&str]) -> (Sluic
     wait_role(follower.addr, Duration::from_secs(20), streaming).await;
     wait_role(primary.addr, Duration::from_secs(20), streaming).await;
     (primary, follower)
-}
-
-/// A TCP proxy on loopback that forwards to `target` until severed.
-#[derive(Debug, Clone)]
-pub struct Proxy {
-    /// Where clients connect.
-    pub addr: SocketAddr,
-    /// Set by [`Proxy::sever`]: every connection drops, new ones are
-    /// closed at once.
-    severed: Arc<AtomicBool>,
-}
-
-impl Proxy {
-    /// Starts a proxy to `target` on a free loopback port.
-    pub async fn start(target: SocketAddr) -> Proxy {
-        let listener = TcpListener::bind("127.0.0.1:0").await.expect("bind proxy");
-        let addr = listener.local_addr().expect("proxy addr");
-        let severed = Arc::new(AtomicBool::new(false));
-        let cut = severed.clone();
-        tokio::spawn(async move {
-            loop {
-                let Ok((inbound, _)) = listener.accept().await else {
-                    return;
-                };
-                if cut.load(Ordering::Acquire) {
-                    drop(inbound);
-                    continue;
-                }
-                let cut = cut.clone();
-                tokio::spawn(async move {
-                    let Ok(outbound) = TcpStream::connect(target).await else {
-                        return;
-                    };
-                    pipe(inbound, outbound, cut).await;
-                });
-            }
-        });
-        Proxy { addr, severed }
-    }
-
-    /// Cuts the link: open connections drop (within a millisecond), new
-    /// ones are refused.
-    pub fn sever(&self) {
-        self.severed.store(true, Ordering::Release);
-    }
-
-    /// Mends the link: new connections go through again.
-    pub fn mend(&self) {
-        self.severed.store(false, Ordering::Release);
-    }
-}
-
-/// Copies both ways until either side closes or the proxy is severed.
-async fn pipe(a: TcpStream, b: TcpStream, cut: Arc<AtomicBool>) {
-    let (mut ar, mut aw) = a.into_split();
-    let (mut br, mut bw) = b.into_split();
-    let copy = async {
-        tokio::select! {
-            _ = tokio::io::copy(&mut ar, &mut bw) => {}
-            _ = tokio::io::copy(&mut br, &mut aw) => {}
-        }
-    };
-    let watch = async {
-        while !cut.load(Ordering::Acquire) {
-            tokio::time::sleep(Duration::from_millis(1)).await;
-        }
-    };
-    tokio::select! {
-        () = copy => {}
-        () = watch => {}
-    }
 }
 
 /// What a spend workload was told.

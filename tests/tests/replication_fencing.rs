@@ -117,7 +117,7 @@ async fn cut_link_fences_the_async_primary_within_its_lease() {
 
 async fn cut_link(mode: &str) {
     let primary = Sluiced::start(&["--shards", "2", "--replication", mode]);
-    let proxy = Proxy::start(primary.addr).await;
+    let proxy = Proxy::start(primary.addr).await.expect("proxy");
     let promote = PROMOTE_AFTER_MS.to_string();
     let of = proxy.addr.to_string();
     let peer = primary.addr.to_string();

@@ -1,0 +1,355 @@
+//! `sluice drill --local`: a cluster of `sluiced` processes of the drill's
+//! own on loopback, a primary and a follower per group, and the faults it
+//! injects into them.
+//!
+//! Every node runs with `--peer` (the other node of its group) and
+//! `--promote-after-ms`, so the group recovers by itself: a follower whose
+//! primary went silent promotes itself once the primary's lease has run
+//! out, and a primary that comes back to find a newer primary steps down
+//! and follows it. The one thing the drill does for the group is to start
+//! a killed node again (as its group's follower), as a supervisor would.
+//!
+//! With links (`--fault partition` or `mixed`), nothing talks to a node
+//! directly: clients go through one proxy per node, and each node reaches
+//! the other through one proxy per direction (it advertises the proxy
+//! into itself, so a planned handover also goes through it). Cutting a
+//! node off severs the three proxies that lead into and out of it. The
+//! drill's own control calls (ROLE, FAILOVER) go straight to the nodes: a
+//! cut link never blinds the drill.
+
+use std::io::{BufRead, BufReader, Write};
+use std::net::{SocketAddr, TcpListener};
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::time::Duration;
+
+use sluice_client::Topology;
+
+use super::proxy::Proxy;
+use super::DrillError;
+
+/// How long a node may take to print its listening line.
+const START_TIMEOUT: Duration = Duration::from_secs(30);
+
+/// How the drill's nodes run.
+#[derive(Clone, Debug)]
+pub struct LocalOptions {
+    /// The `sluiced` binary.
+    pub sluiced: PathBuf,
+    /// Groups (a primary and a follower each).
+    pub groups: usize,
+    /// Shards per node.
+    pub shards: u16,
+    /// `sync` or `async`.
+    pub replication: String,
+    /// The followers' `--promote-after-ms`.
+    pub promote_after_ms: u64,
+    /// Put proxies on every link (needed to cut links).
+    pub links: bool,
+    /// Broken on purpose: the second node of each group is a primary of
+    /// its own, with no replication, so every failover starts from empty
+    /// buckets (the drill must catch it).
+    pub no_replication: bool,
+    /// Where the nodes' logs go.
+    pub log_dir: PathBuf,
+}
+
+/// One node of a local group.
+#[derive(Debug)]
+struct LocalNode {
+    /// `g0-a`, `g0-b`, ...
+    name: String,
+    /// Where it listens (fixed, so that it comes back at the same place).
+    listen: SocketAddr,
+    /// Its process, while running.
+    child: Option<Child>,
+    /// Stopped with SIGSTOP.
+    paused: bool,
+}
+
+/// The proxies of a group with links: `client[i]` carries the clients'
+/// traffic to node `i`, `peer[i]` the other node's traffic to node `i`.
+#[derive(Debug)]
+struct Links {
+    client: [Proxy; 2],
+    peer: [Proxy; 2],
+}
+
+/// A local group.
+#[derive(Debug)]
+struct LocalGroup {
+    name: String,
+    nodes: [LocalNode; 2],
+    links: Option<Links>,
+}
+
+/// The drill's own cluster; every process it started is killed when it is
+/// dropped (done, failed or interrupted).
+#[derive(Debug)]
+pub struct LocalCluster {
+    options: LocalOptions,
+    groups: Vec<LocalGroup>,
+}
+
+impl LocalCluster {
+    /// Starts every group: its primary, then its follower, and waits until
+    /// the follower streams.
+    pub async fn start(options: LocalOptions) -> Result<LocalCluster, DrillError> {
+        std::fs::create_dir_all(&options.log_dir)
+            .map_err(|e| DrillError(format!("{}: {e}", options.log_dir.display())))?;
+        let mut cluster = LocalCluster {
+            options,
+            groups: Vec::new(),
+        };
+        for g in 0..cluster.options.groups {
+            let links = if cluster.options.links {
+                let p = || async {
+                    Proxy::unbound()
+                        .await
+                        .map_err(|e| DrillError(e.to_string()))
+                };
+                Some(Links {
+                    client: [p().await?, p().await?],
+                    peer: [p().await?, p().await?],
+                })
+            } else {
+                None
+            };
+            let mut nodes = Vec::new();
+            for side in ["a", "b"] {
+                let listen = free_port()?;
+                nodes.push(LocalNode {
+                    name: format!("g{g}-{side}"),
+                    listen,
+                    child: None,
+                    paused: false,
+                });
+            }
+            let nodes: [LocalNode; 2] = nodes.try_into().expect("two nodes");
+            if let Some(l) = &links {
+                for (i, node) in nodes.iter().enumerate() {
+                    l.client[i].set_target(node.listen);
+                    l.peer[i].set_target(node.listen);
+                }
+            }
+            cluster.groups.push(LocalGroup {
+                name: format!("g{g}"),
+                nodes,
+                links,
+            });
+            cluster.spawn(g, 0, false)?;
+            cluster.spawn(g, 1, !cluster.options.no_replication)?;
+        }
+        Ok(cluster)
+    }
+
+    /// The cluster file the drill's clients use.
+    pub fn topology(&self) -> Topology {
+        self.groups.iter().fold(Topology::new(), |t, g| {
+            let [a, b] = [0, 1].map(|i| self.public(g, i).to_string());
+            t.group(&g.name, &a, Some(&b))
+        })
+    }
+
+    /// Where the drill's control calls reach node `i` of group `g`
+    /// (directly, never through a proxy).
+    pub fn control_addr(&self, g: usize, i: usize) -> SocketAddr {
+        self.groups[g].nodes[i].listen
+    }
+
+    /// The node's address as the topology names it.
+    pub fn public_addr(&self, g: usize, i: usize) -> SocketAddr {
+        self.public(&self.groups[g], i)
+    }
+
+    fn public(&self, g: &LocalGroup, i: usize) -> SocketAddr {
+        g.links
+            .as_ref()
+            .map_or(g.nodes[i].listen, |l| l.client[i].addr)
+    }
+
+    /// Whether node `i` of group `g` runs (it was not killed, or was
+    /// started again).
+    pub fn running(&self, g: usize, i: usize) -> bool {
+        self.groups[g].nodes[i].child.is_some()
+    }
+
+    /// Starts node `i` of group `g`, as its group's follower if `follow`.
+    pub fn spawn(&mut self, g: usize, i: usize, follow: bool) -> Result<(), DrillError> {
+        let args = self.args(g, i, follow);
+        let group = &mut self.groups[g];
+        let node = &mut group.nodes[i];
+        let log_path = self.options.log_dir.join(format!("{}.log", node.name));
+        let log = std::fs::OpenOptions::new()
+            .create(true)
+            .append(true)
+            .open(&log_path)
+            .map_err(|e| DrillError(format!("{}: {e}", log_path.display())))?;
+        let mut child = Command::new(&self.options.sluiced)
+            .args(&args)
+            .stdin(Stdio::null())
+            .stdout(Stdio::piped())
+            .stderr(log)
+            .env("SLUICE_LOG", "warn")
+            .env("NO_COLOR", "1")
+            .spawn()
+            .map_err(|e| {
+                DrillError(format!(
+                    "cannot start {}: {e} (name it with --sluiced PATH)",
+                    self.options.sluiced.display()
+                ))
+            })?;
+        let stdout = child.stdout.take().expect("piped stdout");
+        let (tx, rx) = std::sync::mpsc::channel();
+        let name = node.name.clone();
+        let log_copy = log_path.clone();
+        std::thread::spawn(move || {
+            // Hand over the first line, and keep draining (into the log)
+            // so that the node never blocks on a full pipe.
+            let mut lines = BufReader::new(stdout).lines().map_while(Result::ok);
+            if let Some(first) = lines.next() {
+                let _ = tx.send(first);
+            }
+            let mut log = std::fs::OpenOptions::new().append(true).open(log_copy).ok();
+            for line in lines {
+                if let Some(f) = log.as_mut() {
+                    let _ = writeln!(f, "{name} stdout: {line}");
+                }
+            }
+        });
+        match rx.recv_timeout(START_TIMEOUT) {
+            Ok(line) if line.starts_with("sluiced listening on") => {}
+            other => {
+                let _ = child.kill();
+                let _ = child.wait();
+                return Err(DrillError(format!(
+                    "{} did not start ({other:?}); see {}",
+                    node.name,
+                    log_path.display()
+                )));
+            }
+        }
+        node.child = Some(child);
+        node.paused = false;
+        Ok(())
+    }
+
+    /// The command line of node `i` of group `g`.
+    fn args(&self, g: usize, i: usize, follow: bool) -> Vec<String> {
+        let o = &self.options;
+        let group = &self.groups[g];
+        let node = &group.nodes[i];
+        let other = 1 - i;
+        // How this node reaches the other, and the other reaches it.
+        let (to_other, to_me) = match &group.links {
+            Some(l) => (l.peer[other].addr, Some(l.peer[i].addr)),
+            None => (group.nodes[other].listen, None),
+        };
+        let mut args: Vec<String> = [
+            "--bind",
+            "127.0.0.1",
+            "--port",
+            &node.listen.port().to_string(),
+            "--shards",
+            &o.shards.to_string(),
+            "--replication",
+            &o.replication,
+        ]
+        .iter()
+        .map(|s| s.to_string())
+        .collect();
+        if o.no_replication {
+            return args;
+        }
+        args.extend([
+            "--promote-after-ms".to_owned(),
+            o.promote_after_ms.to_string(),
+            "--peer".to_owned(),
+            to_other.to_string(),
+        ]);
+        if let Some(me) = to_me {
+            args.extend(["--advertise".to_owned(), me.to_string()]);
+        }
+        if follow {
+            args.extend(["--replica-of".to_owned(), to_other.to_string()]);
+        }
+        args
+    }
+
+    /// kill -9 of node `i` of group `g`.
+    pub fn kill(&mut self, g: usize, i: usize) {
+        if let Some(mut child) = self.groups[g].nodes[i].child.take() {
+            let _ = child.kill();
+            let _ = child.wait();
+        }
+    }
+
+    /// SIGSTOP (`stop`) or SIGCONT of node `i` of group `g`.
+    pub fn pause(&mut self, g: usize, i: usize, stop: bool) -> Result<(), DrillError> {
+        let node = &mut self.groups[g].nodes[i];
+        let Some(child) = &node.child else {
+            return Err(DrillError(format!("{} is not running", node.name)));
+        };
+        signal(child.id(), if stop { "STOP" } else { "CONT" })?;
+        node.paused = stop;
+        Ok(())
+    }
+
+    /// Cuts node `i` of group `g` off from the clients and from the other
+    /// node (`cut`), or mends its links.
+    pub fn cut(&self, g: usize, i: usize, cut: bool) -> Result<(), DrillError> {
+        let group = &self.groups[g];
+        let Some(l) = &group.links else {
+            return Err(DrillError(
+                "this cluster has no links to cut (start it for partition)".into(),
+            ));
+        };
+        for p in [&l.client[i], &l.peer[i], &l.peer[1 - i]] {
+            if cut {
+                p.sever();
+            } else {
+                p.mend();
+            }
+        }
+        Ok(())
+    }
+
+    /// Where the nodes' logs are.
+    pub fn log_dir(&self) -> &Path {
+        &self.options.log_dir
+    }
+}
+
+impl Drop for LocalCluster {
+    fn drop(&mut self) {
+        for g in &mut self.groups {
+            for node in &mut g.nodes {
+                if let Some(mut child) = node.child.take() {
+                    // SIGKILL ends a stopped process too.
+                    let _ = child.kill();
+                    let _ = child.wait();
+                }
+            }
+        }
+    }
+}
+
+/// A free loopback port (bound and released: a node started right after
+/// takes it).
+fn free_port() -> Result<SocketAddr, DrillError> {
+    let l = TcpListener::bind("127.0.0.1:0").map_err(|e| DrillError(e.to_string()))?;
+    l.local_addr().map_err(|e| DrillError(e.to_string()))
+}
+
+/// `kill -SIG pid`.
+fn signal(pid: u32, sig: &str) -> Result<(), DrillError> {
+    let status = Command::new("kill")
+        .args([format!("-{sig}"), pid.to_string()])
+        .status()
+        .map_err(|e| DrillError(format!("kill -{sig}: {e}")))?;
+    if status.success() {
+        Ok(())
+    } else {
+        Err(DrillError(format!("kill -{sig} {pid} failed")))
+    }
+}
