@@ -166,7 +166,36 @@ pub struct Config {
     /// it), and a promoted node names it as the primary in ROLE.
     #[arg(long, value_name = "HOST:PORT")]
     pub advertise: Option<String>,
+
+    /// Run the group's leadership on etcd (`etcd://HOST:PORT[,HOST:PORT...]`):
+    /// the node registers under `/sluice/CLUSTER/groups/GROUP/`, campaigns
+    /// for the group's leader key with a lease of --leader-ttl-s, and
+    /// follows whoever holds it (needs --group and --advertise; replaces
+    /// --replica-of, --peer and --promote-after-ms).
+    #[arg(long, value_name = "etcd://HOST:PORT,...")]
+    pub coordinator: Option<String>,
+
+    /// With --coordinator: the group this node belongs to.
+    #[arg(long, value_name = "NAME")]
+    pub group: Option<String>,
+
+    /// With --coordinator: the cluster's name (the second part of every
+    /// key), so that several clusters can share one etcd.
+    #[arg(long, value_name = "NAME", default_value = CLUSTER_NAME_DEFAULT)]
+    pub cluster_name: String,
+
+    /// With --coordinator: the leader key's lease, in seconds. A primary
+    /// stops admitting once it has not renewed it for LEADER_FENCE of this
+    /// (a follower can take the key only after all of it), so a failover
+    /// takes about this long.
+    #[arg(long, value_name = "S", default_value_t = LEADER_TTL_S_DEFAULT)]
+    pub leader_ttl_s: u64,
 }
+
+/// Default `--cluster-name`.
+pub const CLUSTER_NAME_DEFAULT: &str = "default";
+/// Default `--leader-ttl-s`: etcd's leases count whole seconds.
+pub const LEADER_TTL_S_DEFAULT: u64 = 3;
 
 /// A configuration value out of its range.
 #[derive(Debug, thiserror::Error)]
@@ -218,6 +247,10 @@ struct FileConfig {
     promote_after_ms: Option<u64>,
     peer: Option<String>,
     advertise: Option<String>,
+    coordinator: Option<String>,
+    group: Option<String>,
+    cluster_name: Option<String>,
+    leader_ttl_s: Option<u64>,
     #[serde(default)]
     tiers: BTreeMap<String, FileTier>,
 }
@@ -329,6 +362,26 @@ impl Config {
                     config.advertise = Some(v);
                 }
             }
+            if let Some(v) = file.coordinator.clone() {
+                if from_file("coordinator") {
+                    config.coordinator = Some(v);
+                }
+            }
+            if let Some(v) = file.group.clone() {
+                if from_file("group") {
+                    config.group = Some(v);
+                }
+            }
+            if let Some(v) = file.cluster_name.clone() {
+                if from_file("cluster_name") {
+                    config.cluster_name = v;
+                }
+            }
+            if let Some(v) = file.leader_ttl_s {
+                if from_file("leader_ttl_s") {
+                    config.leader_ttl_s = v;
+                }
+            }
             if let Some(v) = file.promote_after_ms {
                 if from_file("promote_after_ms") {
                     config.promote_after_ms = Some(v);
@@ -403,6 +456,28 @@ impl Config {
         if let Some(t) = &self.auth_token {
             check("auth-token length", t.len(), 1, TOKEN_BYTES_MAX)?;
         }
+        if let Some(c) = &self.coordinator {
+            let bad = |range: &str| ConfigError {
+                field: "coordinator",
+                range: range.to_owned(),
+                got: c.clone(),
+            };
+            if cfg!(not(feature = "etcd")) {
+                return Err(bad("unset: this sluiced was built without etcd (cargo build --features sluice-server/etcd; it needs protoc)"));
+            }
+            if c.strip_prefix("etcd://").map_or(true, str::is_empty) {
+                return Err(bad("etcd://HOST:PORT[,HOST:PORT...]"));
+            }
+            if self.group.as_deref().map_or(true, str::is_empty) || self.advertise.is_none() {
+                return Err(bad("given with --group NAME and --advertise HOST:PORT"));
+            }
+            if self.replica_of.is_some() || self.peer.is_some() || self.promote_after_ms.is_some() {
+                return Err(bad(
+                    "without --replica-of, --peer or --promote-after-ms (etcd decides)",
+                ));
+            }
+            check("leader-ttl-s", self.leader_ttl_s, 1, 600)?;
+        }
         Ok(())
     }
 }
@@ -456,6 +531,40 @@ mod tests {
         let e = Config::load(["sluiced", "--config", p]).unwrap_err();
         assert!(e.to_string().contains("tier \"free\", limit 0"), "{e}");
         std::fs::remove_dir_all(&dir).unwrap();
+    }
+
+    #[cfg(feature = "etcd")]
+    #[test]
+    fn coordinator_needs_group_and_advertise_and_excludes_the_pair_flags() {
+        let base = ["sluiced", "--coordinator", "etcd://127.0.0.1:2379"];
+        let with = |extra: &[&str]| {
+            let mut args: Vec<&str> = base.to_vec();
+            args.extend_from_slice(extra);
+            Config::parse_from(args).validate()
+        };
+        assert_eq!(with(&[]).unwrap_err().field, "coordinator");
+        let ok = ["--group", "g", "--advertise", "127.0.0.1:7700"];
+        assert!(with(&ok).is_ok());
+        let mut peer = ok.to_vec();
+        peer.extend(["--peer", "127.0.0.1:7701"]);
+        assert_eq!(with(&peer).unwrap_err().field, "coordinator");
+        let mut ttl = ok.to_vec();
+        ttl.extend(["--leader-ttl-s", "0"]);
+        assert_eq!(with(&ttl).unwrap_err().field, "leader-ttl-s");
+        let bad = Config::parse_from([
+            "sluiced",
+            "--coordinator",
+            "http://x",
+            "--group",
+            "g",
+            "--advertise",
+            "a:1",
+        ]);
+        assert_eq!(bad.validate().unwrap_err().field, "coordinator");
+        assert_eq!(
+            crate::replication::etcd::endpoints("etcd://a:1,b:2"),
+            ["http://a:1", "http://b:2"]
+        );
     }
 
     #[test]

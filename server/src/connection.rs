@@ -521,7 +521,9 @@ impl Connection {
     fn promote(&mut self, request_id: u32) {
         let repl = &self.core.node.repl;
         let now_ns = self.core.clock.now_ns();
-        let result = if repl.is_primary() && !repl.admits(now_ns) {
+        let result = if repl.coordinated {
+            Err(COORDINATED.to_owned())
+        } else if repl.is_primary() && !repl.admits(now_ns) {
             repl.unfence()
         } else {
             repl.promote(self.core.node.advertised())
@@ -731,3 +733,6 @@ fn encode_local(w: &mut FrameWriter, buf: &mut BytesMut, request_id: u32, reply:
         }
     }
 }
+
+/// Why PROMOTE and FAILOVER are refused with `--coordinator`.
+pub const COORDINATED: &str = "leadership is held in etcd (--coordinator): the node that holds the group's leader key is the primary; stop this node (or let its lease lapse) to move it";

@@ -101,6 +101,7 @@ impl Server {
             config.peer.as_deref(),
             bound_addr(&listener).to_string(),
             config.replication,
+            config.coordinator.is_some(),
         );
         let node = Arc::new(Node {
             config,

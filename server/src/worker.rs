@@ -64,6 +64,10 @@ async fn run(core: Rc<ShardCore>, mut rx: Receiver<ShardMsg>) {
     if let (0, Some(peer)) = (core.id, core.node.config.peer.clone()) {
         tokio::task::spawn_local(follower::watch_peer(core.clone(), peer));
     }
+    #[cfg(feature = "etcd")]
+    if core.id == 0 && core.node.config.coordinator.is_some() {
+        tokio::task::spawn_local(crate::replication::etcd::run(core.clone()));
+    }
     let mut msgs = Vec::new();
     let mut stopped = false;
     while rx.recv_many(&mut msgs).await {

@@ -45,6 +45,11 @@ impl Watch {
         self.in_sync.load(Ordering::Acquire) == 1 && silent_ns > silence_max_ns && promote()
     }
 
+    /// Whether the current attempt's full sync is complete.
+    pub fn in_sync(&self) -> bool {
+        self.in_sync.load(Ordering::Acquire) == 1
+    }
+
     /// The full sync is complete (`true`) or starts again (`false`).
     pub fn set_in_sync(&self, in_sync: bool) {
         self.in_sync.store(u64::from(in_sync), Ordering::Release);

@@ -18,6 +18,8 @@
 //! the primary admitted in the interval not yet acknowledged (the lag,
 //! reported by ROLE).
 
+#[cfg(feature = "etcd")]
+pub mod etcd;
 pub mod follower;
 pub mod lease;
 pub mod primary;
@@ -93,6 +95,17 @@ pub struct ReplNode {
     pub stale: AtomicU64,
     /// Follower: receipts of SYNCs and the decision to promote itself.
     pub watch: lease::Watch,
+    /// Leadership is held in etcd (`--coordinator`): the node admits only
+    /// while `coord_until_ns` is ahead (see [`etcd`]).
+    pub coordinated: bool,
+    /// With `coordinated`: clock time until which the leader key's lease
+    /// surely holds (renewals move it forward; 0 = not leader).
+    pub coord_until_ns: AtomicU64,
+    /// With `coordinated`, sync mode: 1 once this leader has erased every
+    /// other node's `synced` record in etcd (none of them may take over),
+    /// so it may admit with no follower streaming. A flow that completes a
+    /// full sync sets it back to 0 before the follower can see it complete.
+    pub solo: AtomicU64,
     /// The primary's address (follower) or our own (primary).
     primary: Mutex<String>,
     /// The follower's address as seen by a primary.
@@ -107,9 +120,12 @@ impl ReplNode {
         peer: Option<&str>,
         own_addr: String,
         mode: Replication,
+        coordinated: bool,
     ) -> ReplNode {
         let (role, primary) = match replica_of {
             Some(p) => (Role::Follower, p.to_owned()),
+            // With etcd, a follower of nobody until it learns the leader.
+            None if coordinated => (Role::Follower, String::new()),
             None => (Role::Primary, own_addr),
         };
         let state = match role {
@@ -138,6 +154,9 @@ impl ReplNode {
             handing_over: AtomicU64::new(0),
             stale: AtomicU64::new(0),
             watch: lease::Watch::default(),
+            coordinated,
+            coord_until_ns: AtomicU64::new(0),
+            solo: AtomicU64::new(0),
             primary: Mutex::new(primary),
             follower: Mutex::new(String::new()),
         }
@@ -171,12 +190,13 @@ impl ReplNode {
     #[inline]
     pub fn fenced(&self, now_ns: u64) -> bool {
         let lease_ns = self.lease_ns.load(Ordering::Relaxed);
-        lease_ns > 0 && now_ns.saturating_sub(self.last_ack_ns.load(Ordering::Relaxed)) > lease_ns
+        (lease_ns > 0 && now_ns.saturating_sub(self.last_ack_ns.load(Ordering::Relaxed)) > lease_ns)
+            || (self.coordinated && now_ns >= self.coord_until_ns.load(Ordering::Acquire))
     }
 
     /// Whether this primary fences itself (its follower may promote).
     pub fn fencing(&self) -> bool {
-        self.lease_ns.load(Ordering::Relaxed) > 0
+        self.coordinated || self.lease_ns.load(Ordering::Relaxed) > 0
     }
 
     /// The node's epoch.
@@ -205,6 +225,11 @@ impl ReplNode {
                 "replication state"
             );
         }
+    }
+
+    /// Records the primary's address (a follower learning whom to follow).
+    pub fn set_primary(&self, addr: &str) {
+        *self.primary.lock().expect("not poisoned") = addr.to_owned();
     }
 
     /// Records the follower's address (empty: none).
@@ -340,6 +365,8 @@ impl ReplNode {
                 "stale: a client has seen a newer epoch (the follower took over)"
             } else if self.probing.load(Ordering::Relaxed) != 0 {
                 "checking whether its peer took over"
+            } else if self.coordinated {
+                "fenced: it has not renewed its leader lease in etcd in time (another node may take the lead)"
             } else {
                 "fenced: no ack from its follower within its lease (the follower may have been promoted)"
             };

@@ -303,6 +303,11 @@ async fn stream_flow(
         pending
             .borrow_mut()
             .push_back((drain, seq, Instant::now(), now_ns));
+        if finishing {
+            // Before the follower can see its copy complete (and tell etcd
+            // it may take over): no more admitting alone.
+            core.node.repl.solo.store(0, Ordering::Release);
+        }
         wr.write_all(&buf).await?;
         buf.clear();
         if finishing {
@@ -442,6 +447,9 @@ pub async fn handed_over(core: Rc<ShardCore>) -> bool {
 /// admits nothing is measured and returned.
 pub async fn failover(core: Rc<ShardCore>) -> Result<FailoverOk, String> {
     let repl = &core.node.repl;
+    if repl.coordinated {
+        return Err(crate::connection::COORDINATED.to_owned());
+    }
     if !repl.is_primary() {
         return Err(repl.not_primary_text());
     }

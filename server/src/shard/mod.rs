@@ -442,16 +442,18 @@ impl ShardCore {
     }
 
     /// Whether this shard may admit now: the node admits (see
-    /// [`ReplNode::admits`]), and, when sync mode and a fencing lease are
-    /// both on, this shard's flow is streaming (with no follower to hold
-    /// its changes, nothing it admitted would survive a promotion).
+    /// [`ReplNode::admits`]), and, when sync mode and fencing are both on,
+    /// this shard's flow is streaming (with no follower to hold its
+    /// changes, nothing it admitted would survive a promotion) or, on
+    /// etcd, no other node may take over (`ReplNode::solo`).
     #[inline]
     pub fn admits(&self, now_ns: u64) -> bool {
         let repl = &self.node.repl;
         repl.admits(now_ns)
             && (repl.mode != sluice_protocol::replication::Mode::Sync
                 || !repl.fencing()
-                || self.flow.borrow().streaming)
+                || self.flow.borrow().streaming
+                || repl.solo.load(Ordering::Acquire) == 1)
     }
 
     /// Moves lease ids to the node's epoch if it changed (a promotion),
