@@ -6,12 +6,16 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
+# protoc and etcd (Debian packages), when missing.
+bash scripts/deps.sh
+
 echo "== loom models of the cross-thread handoff"
 RUSTFLAGS="--cfg sluice_loom" LOOM_MAX_PREEMPTIONS=2 \
   cargo test -p sluice-loom-tests --release --target-dir target/loom --test handoff --test promotion
 
 echo "== build (binaries the integration tests start)"
-cargo build --workspace --bins --quiet
+# --all-features: sluiced with etcd (--coordinator), for tests/tests/etcd_failover.rs.
+cargo build --workspace --bins --all-features --quiet
 # The example gateway (feature `tower`) that tests/tests/gateway_http.rs
 # starts: target/debug/examples/gateway.
 cargo build -p sluice-client --example gateway --features tower --quiet

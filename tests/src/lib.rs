@@ -4,6 +4,7 @@
 //! primary/follower pairs, a TCP proxy that can be severed, and the spend
 //! workload the replication tests share.
 
+pub mod etcd;
 pub mod raw;
 pub mod repl;
 pub mod support;

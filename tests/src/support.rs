@@ -26,7 +26,15 @@ pub fn binary(name: &str) -> PathBuf {
         return PathBuf::from(dir).join(name);
     }
     let dir = DIR.get_or_init(|| {
-        cargo_build(&["-p", "sluice-server", "-p", "sluice-cli", "--bins"]);
+        cargo_build(&[
+            "-p",
+            "sluice-server",
+            "-p",
+            "sluice-cli",
+            "--bins",
+            "--features",
+            "sluice-server/etcd",
+        ]);
         profile_dir()
     });
     dir.join(name)

@@ -1,0 +1,241 @@
+//! Leadership on etcd (`--coordinator`), against real processes: an etcd
+//! of the test's own and sluiced pairs whose primary is whoever holds the
+//! group's leader key.
+//!
+//! - kill -9 of a primary (three groups): the follower takes the key within
+//!   the TTL plus a margin, 0 units over in sync mode, the other groups
+//!   untouched, the dead node back as follower.
+//! - SIGSTOP of a primary: the follower takes over; after SIGCONT the old
+//!   primary admits nothing and steps down to follow.
+//! - etcd stopped: no second primary ever appears, the primary stops
+//!   admitting once its lease could have run out, and leadership comes back
+//!   with etcd.
+
+use std::net::SocketAddr;
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use sluice_client::{inline_limits, Limits, ReplState, Role, RoleOk};
+use sluice_tests::etcd::{self, Etcd, TTL_S};
+use sluice_tests::repl::{self, spend, Tally, Until};
+use sluice_tests::support::{specs, Sluiced};
+
+/// The limit spent: no refill within the test.
+const LIMIT: u64 = 300;
+
+fn limits() -> Limits<'static> {
+    inline_limits(&specs(&[&format!("token-bucket:1/h,burst={LIMIT}")])).unwrap()
+}
+
+/// Whether a node's ROLE says it admits.
+fn admits(r: &RoleOk) -> bool {
+    r.role == Role::Primary && r.state != ReplState::Fenced
+}
+
+/// Each node's ROLE (None where it did not answer).
+async fn roles(addrs: &[SocketAddr]) -> Vec<Option<RoleOk>> {
+    let mut out = Vec::new();
+    for &a in addrs {
+        let asked = tokio::time::timeout(Duration::from_millis(500), repl::role(a)).await;
+        out.push(asked.ok().and_then(Result::ok));
+    }
+    out
+}
+
+/// Waits until one of `pair` admits and the other follows it streaming;
+/// returns the primary's index.
+async fn settled(pair: [SocketAddr; 2], timeout: Duration) -> usize {
+    let start = Instant::now();
+    loop {
+        let r = roles(&pair).await;
+        for p in 0..2 {
+            let (Some(a), Some(b)) = (&r[p], &r[1 - p]) else {
+                continue;
+            };
+            if admits(a) && b.role == Role::Follower && b.state == ReplState::Streaming {
+                return p;
+            }
+        }
+        assert!(start.elapsed() < timeout, "group never settled: {r:?}");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}
+
+/// Starts a pair of `group` on fixed ports.
+fn pair(etcd: &Etcd, group: &str, args: &[&str]) -> ([Sluiced; 2], [u16; 2]) {
+    let ports = [etcd::port(), etcd::port()];
+    let nodes = ports.map(|p| etcd::node(etcd, group, p, args));
+    (nodes, ports)
+}
+
+/// The longest a takeover may take: the TTL (the old key must expire), a
+/// poll, and room for a loaded machine.
+fn takeover_max() -> Duration {
+    Duration::from_secs(TTL_S) + Duration::from_millis(2_500)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn kill9_of_a_primary_promotes_its_follower_within_the_ttl_and_loses_nothing() {
+    let etcd = Etcd::start();
+    let args = ["--shards", "2", "--replication", "sync"];
+    let mut groups = Vec::new();
+    for g in ["g0", "g1", "g2"] {
+        groups.push(pair(&etcd, g, &args));
+    }
+    let mut primaries = Vec::new();
+    for (nodes, _) in &groups {
+        primaries.push(settled([nodes[0].addr, nodes[1].addr], Duration::from_secs(30)).await);
+    }
+    // Epochs are etcd revisions: every group's differs, all are positive.
+    let mut epochs = Vec::new();
+    for (i, (nodes, _)) in groups.iter().enumerate() {
+        epochs.push(repl::role(nodes[primaries[i]].addr).await.unwrap().epoch);
+    }
+    assert!(epochs.iter().all(|&e| e > 0), "{epochs:?}");
+    epochs.sort_unstable();
+    epochs.dedup();
+    assert_eq!(epochs.len(), 3, "one revision per leader key");
+
+    // Load on group g1's primary, then kill -9 in the middle of it.
+    let (nodes, _) = &mut groups[1];
+    let p = primaries[1];
+    let f = 1 - p;
+    let tally = Arc::new(Tally::default());
+    let target = Arc::new(Mutex::new(nodes[p].addr));
+    let load = tokio::spawn(spend(
+        target.clone(),
+        b"etcd:kill",
+        limits(),
+        tally.clone(),
+        16,
+        Until::Error,
+        Duration::from_secs(30),
+    ));
+    let start = Instant::now();
+    while tally.admitted() < LIMIT / 2 && start.elapsed() < Duration::from_secs(30) {
+        tokio::time::sleep(Duration::from_millis(1)).await;
+    }
+    nodes[p].kill9();
+    let killed = Instant::now();
+    load.await.unwrap();
+    let follower = nodes[f].addr;
+    loop {
+        if let Ok(r) = repl::role(follower).await {
+            if admits(&r) {
+                break;
+            }
+        }
+        assert!(
+            killed.elapsed() < takeover_max(),
+            "no takeover within {:?}",
+            takeover_max()
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    let took = killed.elapsed();
+    println!("takeover after kill -9: {took:?} (TTL {TTL_S} s)");
+    assert!(
+        took >= Duration::from_millis(TTL_S * 1_000 / 2),
+        "took over in {took:?}: before the old lease could have expired"
+    );
+    // Spend the rest on the new primary: never more than the limit.
+    *target.lock().unwrap() = follower;
+    spend(
+        target,
+        b"etcd:kill",
+        limits(),
+        tally.clone(),
+        16,
+        Until::Denied,
+        Duration::from_secs(30),
+    )
+    .await;
+    assert!(
+        tally.admitted() <= LIMIT,
+        "over-admitted: {}",
+        tally.admitted()
+    );
+    // Not much lost either: at most the calls of unknown outcome.
+    assert!(
+        tally.admitted() + tally.unknown() >= LIMIT,
+        "admitted {} + unknown {} < {LIMIT}",
+        tally.admitted(),
+        tally.unknown()
+    );
+
+    // The other groups kept their primaries.
+    for g in [0, 2] {
+        let (nodes, _) = &groups[g];
+        let r = repl::role(nodes[primaries[g]].addr).await.unwrap();
+        assert!(admits(&r), "group {g}: {r:?}");
+    }
+    // The dead node comes back with its usual command line: as follower.
+    let (nodes, ports) = &mut groups[1];
+    nodes[p] = etcd::node(&etcd, "g1", ports[p], &args);
+    let back = settled([nodes[0].addr, nodes[1].addr], Duration::from_secs(30)).await;
+    assert_eq!(back, f, "the new primary stays primary");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_paused_primary_admits_nothing_after_sigcont_and_steps_down() {
+    let etcd = Etcd::start();
+    let (nodes, _) = pair(&etcd, "g", &["--shards", "1"]);
+    let addrs = [nodes[0].addr, nodes[1].addr];
+    let p = settled(addrs, Duration::from_secs(30)).await;
+    let before = repl::role(addrs[p]).await.unwrap().epoch;
+    nodes[p].signal("STOP");
+    let stopped = Instant::now();
+    loop {
+        if let Ok(r) = repl::role(addrs[1 - p]).await {
+            if admits(&r) {
+                assert!(r.epoch > before, "{r:?}");
+                break;
+            }
+        }
+        assert!(stopped.elapsed() < takeover_max(), "no takeover");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    nodes[p].signal("CONT");
+    // At once: its lease ran out while it was stopped, so it admits nothing.
+    let client = repl::control(addrs[p]).await.unwrap();
+    let got = client.spend(b"etcd:pause", limits(), 1).await;
+    assert!(got.is_err(), "a resumed stale primary admitted: {got:?}");
+    // And it steps down to follow the new primary.
+    let back = settled(addrs, Duration::from_secs(20)).await;
+    assert_eq!(back, 1 - p);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn with_etcd_stopped_no_second_primary_ever_appears() {
+    let etcd = Etcd::start();
+    let (_nodes, _) = pair(&etcd, "g", &["--shards", "1"]);
+    let addrs = [_nodes[0].addr, _nodes[1].addr];
+    let p = settled(addrs, Duration::from_secs(30)).await;
+    etcd.signal("STOP");
+    let stopped = Instant::now();
+    let mut primary_stopped_at = None;
+    // For three TTLs: never two admitting at once; the primary stops
+    // admitting once its lease could have run out.
+    while stopped.elapsed() < Duration::from_secs(3 * TTL_S) {
+        let r = roles(&addrs).await;
+        let admitting = r.iter().flatten().filter(|r| admits(r)).count();
+        assert!(admitting <= 1, "two primaries admit: {r:?}");
+        if primary_stopped_at.is_none() && !r[p].as_ref().is_some_and(admits) {
+            primary_stopped_at = Some(stopped.elapsed());
+        }
+        assert!(
+            !r[1 - p].as_ref().is_some_and(admits),
+            "the follower took over without etcd: {r:?}"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    let at = primary_stopped_at.expect("the primary stopped admitting");
+    assert!(
+        at <= Duration::from_millis(TTL_S * 1_000 / 2 + 1_000),
+        "the primary admitted for {at:?} without renewing"
+    );
+    // Back with etcd: a primary again.
+    etcd.signal("CONT");
+    etcd.wait_healthy();
+    settled(addrs, Duration::from_secs(30)).await;
+}
