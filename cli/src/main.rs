@@ -14,7 +14,7 @@ use std::time::Duration;
 use clap::{ArgGroup, Args, Parser, Subcommand};
 use sluice_cli::bench::{BenchConfig, Target};
 use sluice_cli::report::{self, verdict_json};
-use sluice_client::{inline_limits, Client, ClientConfig, Cluster, ClusterConfig, Error, Topology};
+use sluice_client::{inline_limits, Client, ClientConfig, ClusterConfig, Error};
 use sluice_protocol::limit::{Concurrency, Window};
 use sluice_protocol::message::{DecideOk, LeaseTarget, Limits, Mode, LIMITS_MAX};
 use sluice_protocol::policy::Rate;
@@ -357,7 +357,6 @@ fn key_of(command: &Command) -> Option<&str> {
 /// `sluice --cluster FILE ...`: `route`, or the command run against the
 /// key's group's primary, or (keyless commands) against every group's.
 async fn run_cluster(mut cli: Cli, path: std::path::PathBuf) -> Result<ExitCode, Error> {
-    let topology = Topology::load(&path)?;
     let config = ClusterConfig {
         client: ClientConfig {
             deadline: Duration::from_millis(cli.timeout_ms),
@@ -368,7 +367,7 @@ async fn run_cluster(mut cli: Cli, path: std::path::PathBuf) -> Result<ExitCode,
         },
         ..ClusterConfig::default()
     };
-    let cluster = Cluster::new(&topology, config)?;
+    let (_, cluster) = sluice_cli::open_cluster(&path, config).await?;
     if let Command::Route(r) = &cli.command {
         for key in &r.keys {
             let (group, node) = cluster.locate(key.as_bytes()).await;

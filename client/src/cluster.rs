@@ -258,7 +258,7 @@ struct Layout {
 }
 
 #[derive(Debug)]
-struct Inner {
+pub(crate) struct Inner {
     config: ClusterConfig,
     layout: RwLock<Arc<Layout>>,
     stats: ClusterStats,
@@ -269,7 +269,7 @@ struct Inner {
 /// gateway (clone it freely).
 #[derive(Clone, Debug)]
 pub struct Cluster {
-    inner: Arc<Inner>,
+    pub(crate) inner: Arc<Inner>,
 }
 
 impl Cluster {
@@ -332,6 +332,17 @@ impl Cluster {
             .as_ref()
             .map_or_else(|| g.spec.primary.clone(), |(a, _)| a.clone());
         (g.spec.name.clone(), node)
+    }
+
+    /// Makes the group `name` look for its primary again on its next call
+    /// (its leader changed, as etcd says).
+    #[cfg(feature = "etcd")]
+    pub(crate) fn forget_group(&self, name: &str) {
+        let layout = self.layout();
+        if let Some(g) = layout.groups.iter().find(|g| g.spec.name == name) {
+            forget(g);
+            *g.failed_at.lock().expect("not poisoned") = None;
+        }
     }
 
     /// The group that owns `key` and its current primary's address, asking

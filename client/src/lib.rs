@@ -15,6 +15,8 @@
 //! - [`client`]: `Client`, its configuration and calls.
 //! - [`connection`]: one multiplexed connection (handshake, writer, reader).
 //! - [`error`]: errors that say what to do next.
+//! - `etcd` (feature `etcd`, off by default): the cluster's layout from
+//!   etcd, watched (`Cluster::from_etcd`).
 //! - `tower` (feature `tower`, off by default): `RateLimitLayer`, a tower
 //!   layer for HTTP gateways that answers 429 with `Retry-After` and the
 //!   RateLimit header fields.
@@ -31,6 +33,8 @@ pub mod client;
 pub mod cluster;
 pub mod connection;
 pub mod error;
+#[cfg(feature = "etcd")]
+pub mod etcd;
 #[cfg(feature = "tower")]
 pub mod tower;
 

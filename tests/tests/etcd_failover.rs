@@ -239,3 +239,46 @@ async fn with_etcd_stopped_no_second_primary_ever_appears() {
     etcd.wait_healthy();
     settled(addrs, Duration::from_secs(30)).await;
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_running_client_picks_up_a_group_added_in_etcd() {
+    let etcd = Etcd::start();
+    let (g0, _) = pair(&etcd, "g0", &["--shards", "1"]);
+    settled([g0[0].addr, g0[1].addr], Duration::from_secs(30)).await;
+    let config = sluice_client::ClusterConfig {
+        client: sluice_client::ClientConfig {
+            deadline: Duration::from_secs(5),
+            connect_timeout: Duration::from_secs(5),
+            ..Default::default()
+        },
+        ..Default::default()
+    };
+    let cluster = sluice_client::Cluster::from_etcd(&etcd.url(), config)
+        .await
+        .expect("the layout from etcd");
+    let keys: Vec<String> = (0..64).map(|i| format!("user:{i}")).collect();
+    for k in &keys {
+        assert_eq!(cluster.route(k.as_bytes()).0, "g0");
+    }
+    // A second group registers in etcd; the running client routes to it.
+    let (g1, _) = pair(&etcd, "g1", &["--shards", "1"]);
+    let p1 = settled([g1[0].addr, g1[1].addr], Duration::from_secs(30)).await;
+    let start = Instant::now();
+    let moved = loop {
+        if let Some(k) = keys.iter().find(|k| cluster.route(k.as_bytes()).0 == "g1") {
+            break k.clone();
+        }
+        assert!(
+            start.elapsed() < Duration::from_secs(10),
+            "the client never saw group g1"
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    };
+    let v = cluster
+        .spend(moved.as_bytes(), limits(), 1)
+        .await
+        .expect("a verdict");
+    assert_eq!(v.group, "g1");
+    assert_eq!(v.source, sluice_client::Source::Store, "{v:?}");
+    assert_eq!(v.node.as_deref(), Some(g1[p1].addr.to_string().as_str()));
+}

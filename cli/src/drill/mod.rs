@@ -344,7 +344,11 @@ async fn drill(args: &DrillArgs, global: &Global) -> Result<Outcome, DrillError>
             })?)
         }
         (Some(path), Some(cmd), false) => Harness::External {
-            topology: Topology::load(path).map_err(|e| DrillError(e.to_string()))?,
+            // A file, or etcd's layout as it is at the start.
+            topology: crate::open_cluster(path, ClusterConfig::default())
+                .await
+                .map_err(|e| DrillError(e.to_string()))?
+                .0,
             fault_cmd: cmd.clone(),
         },
         _ => {
@@ -388,22 +392,24 @@ async fn drill(args: &DrillArgs, global: &Global) -> Result<Outcome, DrillError>
         FailureArg::Open => FailurePolicy::Open,
         FailureArg::Closed => FailurePolicy::Closed,
     };
-    let cluster = Arc::new(
-        Cluster::new(
-            &topology,
-            ClusterConfig {
-                client: ClientConfig {
-                    deadline: Duration::from_millis(global.timeout_ms),
-                    connect_timeout: Duration::from_millis(global.timeout_ms),
-                    auth_token: global.auth_token.clone(),
-                    ..ClientConfig::default()
-                },
-                failure,
-                ..ClusterConfig::default()
-            },
-        )
-        .map_err(|e| DrillError(e.to_string()))?,
-    );
+    let cluster_config = ClusterConfig {
+        client: ClientConfig {
+            deadline: Duration::from_millis(global.timeout_ms),
+            connect_timeout: Duration::from_millis(global.timeout_ms),
+            auth_token: global.auth_token.clone(),
+            ..ClientConfig::default()
+        },
+        failure,
+        ..ClusterConfig::default()
+    };
+    let cluster = match (&harness, &global.cluster) {
+        // From etcd: the clients follow the layout as it changes.
+        (Harness::External { .. }, Some(spec)) => crate::open_cluster(spec, cluster_config)
+            .await
+            .map(|(_, c)| c),
+        _ => Cluster::new(&topology, cluster_config),
+    };
+    let cluster = Arc::new(cluster.map_err(|e| DrillError(e.to_string()))?);
     let run_id = MonotonicClock::new().now_ns() / 1_000_000 % 1_000_000_000;
     let load_options = LoadOptions {
         rate: args.rate,
