@@ -174,3 +174,39 @@ async fn a_drill_drives_someone_elses_cluster_through_their_command() {
     }
     let _ = std::fs::remove_dir_all(&dir);
 }
+
+#[test]
+fn a_drill_on_etcd_with_every_fault_over_admits_nothing() {
+    let (code, json, out) = drill(
+        &[],
+        &[
+            "--local",
+            "--etcd",
+            "--rounds",
+            "5",
+            "--fault",
+            "mixed",
+            "--duration-s",
+            "25",
+            "--rate",
+            "1000",
+        ],
+    );
+    let rounds = json["rounds"].as_array().expect("rounds");
+    let mut faults: Vec<&str> = rounds
+        .iter()
+        .map(|r| r["fault"].as_str().unwrap())
+        .collect();
+    faults.sort();
+    assert_eq!(
+        faults,
+        ["etcd-down", "etcd-partition", "kill", "partition", "pause"],
+        "{json}"
+    );
+    for r in rounds {
+        assert_eq!(r["over_admitted_units"], 0, "{r}");
+        assert_eq!(r["recovered"], true, "{r}");
+    }
+    assert_eq!(json["promise_kept"], true, "{json}");
+    assert_eq!(code, 0, "stderr: {}", String::from_utf8_lossy(&out.stderr));
+}

@@ -50,6 +50,9 @@ pub struct LocalOptions {
     /// its own, with no replication, so every failover starts from empty
     /// buckets (the drill must catch it).
     pub no_replication: bool,
+    /// Coordinate through an etcd of the drill's own, with this leader
+    /// lease (seconds).
+    pub etcd_ttl_s: Option<u64>,
     /// Where the nodes' logs go.
     pub log_dir: PathBuf,
 }
@@ -65,6 +68,8 @@ struct LocalNode {
     child: Option<Child>,
     /// Stopped with SIGSTOP.
     paused: bool,
+    /// With etcd: this node's link to it.
+    etcd_link: Option<Proxy>,
 }
 
 /// The proxies of a group with links: `client[i]` carries the clients'
@@ -89,6 +94,15 @@ struct LocalGroup {
 pub struct LocalCluster {
     options: LocalOptions,
     groups: Vec<LocalGroup>,
+    /// The etcd of the drill's own, with --etcd.
+    etcd: Option<EtcdProcess>,
+}
+
+/// A single-member etcd on loopback.
+#[derive(Debug)]
+struct EtcdProcess {
+    child: Child,
+    addr: SocketAddr,
 }
 
 impl LocalCluster {
@@ -97,9 +111,14 @@ impl LocalCluster {
     pub async fn start(options: LocalOptions) -> Result<LocalCluster, DrillError> {
         std::fs::create_dir_all(&options.log_dir)
             .map_err(|e| DrillError(format!("{}: {e}", options.log_dir.display())))?;
+        let etcd = match options.etcd_ttl_s {
+            Some(_) => Some(start_etcd(&options.log_dir)?),
+            None => None,
+        };
         let mut cluster = LocalCluster {
             options,
             groups: Vec::new(),
+            etcd,
         };
         for g in 0..cluster.options.groups {
             let links = if cluster.options.links {
@@ -118,11 +137,20 @@ impl LocalCluster {
             let mut nodes = Vec::new();
             for side in ["a", "b"] {
                 let listen = free_port()?;
+                let etcd_link = match &cluster.etcd {
+                    Some(e) => Some(
+                        Proxy::start(e.addr)
+                            .await
+                            .map_err(|e| DrillError(e.to_string()))?,
+                    ),
+                    None => None,
+                };
                 nodes.push(LocalNode {
                     name: format!("g{g}-{side}"),
                     listen,
                     child: None,
                     paused: false,
+                    etcd_link,
                 });
             }
             let nodes: [LocalNode; 2] = nodes.try_into().expect("two nodes");
@@ -261,6 +289,20 @@ impl LocalCluster {
         if o.no_replication {
             return args;
         }
+        if let (Some(ttl), Some(link)) = (o.etcd_ttl_s, &node.etcd_link) {
+            let advertise = to_me.unwrap_or(node.listen);
+            args.extend([
+                "--coordinator".to_owned(),
+                format!("etcd://{}", link.addr),
+                "--group".to_owned(),
+                group.name.clone(),
+                "--advertise".to_owned(),
+                advertise.to_string(),
+                "--leader-ttl-s".to_owned(),
+                ttl.to_string(),
+            ]);
+            return args;
+        }
         args.extend([
             "--promote-after-ms".to_owned(),
             o.promote_after_ms.to_string(),
@@ -304,12 +346,40 @@ impl LocalCluster {
                 "this cluster has no links to cut (start it for partition)".into(),
             ));
         };
-        for p in [&l.client[i], &l.peer[i], &l.peer[1 - i]] {
+        // With etcd, its link to etcd too: the node is cut off entirely.
+        let etcd = group.nodes[i].etcd_link.as_ref();
+        for p in [&l.client[i], &l.peer[i], &l.peer[1 - i]]
+            .into_iter()
+            .chain(etcd)
+        {
             if cut {
                 p.sever();
             } else {
                 p.mend();
             }
+        }
+        Ok(())
+    }
+
+    /// SIGSTOP (`stop`) or SIGCONT of the drill's etcd.
+    pub fn etcd_pause(&self, stop: bool) -> Result<(), DrillError> {
+        let e = self
+            .etcd
+            .as_ref()
+            .ok_or_else(|| DrillError("this cluster has no etcd (--etcd)".into()))?;
+        signal(e.child.id(), if stop { "STOP" } else { "CONT" })
+    }
+
+    /// Cuts (or mends) the link between node `i` of group `g` and etcd.
+    pub fn cut_etcd(&self, g: usize, i: usize, cut: bool) -> Result<(), DrillError> {
+        let link = self.groups[g].nodes[i]
+            .etcd_link
+            .as_ref()
+            .ok_or_else(|| DrillError("this cluster has no etcd (--etcd)".into()))?;
+        if cut {
+            link.sever();
+        } else {
+            link.mend();
         }
         Ok(())
     }
@@ -322,6 +392,11 @@ impl LocalCluster {
 
 impl Drop for LocalCluster {
     fn drop(&mut self) {
+        if let Some(e) = self.etcd.as_mut() {
+            let _ = signal(e.child.id(), "CONT");
+            let _ = e.child.kill();
+            let _ = e.child.wait();
+        }
         for g in &mut self.groups {
             for node in &mut g.nodes {
                 if let Some(mut child) = node.child.take() {
@@ -332,6 +407,71 @@ impl Drop for LocalCluster {
             }
         }
     }
+}
+
+/// Starts etcd (on PATH) on free loopback ports, its data in `dir/etcd`,
+/// and waits until it answers /health.
+fn start_etcd(dir: &Path) -> Result<EtcdProcess, DrillError> {
+    let data = dir.join("etcd");
+    let _ = std::fs::remove_dir_all(&data);
+    std::fs::create_dir_all(dir).map_err(|e| DrillError(e.to_string()))?;
+    let (addr, peer) = (free_port()?, free_port()?);
+    let (client, peer) = (format!("http://{addr}"), format!("http://{peer}"));
+    let log = std::fs::File::create(dir.join("etcd.log")).map_err(|e| DrillError(e.to_string()))?;
+    let mut child = Command::new("etcd")
+        .args(["--name", "drill", "--data-dir"])
+        .arg(&data)
+        .args([
+            "--listen-client-urls",
+            &client,
+            "--advertise-client-urls",
+            &client,
+        ])
+        .args([
+            "--listen-peer-urls",
+            &peer,
+            "--initial-advertise-peer-urls",
+            &peer,
+        ])
+        .args([
+            "--initial-cluster",
+            &format!("drill={peer}"),
+            "--log-level",
+            "error",
+        ])
+        .stdin(Stdio::null())
+        .stdout(Stdio::null())
+        .stderr(log)
+        .spawn()
+        .map_err(|e| {
+            DrillError(format!(
+                "cannot start etcd: {e} (Debian: apt-get install etcd-server)"
+            ))
+        })?;
+    let start = std::time::Instant::now();
+    while !etcd_healthy(addr) {
+        if start.elapsed() > START_TIMEOUT {
+            let _ = child.kill();
+            return Err(DrillError("etcd did not become healthy".into()));
+        }
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    Ok(EtcdProcess { child, addr })
+}
+
+/// Whether etcd's /health says so.
+fn etcd_healthy(addr: SocketAddr) -> bool {
+    use std::io::Read;
+    let Ok(mut s) = std::net::TcpStream::connect_timeout(&addr, Duration::from_millis(200)) else {
+        return false;
+    };
+    let _ = s.set_read_timeout(Some(Duration::from_millis(500)));
+    if s.write_all(b"GET /health HTTP/1.0\r\n\r\n").is_err() {
+        return false;
+    }
+    let mut body = String::new();
+    let _ = s.read_to_string(&mut body);
+    body.contains("\"health\":\"true\"")
 }
 
 /// A free loopback port (bound and released: a node started right after

@@ -79,9 +79,16 @@ pub enum FaultArg {
     Pause,
     /// The primary cut off from clients and its follower for --cut-ms.
     Partition,
-    /// A planned handover (FAILOVER) to the follower.
+    /// A planned handover (FAILOVER) to the follower (not with --etcd:
+    /// etcd decides who leads).
     Handover,
-    /// Each of the four in turn, in a shuffled order.
+    /// With --etcd: etcd itself stopped (SIGSTOP) for --cut-ms.
+    EtcdDown,
+    /// With --etcd: the primary's link to etcd cut for --cut-ms.
+    EtcdPartition,
+    /// Each fault in turn, in a shuffled order: kill, pause, partition,
+    /// handover; with --etcd, kill, pause, partition, etcd-down,
+    /// etcd-partition.
     Mixed,
 }
 
@@ -96,11 +103,23 @@ pub enum Fault {
     Partition,
     /// A planned handover.
     Handover,
+    /// etcd stopped.
+    EtcdDown,
+    /// The primary cut off from etcd.
+    EtcdPartition,
 }
 
 impl Fault {
-    /// Every fault, in a fixed order.
+    /// The faults of a mixed drill, in a fixed order.
     pub const ALL: [Fault; 4] = [Fault::Kill, Fault::Pause, Fault::Partition, Fault::Handover];
+    /// The faults of a mixed drill on etcd.
+    pub const ALL_ETCD: [Fault; 5] = [
+        Fault::Kill,
+        Fault::Pause,
+        Fault::Partition,
+        Fault::EtcdDown,
+        Fault::EtcdPartition,
+    ];
 
     /// `kill`, `pause`, `partition` or `handover` (also what `{fault}`
     /// becomes in --fault-cmd).
@@ -110,6 +129,8 @@ impl Fault {
             Fault::Pause => "pause",
             Fault::Partition => "partition",
             Fault::Handover => "handover",
+            Fault::EtcdDown => "etcd-down",
+            Fault::EtcdPartition => "etcd-partition",
         }
     }
 }
@@ -217,6 +238,14 @@ pub struct DrillArgs {
     /// Write report.md, drill.svg and the nodes' logs into DIR.
     #[arg(long, value_name = "DIR")]
     pub report: Option<PathBuf>,
+    /// With --local: coordinate the cluster through an etcd of the drill's
+    /// own (`etcd` on PATH; sluiced built with `--features etcd`), each
+    /// node's link to it through a proxy the drill can cut.
+    #[arg(long, requires = "local")]
+    pub etcd: bool,
+    /// With --etcd: the nodes' --leader-ttl-s.
+    #[arg(long, default_value_t = 2)]
+    pub leader_ttl_s: u64,
     /// Break the local setup on purpose (to see the drill catch it).
     #[arg(long, value_enum)]
     pub sabotage: Option<Sabotage>,
@@ -321,10 +350,34 @@ async fn drill(args: &DrillArgs, global: &Global) -> Result<Outcome, DrillError>
         ReplArg::Sync => "sync",
         ReplArg::Async => "async",
     };
-    let faults = schedule(args.fault, args.rounds, args.seed);
+    let kinds: &[Fault] = if args.etcd {
+        &Fault::ALL_ETCD
+    } else {
+        &Fault::ALL
+    };
+    let faults = schedule(args.fault, args.rounds, args.seed, kinds);
+    if args.etcd && faults.contains(&Fault::Handover) {
+        return Err(DrillError(
+            "--etcd: etcd decides who leads; no handover fault".into(),
+        ));
+    }
+    if !args.etcd
+        && faults
+            .iter()
+            .any(|f| matches!(f, Fault::EtcdDown | Fault::EtcdPartition))
+    {
+        return Err(DrillError(
+            "the etcd faults need --etcd (or --fault-cmd)".into(),
+        ));
+    }
     let mut harness = match (&global.cluster, &args.fault_cmd, args.local) {
         (None, None, true) => {
             let links = matches!(args.fault, FaultArg::Partition | FaultArg::Mixed);
+            if args.etcd && args.sabotage.is_some() {
+                return Err(DrillError(
+                    "--sabotage and --etcd do not go together".into(),
+                ));
+            }
             let log_dir = match &args.report {
                 Some(dir) => dir.join("nodes"),
                 None => std::env::temp_dir().join(format!("sluice-drill-{}", std::process::id())),
@@ -337,6 +390,7 @@ async fn drill(args: &DrillArgs, global: &Global) -> Result<Outcome, DrillError>
                 promote_after_ms: args.promote_after_ms,
                 links,
                 no_replication: args.sabotage == Some(Sabotage::NoReplication),
+                etcd_ttl_s: args.etcd.then_some(args.leader_ttl_s.max(1)),
                 log_dir,
             };
             Harness::Local(tokio::task::block_in_place(|| {
@@ -477,8 +531,11 @@ async fn drill(args: &DrillArgs, global: &Global) -> Result<Outcome, DrillError>
             )));
         };
         let before = roles[p].clone().expect("a primary answered");
-        let fault_ns = clock.now_ns();
-        let injected = inject(&mut harness, g, p, fault, args).await;
+        // The fault's time is when it took effect (a signal sent by `kill`
+        // lands a few ms after the call to send it); `inject` moves it.
+        let fault_at = std::cell::Cell::new(clock.now_ns());
+        let injected = inject(&mut harness, g, p, fault, args, &fault_at).await;
+        let fault_ns = fault_at.get();
         let (fault_error, server_unavailable_ms) = match injected {
             Ok(ms) => (None, ms),
             Err(e) => (Some(e.0), None),
@@ -575,14 +632,16 @@ async fn drill(args: &DrillArgs, global: &Global) -> Result<Outcome, DrillError>
     ))
 }
 
-/// The faults of each round: the one asked for, or (mixed) each of the
-/// four in turn, shuffled within every four rounds.
-fn schedule(fault: FaultArg, rounds: usize, seed: u64) -> Vec<Fault> {
+/// The faults of each round: the one asked for, or (mixed) each of
+/// `kinds` in turn, shuffled within every `kinds.len()` rounds.
+fn schedule(fault: FaultArg, rounds: usize, seed: u64, kinds: &[Fault]) -> Vec<Fault> {
     let one = match fault {
         FaultArg::Kill => Some(Fault::Kill),
         FaultArg::Pause => Some(Fault::Pause),
         FaultArg::Partition => Some(Fault::Partition),
         FaultArg::Handover => Some(Fault::Handover),
+        FaultArg::EtcdDown => Some(Fault::EtcdDown),
+        FaultArg::EtcdPartition => Some(Fault::EtcdPartition),
         FaultArg::Mixed => None,
     };
     if let Some(f) = one {
@@ -591,11 +650,11 @@ fn schedule(fault: FaultArg, rounds: usize, seed: u64) -> Vec<Fault> {
     let mut rng = seed.wrapping_add(0x9e37_79b9_7f4a_7c15) | 1;
     let mut out = Vec::with_capacity(rounds);
     while out.len() < rounds {
-        let mut four = Fault::ALL;
-        for i in (1..4).rev() {
-            four.swap(i, (load::xorshift(&mut rng) % (i as u64 + 1)) as usize);
+        let mut block = kinds.to_vec();
+        for i in (1..block.len()).rev() {
+            block.swap(i, (load::xorshift(&mut rng) % (i as u64 + 1)) as usize);
         }
-        out.extend(four.into_iter().take(rounds - out.len()));
+        out.extend(block.into_iter().take(rounds - out.len()));
     }
     out
 }
@@ -613,7 +672,10 @@ async fn inject(
     p: usize,
     fault: Fault,
     args: &DrillArgs,
+    fault_at: &std::cell::Cell<u64>,
 ) -> Result<Option<f64>, DrillError> {
+    let clock = MonotonicClock::new();
+    let took_effect = || fault_at.set(clock.now_ns());
     match harness {
         Harness::Local(cluster) => match fault {
             Fault::Kill => {
@@ -622,6 +684,7 @@ async fn inject(
             }
             Fault::Pause => {
                 tokio::task::block_in_place(|| cluster.pause(g, p, true))?;
+                took_effect();
                 tokio::time::sleep(Duration::from_millis(args.pause_ms)).await;
                 tokio::task::block_in_place(|| cluster.pause(g, p, false))?;
                 Ok(None)
@@ -635,6 +698,19 @@ async fn inject(
             Fault::Handover => {
                 let addr = cluster.control_addr(g, p);
                 handover(&addr.to_string()).await
+            }
+            Fault::EtcdDown => {
+                tokio::task::block_in_place(|| cluster.etcd_pause(true))?;
+                took_effect();
+                tokio::time::sleep(Duration::from_millis(args.cut_ms)).await;
+                tokio::task::block_in_place(|| cluster.etcd_pause(false))?;
+                Ok(None)
+            }
+            Fault::EtcdPartition => {
+                cluster.cut_etcd(g, p, true)?;
+                tokio::time::sleep(Duration::from_millis(args.cut_ms)).await;
+                cluster.cut_etcd(g, p, false)?;
+                Ok(None)
             }
         },
         Harness::External {
@@ -806,13 +882,22 @@ mod tests {
 
     #[test]
     fn mixed_runs_every_fault_once_in_every_four_rounds() {
-        let s = schedule(FaultArg::Mixed, 12, 7);
+        let s = schedule(FaultArg::Mixed, 12, 7, &Fault::ALL);
         for four in s.chunks(4) {
             for f in Fault::ALL {
                 assert_eq!(four.iter().filter(|&&x| x == f).count(), 1, "{s:?}");
             }
         }
-        assert_eq!(schedule(FaultArg::Kill, 3, 1), vec![Fault::Kill; 3]);
-        assert_eq!(schedule(FaultArg::Mixed, 2, 1).len(), 2);
+        let e = schedule(FaultArg::Mixed, 10, 7, &Fault::ALL_ETCD);
+        for five in e.chunks(5) {
+            for f in Fault::ALL_ETCD {
+                assert_eq!(five.iter().filter(|&&x| x == f).count(), 1, "{e:?}");
+            }
+        }
+        assert_eq!(
+            schedule(FaultArg::Kill, 3, 1, &Fault::ALL),
+            vec![Fault::Kill; 3]
+        );
+        assert_eq!(schedule(FaultArg::Mixed, 2, 1, &Fault::ALL).len(), 2);
     }
 }
