@@ -580,7 +580,7 @@ impl Connection {
     /// RELOAD: re-reads the config file's tiers (a small file, read on this
     /// thread) and hands them to every shard; this shard uses them at once.
     fn reload(&mut self, request_id: u32) {
-        match self.core.node.reload_tiers() {
+        match self.core.node.reload_tiers("RELOAD") {
             Ok(tiers) => {
                 let n = tiers.len() as u32;
                 *self.core.tiers.borrow_mut() = tiers;

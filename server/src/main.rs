@@ -10,6 +10,12 @@ fn main() -> std::process::ExitCode {
                 .unwrap_or_else(|_| "info".into()),
         )
         .with_writer(std::io::stderr)
+        // Colours only for a person at a terminal: a log file or a pipe
+        // gets plain text, and NO_COLOR turns them off anywhere.
+        .with_ansi(
+            std::io::IsTerminal::is_terminal(&std::io::stderr())
+                && std::env::var_os("NO_COLOR").is_none(),
+        )
         .init();
     let config = match Config::load(std::env::args_os()) {
         Ok(c) => c,

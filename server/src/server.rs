@@ -154,9 +154,8 @@ impl Server {
                 accepted = self.listener.accept() => (Listener::V1, accepted),
                 accepted = accept(self.resp_listener.as_ref()) => (Listener::Resp, accepted),
                 () = hangup.recv() => {
-                    if let Err(e) = self.node.reload_tiers() {
-                        tracing::warn!(error = %e, "SIGHUP: reload refused; the old tiers stay");
-                    }
+                    // Logged either way by reload_tiers.
+                    let _ = self.node.reload_tiers("SIGHUP");
                     continue;
                 }
                 () = &mut shutdown => break,

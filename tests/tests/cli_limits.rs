@@ -399,3 +399,48 @@ fn tiers_reload_and_usage_errors() {
         assert!(!stderr(&out).is_empty(), "{args:?}");
     }
 }
+
+/// A node started without a config file has no tiers to reload: RELOAD is
+/// an error that says so, the node logs it, and its log (stderr to a pipe
+/// here, as to a file) is plain text, without colour codes.
+#[test]
+fn reload_without_a_config_file_is_an_error_logged_in_plain_text() {
+    use std::io::{BufRead, BufReader, Read};
+    use std::process::{Command, Stdio};
+    let mut child = Command::new(sluice_tests::support::binary("sluiced"))
+        .args(["--bind", "127.0.0.1", "--port", "0", "--shards", "1"])
+        .env("SLUICE_LOG", "info")
+        .env_remove("NO_COLOR")
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("sluiced starts");
+    let mut lines = BufReader::new(child.stdout.take().unwrap()).lines();
+    let first = lines.next().unwrap().unwrap();
+    let addr = first.split_whitespace().nth(3).unwrap().to_owned();
+    let out = Command::new(sluice_tests::support::binary("sluice"))
+        .args(["--addr", &addr, "reload"])
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(2));
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(err.contains("no config file"), "{err}");
+    let _ = child.kill();
+    let _ = child.wait();
+    let mut log = String::new();
+    child
+        .stderr
+        .take()
+        .unwrap()
+        .read_to_string(&mut log)
+        .unwrap();
+    assert!(log.contains("no config file to reload"), "{log}");
+    assert!(
+        log.contains("trigger=\"RELOAD\"") || log.contains("trigger=RELOAD"),
+        "{log}"
+    );
+    assert!(
+        !log.contains('\u{1b}'),
+        "colour codes in a log to a pipe: {log:?}"
+    );
+}

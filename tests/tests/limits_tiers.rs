@@ -155,7 +155,9 @@ async fn the_reload_op_swaps_tiers_and_a_bad_file_changes_nothing() {
 async fn without_a_config_file_there_are_no_tiers() {
     let server = Sluiced::start(&[]);
     let client = client(&server, true).await;
-    assert_eq!(client.reload().await.unwrap(), 0);
+    // Nothing to reload is an error, not "0 tiers".
+    let reload = client.reload().await;
+    assert_eq!(status(reload), Status::ConfigInvalid);
     let e = client.probe(b"k", Limits::Tier("free"), 1).await;
     assert_eq!(status(e), Status::UnknownTier);
 }

@@ -305,13 +305,27 @@ impl Node {
 
     /// Re-reads the tiers from the config file and hands them to every
     /// shard (each swaps them in between two messages). The old tiers stay
-    /// in force if the file is not valid.
-    pub fn reload_tiers(&self) -> Result<Arc<Tiers>, String> {
-        let tiers = Arc::new(self.config.reload_tiers().map_err(|e| e.to_string())?);
+    /// in force if the file is not valid; a node started without a config
+    /// file has nothing to reload, and says so. Logs the outcome whichever
+    /// way the reload was asked for (`trigger`: SIGHUP or RELOAD).
+    pub fn reload_tiers(&self, trigger: &str) -> Result<Arc<Tiers>, String> {
+        if self.config.config.is_none() {
+            let text = "no config file to reload: sluiced was started without --config FILE, so it has no tiers".to_owned();
+            tracing::warn!(trigger, "{text}");
+            return Err(text);
+        }
+        let tiers = match self.config.reload_tiers() {
+            Ok(t) => Arc::new(t),
+            Err(e) => {
+                let text = e.to_string();
+                tracing::warn!(trigger, error = %text, "reload refused; the old tiers stay");
+                return Err(text);
+            }
+        };
         for tx in &self.shards {
             let _ = tx.send(ShardMsg::Tiers(tiers.clone()));
         }
-        tracing::info!(tiers = tiers.len(), "tiers reloaded");
+        tracing::info!(trigger, tiers = tiers.len(), "tiers reloaded");
         Ok(tiers)
     }
 }
