@@ -16,6 +16,13 @@
 //! | `CONFIG GET name ...` | pairs for the few settings tools ask about |
 //! | `ROLE` | Redis's shape: `master` or `slave`, with offsets |
 //! | `CL.THROTTLE key max_burst count period [quantity]` | redis-cell's five integers |
+//! | `HELLO [2\|3 [AUTH user token] [SETNAME name]]` | the connection's facts; switches RESP2/RESP3 |
+//! | `SELECT 0` | `+OK` (there is one database) |
+//! | `CLIENT SETNAME / GETNAME / SETINFO / ID` | what client libraries send on connect |
+//! | `COMMAND [DOCS \| COUNT \| INFO ...]` | empty answers, for clients that probe |
+//!
+//! Replies are RESP2 until `HELLO 3`, then RESP3 where the two differ
+//! (maps, nulls); CL.THROTTLE's array of integers is the same in both.
 //!
 //! Anything else is `-ERR unknown command ...`, word for word as Redis
 //! says it. With `--auth-token` set, every command but AUTH and QUIT needs
@@ -54,13 +61,61 @@ pub enum Command<'a> {
     Throttle(CellRequest<'a>),
     /// ROLE: primary (`master`) or follower (`slave`), in Redis's shape.
     Role,
+    /// HELLO: the protocol version asked for (none: keep), AUTH and
+    /// SETNAME options.
+    Hello {
+        /// 2 or 3.
+        proto: Option<u8>,
+        /// `AUTH user token`.
+        auth: Option<(&'a [u8], &'a [u8])>,
+        /// `SETNAME name`.
+        name: Option<&'a [u8]>,
+    },
+    /// SELECT of database 0 (the only one).
+    Select,
+    /// CLIENT SETNAME name.
+    SetName(&'a [u8]),
+    /// CLIENT GETNAME.
+    GetName,
+    /// CLIENT ID.
+    ClientId,
+    /// CLIENT SETINFO (library name and version: accepted, not kept).
+    SetInfo,
+    /// COMMAND and its DOCS, COUNT, INFO, LIST: nothing to describe.
+    CommandProbe(CommandProbe),
+}
+
+/// What a COMMAND probe asked.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum CommandProbe {
+    /// COMMAND, COMMAND INFO, COMMAND LIST: an empty array.
+    List,
+    /// COMMAND DOCS: an empty map.
+    Docs,
+    /// COMMAND COUNT: 0.
+    Count,
 }
 
 impl Command<'_> {
-    /// Whether the command needs an authenticated connection.
+    /// Whether the command needs an authenticated connection (HELLO
+    /// checks for itself: with AUTH it authenticates).
     pub fn needs_auth(&self) -> bool {
-        !matches!(self, Command::Auth { .. } | Command::Quit)
+        !matches!(
+            self,
+            Command::Auth { .. } | Command::Quit | Command::Hello { .. }
+        )
     }
+}
+
+/// A value inside a map reply.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Field {
+    /// A bulk string.
+    Bulk(Vec<u8>),
+    /// An integer.
+    Int(i64),
+    /// An empty array.
+    Empty,
 }
 
 /// One reply, in RESP2.
@@ -76,6 +131,12 @@ pub enum Reply {
     Array(Vec<Vec<u8>>),
     /// A reply already encoded (ROLE's nested, mixed array).
     Raw(Vec<u8>),
+    /// An integer.
+    Int(i64),
+    /// No value: RESP2's null bulk string, RESP3's null.
+    Null,
+    /// Pairs: RESP3's map, RESP2's flat array (HELLO, COMMAND DOCS).
+    Map(Vec<(&'static str, Field)>),
     /// An error: the code and text after the `-`.
     Error(String),
 }
@@ -134,6 +195,57 @@ pub fn parse<'a>(args: &Args<'a>) -> Result<Option<Command<'a>>, Reply> {
         let token = args.get(argc).unwrap_or_default();
         let user = (argc == 2).then(|| args.get(1)).flatten();
         Command::Auth { user, token }
+    } else if is("HELLO") {
+        hello(args)?
+    } else if is("SELECT") {
+        arity(argc == 1, "select")?;
+        if args.get(1) != Some(b"0".as_slice()) {
+            return Err(Reply::err("DB index is out of range"));
+        }
+        Command::Select
+    } else if is("CLIENT") {
+        arity(argc >= 1, "client")?;
+        let sub = args.get(1).unwrap_or_default();
+        let sub_is = |n: &str| sub.eq_ignore_ascii_case(n.as_bytes());
+        if sub_is("SETNAME") {
+            arity(argc == 2, "client|setname")?;
+            let name = args.get(2).unwrap_or_default();
+            if name.iter().any(|&b| b <= b' ' || b > b'~') {
+                return Err(Reply::err(
+                    "Client names cannot contain spaces, newlines or special characters.",
+                ));
+            }
+            Command::SetName(name)
+        } else if sub_is("GETNAME") {
+            arity(argc == 1, "client|getname")?;
+            Command::GetName
+        } else if sub_is("ID") {
+            arity(argc == 1, "client|id")?;
+            Command::ClientId
+        } else if sub_is("SETINFO") {
+            arity(argc == 3, "client|setinfo")?;
+            Command::SetInfo
+        } else {
+            let sub = printable(sub, UNKNOWN_ECHO_BYTES_MAX);
+            return Err(Reply::err(format_args!(
+                "unknown subcommand '{sub}'. Try CLIENT HELP."
+            )));
+        }
+    } else if is("COMMAND") {
+        let sub = args.get(1).unwrap_or_default();
+        let sub_is = |n: &str| sub.eq_ignore_ascii_case(n.as_bytes());
+        Command::CommandProbe(if argc == 0 || sub_is("INFO") || sub_is("LIST") {
+            CommandProbe::List
+        } else if sub_is("DOCS") {
+            CommandProbe::Docs
+        } else if sub_is("COUNT") {
+            CommandProbe::Count
+        } else {
+            let sub = printable(sub, UNKNOWN_ECHO_BYTES_MAX);
+            return Err(Reply::err(format_args!(
+                "unknown subcommand '{sub}'. Try COMMAND HELP."
+            )));
+        })
     } else if is("CONFIG") {
         arity(argc >= 1, "config")?;
         let sub = args.get(1).unwrap_or_default();
@@ -149,6 +261,46 @@ pub fn parse<'a>(args: &Args<'a>) -> Result<Option<Command<'a>>, Reply> {
         return Err(unknown(args));
     };
     Ok(Some(command))
+}
+
+/// HELLO's arguments, with Redis's checks and texts.
+fn hello<'a>(args: &Args<'a>) -> Result<Command<'a>, Reply> {
+    let mut proto = None;
+    let (mut auth, mut name) = (None, None);
+    if let Some(v) = args.get(1) {
+        proto = match v {
+            b"2" => Some(2),
+            b"3" => Some(3),
+            _ if v.iter().all(u8::is_ascii_digit) && !v.is_empty() => {
+                return Err(Reply::Error("NOPROTO unsupported protocol version".into()))
+            }
+            _ => {
+                return Err(Reply::err(
+                    "Protocol version is not an integer or out of range",
+                ))
+            }
+        };
+    }
+    let mut i = 2;
+    while let Some(opt) = args.get(i) {
+        let left = args.len() - i - 1;
+        if opt.eq_ignore_ascii_case(b"AUTH") && left >= 2 {
+            auth = Some((
+                args.get(i + 1).unwrap_or_default(),
+                args.get(i + 2).unwrap_or_default(),
+            ));
+            i += 3;
+        } else if opt.eq_ignore_ascii_case(b"SETNAME") && left >= 1 {
+            name = Some(args.get(i + 1).unwrap_or_default());
+            i += 2;
+        } else {
+            let opt = printable(opt, UNKNOWN_ECHO_BYTES_MAX);
+            return Err(Reply::err(format_args!(
+                "Syntax error in HELLO option '{opt}'"
+            )));
+        }
+    }
+    Ok(Command::Hello { proto, auth, name })
 }
 
 /// CL.THROTTLE's arguments, with redis-cell's checks and texts.
@@ -193,9 +345,27 @@ fn printable(bytes: &[u8], max: usize) -> String {
     String::from_utf8_lossy(&bytes[..bytes.len().min(max)]).into_owned()
 }
 
-/// Appends `reply` to `buf` in RESP2.
-pub fn encode(buf: &mut BytesMut, reply: &Reply) {
+/// Appends `reply` to `buf` in RESP `proto` (2 or 3).
+pub fn encode(buf: &mut BytesMut, reply: &Reply, proto: u8) {
     match reply {
+        Reply::Int(n) => put_int(buf, b':', *n),
+        Reply::Null if proto >= 3 => buf.extend_from_slice(b"_\r\n"),
+        Reply::Null => buf.extend_from_slice(b"$-1\r\n"),
+        Reply::Map(pairs) => {
+            if proto >= 3 {
+                put_len(buf, b'%', pairs.len());
+            } else {
+                put_len(buf, b'*', 2 * pairs.len());
+            }
+            for (k, v) in pairs {
+                put_bulk(buf, k.as_bytes());
+                match v {
+                    Field::Bulk(b) => put_bulk(buf, b),
+                    Field::Int(n) => put_int(buf, b':', *n),
+                    Field::Empty => buf.extend_from_slice(b"*0\r\n"),
+                }
+            }
+        }
         Reply::Cell(v) => {
             buf.extend_from_slice(b"*5\r\n");
             for n in v.reply() {
@@ -280,9 +450,65 @@ mod tests {
     }
 
     fn encoded(r: &Reply) -> String {
+        encoded_in(r, 2)
+    }
+
+    fn encoded_in(r: &Reply, proto: u8) -> String {
         let mut buf = BytesMut::new();
-        encode(&mut buf, r);
+        encode(&mut buf, r, proto);
         String::from_utf8(buf.to_vec()).unwrap()
+    }
+
+    #[test]
+    fn hello_select_client_and_command_parse_as_redis_does() {
+        with("HELLO 3 AUTH default t SETNAME gw", |r| match r {
+            Ok(Some(Command::Hello { proto, auth, name })) => {
+                assert_eq!(proto, Some(3));
+                assert_eq!(auth, Some((b"default".as_slice(), b"t".as_slice())));
+                assert_eq!(name, Some(b"gw".as_slice()));
+            }
+            other => panic!("{other:?}"),
+        });
+        with("hello", |r| {
+            assert!(matches!(r, Ok(Some(Command::Hello { proto: None, .. }))))
+        });
+        assert_eq!(error("HELLO 4"), "NOPROTO unsupported protocol version");
+        assert!(error("HELLO 3 BOGUS").starts_with("ERR Syntax error in HELLO option"));
+        with("SELECT 0", |r| {
+            assert!(matches!(r, Ok(Some(Command::Select))))
+        });
+        assert_eq!(error("SELECT 1"), "ERR DB index is out of range");
+        with("client setname a", |r| {
+            assert!(matches!(r, Ok(Some(Command::SetName(b"a")))))
+        });
+        with("CLIENT GETNAME", |r| {
+            assert!(matches!(r, Ok(Some(Command::GetName))))
+        });
+        with("CLIENT SETINFO LIB-NAME redis-py", |r| {
+            assert!(matches!(r, Ok(Some(Command::SetInfo))))
+        });
+        with("COMMAND DOCS", |r| {
+            assert!(matches!(
+                r,
+                Ok(Some(Command::CommandProbe(CommandProbe::Docs)))
+            ))
+        });
+    }
+
+    #[test]
+    fn maps_and_nulls_differ_between_resp2_and_resp3() {
+        let map = Reply::Map(vec![("proto", Field::Int(3)), ("modules", Field::Empty)]);
+        assert_eq!(
+            encoded_in(&map, 3),
+            "%2\r\n$5\r\nproto\r\n:3\r\n$7\r\nmodules\r\n*0\r\n"
+        );
+        assert_eq!(
+            encoded_in(&map, 2),
+            "*4\r\n$5\r\nproto\r\n:3\r\n$7\r\nmodules\r\n*0\r\n"
+        );
+        assert_eq!(encoded_in(&Reply::Null, 3), "_\r\n");
+        assert_eq!(encoded_in(&Reply::Null, 2), "$-1\r\n");
+        assert_eq!(encoded_in(&Reply::Int(-7), 3), ":-7\r\n");
     }
 
     #[test]

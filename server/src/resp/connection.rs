@@ -26,7 +26,7 @@ use sluice_protocol::routing::{key_hash, shard_of};
 use sluice_protocol::{Clock, Status};
 use tokio::net::TcpStream;
 
-use super::command::{self, Command, Reply};
+use super::command::{self, Command, CommandProbe, Field, Reply};
 use super::parser::{Args, Parser};
 use crate::coordinator::{self, constant_time_eq, Handler, READ_CHUNK_BYTES};
 use crate::pipeline::{Pipeline, Protocol};
@@ -68,6 +68,12 @@ struct Session {
     pipe: Pipeline<Resp>,
     /// Whether AUTH succeeded (or no token is configured).
     authed: bool,
+    /// The RESP version replies use: 2 until `HELLO 3`.
+    proto: u8,
+    /// CLIENT SETNAME's (or HELLO SETNAME's) name.
+    name: Option<Vec<u8>>,
+    /// CLIENT ID: unique in the process.
+    id: u64,
     /// Stop reading; close once every pending reply is written.
     closing: bool,
     /// The input did not parse: linger on close (see
@@ -87,6 +93,13 @@ struct RespConnection {
     session: Session,
 }
 
+/// The Redis version HELLO names: the one whose commands and replies the
+/// listener follows (clients pick features by it).
+const REDIS_VERSION: &str = "7.2.0";
+
+/// The next CLIENT ID.
+static NEXT_CLIENT_ID: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(1);
+
 /// Serves one RESP connection until it closes.
 pub async fn run(core: Rc<ShardCore>, adopt: AdoptResp) {
     let AdoptResp { stream, guard } = adopt;
@@ -98,6 +111,9 @@ pub async fn run(core: Rc<ShardCore>, adopt: AdoptResp) {
             wbuf: BytesMut::with_capacity(READ_CHUNK_BYTES),
             pipe: Pipeline::new(core.node.shard_count),
             authed: core.node.config.auth_token.is_none(),
+            proto: 2,
+            name: None,
+            id: NEXT_CLIENT_ID.fetch_add(1, std::sync::atomic::Ordering::Relaxed),
             closing: false,
             bad_input: false,
             guard,
@@ -152,13 +168,16 @@ impl Handler for RespConnection {
         }
         rbuf.advance(at);
         let s = &mut self.session;
+        let proto = s.proto;
         s.pipe
-            .send_forwards(&s.core.node, |r| command::encode(&mut s.wbuf, r));
+            .send_forwards(&s.core.node, |r| command::encode(&mut s.wbuf, r, proto));
     }
 
     fn fill(&mut self, reply: BatchReply) {
         let s = &mut self.session;
-        s.pipe.fill(reply, |r| command::encode(&mut s.wbuf, r));
+        let proto = s.proto;
+        s.pipe
+            .fill(reply, |r| command::encode(&mut s.wbuf, r, proto));
     }
 
     fn output(&mut self) -> &mut BytesMut {
@@ -178,7 +197,7 @@ impl Session {
     /// Queues `reply` behind every earlier one (or encodes it right away).
     fn reply(&mut self, reply: Reply) {
         if let Some(r) = self.pipe.ready(reply) {
-            command::encode(&mut self.wbuf, &r);
+            command::encode(&mut self.wbuf, &r, self.proto);
         }
     }
 
@@ -246,7 +265,69 @@ impl Session {
                 self.reply(Reply::Raw(super::role::role_reply(&role)));
             }
             Command::ConfigGet(args) => self.config_get(&args),
+            Command::Hello { proto, auth, name } => self.hello(proto, auth, name),
+            Command::Select | Command::SetInfo => self.reply(Reply::Simple("OK")),
+            Command::SetName(name) => {
+                self.name = (!name.is_empty()).then(|| name.to_vec());
+                self.reply(Reply::Simple("OK"));
+            }
+            Command::GetName => {
+                let reply = self.name.clone().map_or(Reply::Null, Reply::Bulk);
+                self.reply(reply);
+            }
+            Command::ClientId => self.reply(Reply::Int(i64::try_from(self.id).unwrap_or(i64::MAX))),
+            Command::CommandProbe(probe) => self.reply(match probe {
+                CommandProbe::List => Reply::Array(Vec::new()),
+                CommandProbe::Docs => Reply::Map(Vec::new()),
+                CommandProbe::Count => Reply::Int(0),
+            }),
         }
+    }
+
+    /// HELLO as Redis answers it: authenticates with AUTH, names the
+    /// connection with SETNAME, switches the protocol, and answers with
+    /// the connection's facts (in the protocol it switched to).
+    fn hello(&mut self, proto: Option<u8>, auth: Option<(&[u8], &[u8])>, name: Option<&[u8]>) {
+        if let Some((user, token)) = auth {
+            let ok = match &self.core.node.config.auth_token {
+                None => user == b"default",
+                Some(expected) => {
+                    user == b"default" && constant_time_eq(expected.as_bytes(), token)
+                }
+            };
+            if !ok {
+                return self.reply(Reply::wrong_pass());
+            }
+            self.authed = true;
+        }
+        if !self.authed {
+            return self.reply(Reply::Error(
+                "NOAUTH HELLO must be called with the client already authenticated, otherwise the \
+                 HELLO <proto> AUTH <user> <pass> option can be used to authenticate the client and \
+                 select the RESP protocol version at the same time"
+                    .to_owned(),
+            ));
+        }
+        if let Some(n) = name {
+            self.name = (!n.is_empty()).then(|| n.to_vec());
+        }
+        if let Some(p) = proto {
+            self.proto = p;
+        }
+        let role = if self.core.node.repl.is_primary() {
+            "master"
+        } else {
+            "replica"
+        };
+        self.reply(Reply::Map(vec![
+            ("server", Field::Bulk(b"redis".to_vec())),
+            ("version", Field::Bulk(REDIS_VERSION.as_bytes().to_vec())),
+            ("proto", Field::Int(i64::from(self.proto))),
+            ("id", Field::Int(i64::try_from(self.id).unwrap_or(i64::MAX))),
+            ("mode", Field::Bulk(b"standalone".to_vec())),
+            ("role", Field::Bulk(role.as_bytes().to_vec())),
+            ("modules", Field::Empty),
+        ]));
     }
 
     /// AUTH as Redis answers it for its `default` user.
