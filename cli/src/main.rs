@@ -334,8 +334,28 @@ fn main() -> ExitCode {
         Ok(code) => code,
         Err(e) => {
             eprintln!("sluice: {e}");
+            if let Some(hint) = hint(&e) {
+                eprintln!("sluice: {hint}");
+            }
             ExitCode::from(2)
         }
+    }
+}
+
+/// What to do about an error, when the error alone does not say.
+fn hint(e: &Error) -> Option<String> {
+    match e {
+        Error::Connect { addr, source } if source.kind() == std::io::ErrorKind::ConnectionRefused => {
+            let port = addr.rsplit(':').next().unwrap_or("7700");
+            Some(format!(
+                "is sluiced running on {addr}? Start it with `sluiced --port {port}`, or name another node with --addr"
+            ))
+        }
+        Error::Timeout(_) => Some(
+            "no answer in time: is --addr the node's protocol port (--port, default 7700), not its RESP port?"
+                .to_owned(),
+        ),
+        _ => None,
     }
 }
 

@@ -22,7 +22,7 @@ pub enum Error {
         source: std::io::Error,
     },
     /// The server answered with an error.
-    #[error("server said {}: {text}", status.map_or_else(|| format!("unknown code {code}"), |s| s.to_string()))]
+    #[error("server said {}", server_said(*status, *code, text))]
     Server {
         /// The status, when this client knows the code.
         status: Option<Status>,
@@ -37,6 +37,20 @@ pub enum Error {
     /// The call's arguments can never succeed (checked before sending).
     #[error("invalid argument: {0}")]
     Invalid(String),
+}
+
+/// A server error's words, each said once: the status's name and code,
+/// then the server's text when it adds anything (`unknown tier (15)`, not
+/// `unknown tier (15): unknown tier`).
+fn server_said(status: Option<Status>, code: u16, text: &str) -> String {
+    match status {
+        Some(s) if text.is_empty() || text == s.text() => s.to_string(),
+        Some(s) => match text.strip_prefix(s.text()) {
+            Some(rest) => format!("{s}{rest}"),
+            None => format!("{s}: {text}"),
+        },
+        None => format!("unknown code {code}: {text}"),
+    }
 }
 
 impl Error {
@@ -89,7 +103,18 @@ mod tests {
             Action::OutcomeUnknown
         );
         let shown = e.to_string();
-        assert!(shown.contains(&text), "{shown}");
+        assert!(
+            shown.contains("the primary is 127.0.0.1:7700 (epoch 3)"),
+            "{shown}"
+        );
+        assert_eq!(
+            shown.matches("not primary").count(),
+            1,
+            "said once: {shown}"
+        );
+        // A text that only repeats the status is not repeated.
+        let tier = Error::server(Status::UnknownTier.code(), "unknown tier".into());
+        assert_eq!(tier.to_string(), "server said unknown tier (15)");
         // A code this client does not know still shows the server's text.
         let unknown = Error::server(999, "later".into());
         assert_eq!(unknown.action(), Action::GiveUp);

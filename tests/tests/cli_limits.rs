@@ -444,3 +444,25 @@ fn reload_without_a_config_file_is_an_error_logged_in_plain_text() {
         "colour codes in a log to a pipe: {log:?}"
     );
 }
+
+/// Connection refused says what to do: start sluiced, or name another node.
+#[test]
+fn connection_refused_suggests_starting_sluiced() {
+    let port = std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port();
+    let addr = format!("127.0.0.1:{port}");
+    let out = std::process::Command::new(sluice_tests::support::binary("sluice"))
+        .args(["--addr", &addr, "ping"])
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(2));
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        err.contains(&format!("is sluiced running on {addr}?")),
+        "{err}"
+    );
+    assert!(err.contains(&format!("sluiced --port {port}")), "{err}");
+}
