@@ -20,12 +20,31 @@ use sluice_protocol::message::{DecideOk, LeaseTarget, Limits, Mode, LIMITS_MAX};
 use sluice_protocol::policy::Rate;
 use sluice_protocol::{Kind, Limit, Policy};
 
+/// What `sluice --help` says after the commands.
+const AFTER_HELP: &str = "\
+Examples:
+  sluice ping                                           is the node at 127.0.0.1:7700 up?
+  sluice throttle user:42 --rate 10/s --burst 20        spend 1 unit of a token bucket
+  sluice throttle user:42 --limit token-bucket:10/s,burst=20 --limit concurrency:5,lease=30s --json
+  sluice peek user:42 --rate 10/s --cost 5              what spending 5 would answer (spends nothing)
+  sluice --addr 127.0.0.1:7701 role                     a node's role, epoch and replication state
+  sluice --cluster cluster.toml route user:1 user:2     which group and node each key goes to
+  sluice drill --local --rounds 20                      a failover drill on a cluster of its own
+
+Environment:
+  SLUICE_AUTH_TOKEN   as --auth-token
+
+Exit status: 0 allowed or done; 1 denied (throttle, peek, acquire; drill:
+the replication mode's promise was broken); 2 an error (usage, connection,
+server error; drill: the drill itself failed).";
+
 /// Talk to a Sluice node.
 #[derive(Debug, Parser)]
 #[command(
     name = "sluice",
     version,
-    about = "Talk to a Sluice node (--addr) or cluster (--cluster): decide, inspect, operate, load-test"
+    about = "Talk to a Sluice node (--addr) or cluster (--cluster): decide, inspect, operate, load-test",
+    after_help = AFTER_HELP
 )]
 struct Cli {
     /// The node's address.

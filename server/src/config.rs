@@ -59,9 +59,35 @@ pub enum Replication {
 // A batch must fit in flight, or a frame at the batch limit could never be read.
 const _: () = assert!(BATCH_MAX_DEFAULT <= INFLIGHT_MAX_DEFAULT);
 
+/// What `sluiced --help` says after the flags.
+const SLUICED_AFTER_HELP: &str = "\
+Examples:
+  sluiced                                   serve on 127.0.0.1:7700, one shard per core
+  sluiced --port 0 --resp-port 0            free ports for both listeners (printed)
+  sluiced --config sluice.toml              settings and tiers from a file
+  sluiced --replica-of 127.0.0.1:7700 --port 7701   a follower of that primary
+
+Standard output (scripts read it): first line
+  sluiced listening on ADDR shards=N
+and, with --resp-port, a second line
+  sluiced resp listening on ADDR
+Logs go to standard error (plain text unless it is a terminal).
+
+Environment:
+  SLUICE_LOG          log filter: error, warn, info (default), debug, or per module
+  SLUICE_AUTH_TOKEN   as --auth-token
+  NO_COLOR            no colours in the logs even on a terminal
+
+Signals:
+  SIGTERM, SIGINT     stop accepting, answer what was accepted (up to --drain-ms), exit 0
+  SIGHUP              re-read the config file's tiers (the old ones stay if it is invalid)
+
+Exit status: 0 after a clean shutdown; 2 for a bad flag, config file or
+listening address (for example, the port already in use).";
+
 /// `sluiced`: the Sluice rate-limiting store.
 #[derive(Clone, Debug, Parser)]
-#[command(name = "sluiced", version, about)]
+#[command(name = "sluiced", version, about, after_help = SLUICED_AFTER_HELP)]
 pub struct Config {
     /// Address to listen on. Loopback unless told otherwise.
     #[arg(long, default_value = "127.0.0.1")]
@@ -108,7 +134,9 @@ pub struct Config {
     #[arg(long, default_value_t = DRAIN_MS_DEFAULT)]
     pub drain_ms: u64,
 
-    /// Most buckets per shard (see KEYS_MAX_DEFAULT's note); 0 = no cap.
+    /// Most buckets per shard, all kinds together; 0 = no cap. At the cap,
+    /// full buckets are evicted; if none is full, new keys are refused
+    /// (KEYS_FULL) rather than evicting a partly spent bucket.
     #[arg(long, default_value_t = KEYS_MAX_DEFAULT)]
     pub keys_max: usize,
 

@@ -466,3 +466,33 @@ fn connection_refused_suggests_starting_sluiced() {
     );
     assert!(err.contains(&format!("sluiced --port {port}")), "{err}");
 }
+
+/// Both --help texts say what scripts and operators need: examples, exit
+/// status, environment, signals and the stdout lines; no source constants.
+#[test]
+fn help_texts_name_examples_exit_codes_environment_and_signals() {
+    let help = |bin: &str| {
+        let out = std::process::Command::new(sluice_tests::support::binary(bin))
+            .arg("--help")
+            .output()
+            .unwrap();
+        assert!(out.status.success());
+        String::from_utf8_lossy(&out.stdout).to_string()
+    };
+    let sluiced = help("sluiced");
+    for needle in [
+        "Examples:",
+        "Exit status:",
+        "SLUICE_LOG",
+        "SIGHUP",
+        "SIGTERM",
+        "sluiced listening on ADDR shards=N",
+    ] {
+        assert!(sluiced.contains(needle), "sluiced --help lacks {needle:?}");
+    }
+    assert!(!sluiced.contains("_DEFAULT"), "a source constant in --help");
+    let sluice = help("sluice");
+    for needle in ["Examples:", "Exit status:", "SLUICE_AUTH_TOKEN"] {
+        assert!(sluice.contains(needle), "sluice --help lacks {needle:?}");
+    }
+}
