@@ -622,7 +622,16 @@ impl Connection {
         if let Some(expected) = &self.core.node.config.auth_token {
             if !constant_time_eq(expected.as_bytes(), hello.token) {
                 self.closing = true;
-                return self.push(request_id, error(Status::AuthFailed.into()));
+                // Whether a token came at all says nothing about the token.
+                let text = if hello.token.is_empty() {
+                    "authentication failed: this node requires a token (give it with --auth-token or SLUICE_AUTH_TOKEN)"
+                } else {
+                    "authentication failed: the token is wrong"
+                };
+                return self.push(
+                    request_id,
+                    Local::Error(Status::AuthFailed, text.to_owned()),
+                );
             }
         }
         // (Only from an authenticated peer: a stale primary stops admitting.)

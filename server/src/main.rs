@@ -34,6 +34,14 @@ fn main() -> std::process::ExitCode {
             Ok(s) => s,
             Err(e) => {
                 eprintln!("sluiced: {e}");
+                if let sluice_server::server::StartError::Bind { source, .. } = &e {
+                    if source.kind() == std::io::ErrorKind::AddrInUse {
+                        eprintln!(
+                            "sluiced: is another sluiced (or another program) on that port? \
+                             Stop it, or choose another with --port (0 picks a free one)"
+                        );
+                    }
+                }
                 return std::process::ExitCode::from(2);
             }
         };

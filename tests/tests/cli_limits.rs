@@ -496,3 +496,21 @@ fn help_texts_name_examples_exit_codes_environment_and_signals() {
         assert!(sluice.contains(needle), "sluice --help lacks {needle:?}");
     }
 }
+
+/// A port already in use says so and what to do, with exit status 2.
+#[test]
+fn a_port_in_use_says_what_to_do() {
+    let first = Sluiced::start(&[]);
+    let port = first.addr.port().to_string();
+    let out = std::process::Command::new(sluice_tests::support::binary("sluiced"))
+        .args(["--bind", "127.0.0.1", "--port", &port])
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(2));
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(err.contains("cannot listen on"), "{err}");
+    assert!(
+        err.contains("another sluiced") && err.contains("--port"),
+        "{err}"
+    );
+}

@@ -282,6 +282,9 @@ async fn auth_token_is_required_and_checked() {
         matches!(err, Error::Timeout(_) | Error::Server { .. }),
         "{err:?}"
     );
+    if let Error::Server { .. } = err {
+        assert!(err.to_string().contains("requires a token"), "{err}");
+    }
     let config = ClientConfig {
         auth_token: Some("s3cret".into()),
         deadline: Duration::from_secs(10),
@@ -299,6 +302,12 @@ async fn auth_token_is_required_and_checked() {
         .await
         .expect_err("wrong token");
     assert_eq!(err.status(), Some(Status::AuthFailed));
+    assert!(err.to_string().contains("the token is wrong"), "{err}");
+    assert_eq!(
+        err.to_string().matches("authentication failed").count(),
+        1,
+        "{err}"
+    );
     assert_eq!(err.action(), Action::GiveUp);
 }
 
