@@ -200,7 +200,7 @@ pub struct ClusterVerdict {
     pub outcome_unknown: bool,
     /// The node that decided (its address as the topology names it), for
     /// `Source::Store`; `None` for a fallback verdict.
-    pub node: Option<String>,
+    pub node: Option<Arc<str>>,
     /// The group's epoch as this client knows it (the epoch of the primary
     /// it found); 0 before any primary was found.
     pub epoch: u64,
@@ -238,7 +238,9 @@ struct Group {
     /// What the topology says.
     spec: GroupSpec,
     /// The connection to the group's current primary, if known.
-    primary: RwLock<Option<(String, Client)>>,
+    /// The address is shared, so that every verdict can name it without
+    /// an allocation.
+    primary: RwLock<Option<(Arc<str>, Client)>>,
     /// The highest epoch seen for the group.
     epoch: AtomicU64,
     /// Held by the one caller searching for the primary.
@@ -330,7 +332,7 @@ impl Cluster {
             .read()
             .expect("not poisoned")
             .as_ref()
-            .map_or_else(|| g.spec.primary.clone(), |(a, _)| a.clone());
+            .map_or_else(|| g.spec.primary.clone(), |(a, _)| a.to_string());
         (g.spec.name.clone(), node)
     }
 
@@ -368,7 +370,7 @@ impl Cluster {
     async fn current(&self, group: &Group) -> Option<String> {
         self.primary_of(group, false).await?;
         let primary = group.primary.read().expect("not poisoned");
-        primary.as_ref().map(|(addr, _)| addr.clone())
+        primary.as_ref().map(|(addr, _)| addr.to_string())
     }
 
     /// THROTTLE a token bucket (the same bucket as DECIDE's one inline
@@ -457,7 +459,7 @@ impl Cluster {
     /// The group's primary: the one known, or (if `search` or none is
     /// known) a search of every member's ROLE, at most every
     /// `search_interval` while nothing answers.
-    async fn primary_of(&self, group: &Group, search: bool) -> Option<(String, Client)> {
+    async fn primary_of(&self, group: &Group, search: bool) -> Option<(Arc<str>, Client)> {
         if !search {
             if let Some(found) = group.primary.read().expect("not poisoned").as_ref() {
                 return Some(found.clone());
@@ -496,7 +498,7 @@ impl Cluster {
 
     /// Asks every member for its role; connects to the admitting primary of
     /// the highest epoch. A newer epoch always wins over an older one.
-    async fn search(&self, group: &Group) -> Option<(String, Client)> {
+    async fn search(&self, group: &Group) -> Option<(Arc<str>, Client)> {
         let config = &self.inner.config.client;
         let probe_config = ClientConfig {
             shard_aware: false,
@@ -526,7 +528,7 @@ impl Cluster {
             ..config.clone()
         };
         let client = Client::connect_with(addr.as_str(), config).await.ok()?;
-        Some((addr, client))
+        Some((Arc::from(addr), client))
     }
 
     /// The failure policy's answer for a group that could not answer.

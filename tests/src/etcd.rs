@@ -2,8 +2,7 @@
 //! `etcd-server`; `scripts/deps.sh` installs it), and sluiced nodes that
 //! take their group's leadership from it.
 
-use std::io::{Read, Write};
-use std::net::{SocketAddr, TcpListener, TcpStream};
+use std::net::{SocketAddr, TcpListener};
 use std::path::PathBuf;
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
@@ -71,27 +70,13 @@ impl Etcd {
     /// Waits until etcd answers /health (panics after 30 s).
     pub fn wait_healthy(&self) {
         let start = Instant::now();
-        while !self.healthy() {
+        while !sluice_cli::drill::local::etcd_healthy(self.addr) {
             assert!(
                 start.elapsed() < Duration::from_secs(30),
                 "etcd did not become healthy"
             );
             std::thread::sleep(Duration::from_millis(50));
         }
-    }
-
-    /// Whether /health says so.
-    fn healthy(&self) -> bool {
-        let Ok(mut s) = TcpStream::connect_timeout(&self.addr, Duration::from_millis(200)) else {
-            return false;
-        };
-        let _ = s.set_read_timeout(Some(Duration::from_millis(500)));
-        if s.write_all(b"GET /health HTTP/1.0\r\n\r\n").is_err() {
-            return false;
-        }
-        let mut body = String::new();
-        let _ = s.read_to_string(&mut body);
-        body.contains("\"health\":\"true\"")
     }
 
     /// `--coordinator etcd://ADDR`.

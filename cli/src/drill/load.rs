@@ -254,7 +254,7 @@ async fn call(
             node: v
                 .node
                 .as_ref()
-                .and_then(|n| nodes.get(n).copied())
+                .and_then(|n| nodes.get(&**n).copied())
                 .unwrap_or(u16::MAX),
             group: groups.get(&v.group).copied().unwrap_or(u16::MAX),
             epoch: v.epoch,

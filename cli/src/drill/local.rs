@@ -459,8 +459,8 @@ fn start_etcd(dir: &Path) -> Result<EtcdProcess, DrillError> {
     Ok(EtcdProcess { child, addr })
 }
 
-/// Whether etcd's /health says so.
-fn etcd_healthy(addr: SocketAddr) -> bool {
+/// Whether the etcd at `addr` says it is healthy (GET /health).
+pub fn etcd_healthy(addr: SocketAddr) -> bool {
     use std::io::Read;
     let Ok(mut s) = std::net::TcpStream::connect_timeout(&addr, Duration::from_millis(200)) else {
         return false;

@@ -101,6 +101,8 @@ struct Seen {
 
 /// Our hold on the leader key.
 struct Leading {
+    /// The key's create revision: the epoch we lead at.
+    epoch: i64,
     lease: i64,
     keeper: etcd_client::LeaseKeeper,
     stream: etcd_client::LeaseKeepAliveStream,
@@ -209,6 +211,7 @@ async fn session(core: &Rc<ShardCore>, held: &mut Held) -> Result<(), String> {
                 repl.coord_until_ns
                     .store(sent_ns.saturating_add(fence_ns), Ordering::Release);
                 leading = Some(Leading {
+                    epoch: i64::try_from(repl.epoch()).unwrap_or(i64::MAX),
                     lease,
                     keeper,
                     stream,
@@ -266,13 +269,10 @@ async fn session(core: &Rc<ShardCore>, held: &mut Held) -> Result<(), String> {
                 }
             }
         }
-        if let Some(epoch) = leading
-            .as_ref()
-            .map(|_| held_epoch(repl))
-            .filter(|_| repl.mode == Mode::Sync)
-            .filter(|_| repl.state() != ReplState::Streaming)
-            .filter(|_| repl.solo.load(Ordering::Acquire) == 0)
-        {
+        let unfollowed = repl.mode == Mode::Sync
+            && repl.state() != ReplState::Streaming
+            && repl.solo.load(Ordering::Acquire) == 0;
+        if let Some(epoch) = leading.as_ref().filter(|_| unfollowed).map(|l| l.epoch) {
             // No follower in sync: erase every other node's claim to be
             // one, while the key is still ours, then admit alone.
             let txn = Txn::new()
@@ -377,12 +377,6 @@ async fn session(core: &Rc<ShardCore>, held: &mut Held) -> Result<(), String> {
             None => {}
         }
     }
-}
-
-/// The epoch this node leads at (the leader key's create revision: the
-/// node took it at promotion), as etcd compares it.
-fn held_epoch(repl: &super::ReplNode) -> i64 {
-    i64::try_from(repl.epoch()).unwrap_or(i64::MAX)
 }
 
 /// `f`, or an error once `limit` has passed.
@@ -502,6 +496,7 @@ async fn campaign(
         .map_err(|x| format!("leader keep-alive: {x}"))?;
     Ok(Some((
         Leading {
+            epoch: i64::try_from(epoch).unwrap_or(i64::MAX),
             lease,
             keeper,
             stream,
