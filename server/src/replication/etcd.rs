@@ -15,10 +15,15 @@
 //!   epoch of the latest leader, even after its key has expired.
 //! - `members/ADDR`: each node's advertised address, bound to a lease of
 //!   its own (who is up, for operators and clients).
-//! - `synced/ADDR`: the epoch whose primary this node follows with its full
-//!   sync complete, or empty. In sync mode a node may take the leader key
-//!   only if this says it was in sync with the latest leader (and it still
-//!   is, by its own account): the transaction compares it.
+//! - `synced/ADDR`: the epoch of the leader that node ADDR has a complete
+//!   copy of. Only a leader writes it, for its follower, once that
+//!   follower's full sync is complete on every shard, and only while the
+//!   key is its own; it erases every such record before it admits alone.
+//!   In sync mode a node may take the leader key only if its record names
+//!   the latest leader's epoch (the transaction compares it) and, by its
+//!   own account, no new full sync has begun since. (A follower that wrote
+//!   its own record could rewrite it right after the leader erased it,
+//!   with its link down and its copy about to fall behind.)
 //!
 //! The node's loop (on shard 0): every [`POLL_MS`] it reads the group's
 //! keys; it follows the leader it sees, campaigns when there is none, and
@@ -95,8 +100,6 @@ struct Seen {
     last_epoch: Option<u64>,
     /// The latest leader's address.
     last_leader: Option<String>,
-    /// This node's `synced` value.
-    synced: Option<String>,
 }
 
 /// Our hold on the leader key.
@@ -127,6 +130,9 @@ struct Held {
     /// Our leader lease, while we lead: a new session resumes it if etcd
     /// still has it, so a short outage costs no failover.
     lead: Option<i64>,
+    /// The epoch we last led at, unless we have followed anyone since: if
+    /// it is still the latest leader's, our table holds all it admitted.
+    led: Option<u64>,
 }
 
 /// The node's leadership loop, for as long as the node runs.
@@ -211,7 +217,8 @@ async fn session(core: &Rc<ShardCore>, held: &mut Held) -> Result<(), String> {
                 repl.coord_until_ns
                     .store(sent_ns.saturating_add(fence_ns), Ordering::Release);
                 leading = Some(Leading {
-                    epoch: i64::try_from(repl.epoch()).unwrap_or(i64::MAX),
+                    epoch: i64::try_from(held.led.unwrap_or_else(|| repl.epoch()))
+                        .unwrap_or(i64::MAX),
                     lease,
                     keeper,
                     stream,
@@ -243,7 +250,8 @@ async fn session(core: &Rc<ShardCore>, held: &mut Held) -> Result<(), String> {
         .await
         .map_err(|x| format!("member keep-alive: {x}"))?;
     tracing::info!(prefix = %keys.prefix, "registered in etcd");
-    let mut synced_written: Option<String> = None;
+    // The follower whose `synced` record we wrote while leading.
+    let mut marked: Option<String> = None;
     let mut renewed_at = Instant::now();
     let mut tick = tokio::time::interval(Duration::from_millis(POLL_MS));
     tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
@@ -273,25 +281,46 @@ async fn session(core: &Rc<ShardCore>, held: &mut Held) -> Result<(), String> {
             && repl.state() != ReplState::Streaming
             && repl.solo.load(Ordering::Acquire) == 0;
         if let Some(epoch) = leading.as_ref().filter(|_| unfollowed).map(|l| l.epoch) {
-            // No follower in sync: erase every other node's claim to be
+            // No follower in sync: erase every node's record of being
             // one, while the key is still ours, then admit alone.
-            let txn = Txn::new()
-                .when(vec![
-                    Compare::create_revision(keys.leader.as_str(), CompareOp::Equal, epoch),
-                    Compare::value(keys.leader.as_str(), CompareOp::Equal, me.as_str()),
-                ])
-                .and_then(vec![TxnOp::delete(
-                    keys.synced_prefix.as_str(),
-                    Some(DeleteOptions::new().with_prefix()),
-                )]);
-            let done = within(quarter, client.txn(txn))
+            let done = within(quarter, erase_marks(&mut client, &keys, epoch, &me))
                 .await
                 .map_err(|x| format!("going solo: {x}"))?;
-            if done.succeeded() {
+            if done {
+                marked = None;
                 repl.solo.store(1, Ordering::Release);
                 tracing::warn!(
                     "no follower in sync: serving alone (etcd says no one else may take over)"
                 );
+            }
+        } else if let Some(epoch) = leading.as_ref().map(|l| l.epoch) {
+            let follower = repl.follower();
+            let complete = repl.state() == ReplState::Streaming && !follower.is_empty();
+            if complete && marked.as_deref() != Some(follower.as_str()) {
+                // The follower has all of it on every shard: it may take
+                // over. From here nothing is admitted alone, so the record
+                // stays true until it is erased.
+                repl.solo.store(0, Ordering::Release);
+                // Erased first: an earlier follower's record must not
+                // outlive its place (etcd takes no put inside a range the
+                // same transaction deletes).
+                let record = format!("{}{follower}", keys.synced_prefix);
+                let put = Txn::new()
+                    .when(ours(&keys, epoch, &me))
+                    .and_then(vec![TxnOp::put(record, epoch.to_string(), None)]);
+                let done = within(quarter, async {
+                    if !erase_marks(&mut client, &keys, epoch, &me).await? {
+                        return Ok(false);
+                    }
+                    let r = client.txn(put).await.map_err(|e| e.to_string())?;
+                    Ok::<_, String>(r.succeeded())
+                })
+                .await
+                .map_err(|x| format!("synced record: {x}"))?;
+                if done {
+                    tracing::info!(%follower, epoch, "follower in sync: it may take over");
+                    marked = Some(follower);
+                }
             }
         }
         let seen = within(quarter, read(&mut client, &keys))
@@ -313,27 +342,9 @@ async fn session(core: &Rc<ShardCore>, held: &mut Held) -> Result<(), String> {
                 repl.observe_epoch(epoch);
                 if held.following.as_deref() != Some(addr.as_str()) {
                     held.following = Some(addr.clone());
+                    held.led = None;
                     repl.set_primary(&addr);
                     tokio::task::spawn_local(super::follower::follow(core.clone(), addr));
-                }
-                // In sync until a new full sync starts (not merely while the
-                // link is up: a follower whose primary just died still has
-                // everything it acknowledged, and must be able to say so).
-                let want = if repl.watch.in_sync() {
-                    epoch.to_string()
-                } else {
-                    String::new()
-                };
-                if seen.synced.as_deref() != Some(want.as_str())
-                    || synced_written.as_deref() != Some(want.as_str())
-                {
-                    within(
-                        quarter,
-                        client.put(keys.synced.as_str(), want.as_str(), None),
-                    )
-                    .await
-                    .map_err(|x| format!("synced record: {x}"))?;
-                    synced_written = Some(want);
                 }
             }
             None if leading.is_none() => {
@@ -341,8 +352,8 @@ async fn session(core: &Rc<ShardCore>, held: &mut Held) -> Result<(), String> {
                 // The last leader itself, if it has followed no one since
                 // (its table is what it admitted), may lead again.
                 let was_last = seen.last_leader.as_deref() == Some(me.as_str())
-                    && seen.last_epoch == Some(repl.epoch())
-                    && held.following.is_none();
+                    && seen.last_epoch.is_some()
+                    && seen.last_epoch == held.led;
                 if sync && seen.last_epoch.is_some() && !repl.watch.in_sync() && !was_last {
                     // Not in sync with the last leader: taking over would
                     // serve a partial copy. Wait for it to come back.
@@ -356,15 +367,16 @@ async fn session(core: &Rc<ShardCore>, held: &mut Held) -> Result<(), String> {
                 .await
                 .map_err(|x| format!("campaign: {x}"))?;
                 if let Some((l, epoch)) = won {
-                    match repl.promote_to(me.clone(), epoch) {
+                    match repl.promote_at(me.clone(), epoch) {
                         Ok(epoch) => {
                             tracing::warn!(epoch, "took the leader key: primary");
                             repl.coord_until_ns
                                 .store(sent_ns.saturating_add(fence_ns), Ordering::Release);
                             held.lead = Some(l.lease);
+                            held.led = Some(epoch);
                             leading = Some(l);
                             held.following = None;
-                            synced_written = None;
+                            marked = None;
                             renewed_at = Instant::now();
                         }
                         Err(why) => {
@@ -388,6 +400,32 @@ async fn within<T, E: std::fmt::Display>(
         Ok(r) => r.map_err(|e| e.to_string()),
         Err(_) => Err(format!("no answer within {limit:?}")),
     }
+}
+
+/// The transaction's guard: the leader key is still the one we created.
+fn ours(keys: &Keys, epoch: i64, me: &str) -> Vec<Compare> {
+    vec![
+        Compare::create_revision(keys.leader.as_str(), CompareOp::Equal, epoch),
+        Compare::value(keys.leader.as_str(), CompareOp::Equal, me),
+    ]
+}
+
+/// Erases every `synced` record while the leader key is ours (`false` if
+/// it is not).
+async fn erase_marks(
+    client: &mut Client,
+    keys: &Keys,
+    epoch: i64,
+    me: &str,
+) -> Result<bool, String> {
+    let txn = Txn::new()
+        .when(ours(keys, epoch, me))
+        .and_then(vec![TxnOp::delete(
+            keys.synced_prefix.as_str(),
+            Some(DeleteOptions::new().with_prefix()),
+        )]);
+    let r = client.txn(txn).await.map_err(|e| e.to_string())?;
+    Ok(r.succeeded())
 }
 
 /// One keep-alive of a lease; `false` when etcd says it has expired.
@@ -426,8 +464,6 @@ async fn read(client: &mut Client, keys: &Keys) -> Result<Seen, String> {
         } else if key == keys.last {
             seen.last_epoch = Some(revision(kv.mod_revision()));
             seen.last_leader = Some(value);
-        } else if key == keys.synced {
-            seen.synced = Some(value);
         }
     }
     Ok(seen)

@@ -256,6 +256,25 @@ impl ReplNode {
     /// [`ReplNode::promote`] to at least epoch `epoch_min` (a planned
     /// handover names the epoch).
     pub fn promote_to(&self, own_addr: String, epoch_min: u64) -> Result<u64, String> {
+        self.become_primary(own_addr, |old| (old + 1).max(epoch_min))
+    }
+
+    /// [`ReplNode::promote`] at exactly `epoch`: etcd's revision of the
+    /// leader key, already unique and above every earlier leader's. A node
+    /// may have learnt that very epoch before promoting (a follower's HELLO
+    /// carries the leader key it saw), so "one past the highest seen" would
+    /// give a primary an epoch that etcd never issued, which the next
+    /// leader's revision could equal. Refused if a newer epoch was seen.
+    pub fn promote_at(&self, own_addr: String, epoch: u64) -> Result<u64, String> {
+        let seen = self.epoch();
+        if seen > epoch {
+            return Err(format!("epoch {seen} was seen, newer than {epoch}"));
+        }
+        self.become_primary(own_addr, |_| epoch)
+    }
+
+    /// Follower to primary at the epoch `epoch(old)`.
+    fn become_primary(&self, own_addr: String, epoch: impl Fn(u64) -> u64) -> Result<u64, String> {
         let follower = u64::from(Role::Follower.code());
         let primary = u64::from(Role::Primary.code());
         if self
@@ -266,9 +285,13 @@ impl ReplNode {
             return Err(format!("already primary at epoch {}", self.epoch()));
         }
         self.follow_gen.fetch_add(1, Ordering::AcqRel);
-        let epoch = self.epoch.fetch_add(1, Ordering::AcqRel) + 1;
-        self.epoch.fetch_max(epoch_min, Ordering::AcqRel);
-        let epoch = epoch.max(epoch_min);
+        let old = self
+            .epoch
+            .fetch_update(Ordering::AcqRel, Ordering::Acquire, |old| {
+                Some(epoch(old).max(old))
+            })
+            .expect("the update always stores");
+        let epoch = epoch(old).max(old);
         *self.primary.lock().expect("not poisoned") = own_addr;
         self.watch.set_in_sync(false);
         self.set_state(ReplState::Alone);
@@ -380,5 +403,43 @@ impl ReplNode {
             self.primary(),
             self.epoch()
         )
+    }
+}
+
+#[cfg(all(test, not(sluice_loom)))]
+mod tests {
+    use super::*;
+
+    fn coordinated() -> ReplNode {
+        ReplNode::new(None, None, "me".into(), Replication::Sync, true)
+    }
+
+    #[test]
+    fn promote_at_takes_etcds_epoch_even_once_it_was_seen() {
+        // A follower's HELLO told this node the leader key's revision
+        // before it promoted: its epoch must still be that revision.
+        let n = coordinated();
+        n.observe_epoch(4);
+        assert_eq!(n.promote_at("me".into(), 4), Ok(4));
+        assert_eq!(n.epoch(), 4);
+        assert!(n.is_primary());
+    }
+
+    #[test]
+    fn promote_at_refuses_an_epoch_older_than_one_seen() {
+        let n = coordinated();
+        n.observe_epoch(9);
+        assert!(n.promote_at("me".into(), 5).is_err());
+        assert!(!n.is_primary());
+        assert_eq!(n.epoch(), 9);
+    }
+
+    #[test]
+    fn promote_to_goes_past_every_epoch_seen() {
+        let n = ReplNode::new(Some("p:1"), None, "me".into(), Replication::Sync, false);
+        n.observe_epoch(4);
+        assert_eq!(n.promote_to("me".into(), 4), Ok(5));
+        let m = ReplNode::new(Some("p:1"), None, "me".into(), Replication::Sync, false);
+        assert_eq!(m.promote_to("me".into(), 7), Ok(7));
     }
 }
