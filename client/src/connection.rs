@@ -292,7 +292,7 @@ pub async fn handshake_at(
     let frame = loop {
         if let Some(f) = decoder
             .decode(&mut rbuf)
-            .map_err(|e| Error::Protocol(e.to_string()))?
+            .map_err(|e| not_a_frame(&rbuf, &e))?
         {
             break f;
         }
@@ -310,6 +310,17 @@ pub async fn handshake_at(
         Some(Reply::HelloOk(ok)) => Ok((ok, rbuf)),
         Some(Reply::Error { code, text }) => Err(Error::server(code, text)),
         _ => Err(Error::Protocol("expected HELLO_OK".into())),
+    }
+}
+
+/// HELLO's answer is no frame: a Redis server (sluiced's RESP listener,
+/// or Redis itself) answered in RESP, or the bytes are just bad.
+fn not_a_frame(rbuf: &[u8], e: &sluice_protocol::codec::DecodeError) -> Error {
+    match rbuf.first() {
+        Some(b'-' | b'+' | b'*' | b'$' | b':' | b'%' | b'_') => Error::Protocol(
+            "the node answered in the Redis protocol (RESP): this is a RESP port (sluiced --resp-port, or Redis); sluice and sluice-client use sluiced's --port (default 7700)".into(),
+        ),
+        _ => Error::Protocol(e.to_string()),
     }
 }
 

@@ -47,11 +47,18 @@ pub enum PolicyError {
     Burst,
     #[error("burst x period / count must be at most {REFILL_NS_MAX} ns")]
     RefillTooLong,
-    /// Also the error of every other limit kind (`limit::Limit::check_cost`),
-    /// with `burst` = the most units that kind ever admits at once, so that
-    /// every kind maps to the one wire status `COST_EXCEEDS_BURST`.
+    /// A token bucket's: the cost is more than its burst.
     #[error("cost {cost} exceeds burst {burst}: it could never be admitted")]
     CostExceedsBurst { cost: u64, burst: u64 },
+    /// Every other kind's (`limit::Limit::check_cost`), named by its kind:
+    /// `limit` is the most units it ever admits at once. The same wire
+    /// status, `COST_EXCEEDS_BURST`.
+    #[error("cost {cost} exceeds the {kind} limit of {limit}: it could never be admitted")]
+    CostExceedsLimit {
+        kind: crate::limit::Kind,
+        cost: u64,
+        limit: u64,
+    },
     #[error("window limit must be 1..={}", crate::limit::WINDOW_LIMIT_MAX)]
     WindowLimit,
     #[error(

@@ -26,8 +26,8 @@ use bytes::BytesMut;
 use sluice_protocol::codec::{Frame, FrameDecoder, FrameWriter};
 use sluice_protocol::gcra::Verdict;
 use sluice_protocol::message::{
-    self, Decide, Hello, HelloOk, LeaseOk, LeaseOp, LimitVerdict, Request, RequestError,
-    ShardStats, Throttle,
+    self, Decide, Hello, HelloOk, LeaseOk, LeaseOp, LeaseTarget, LimitVerdict, Limits, Request,
+    RequestError, ShardStats, Throttle,
 };
 use sluice_protocol::routing::{key_hash, shard_of, ROUTING_XXH3_128_MULSHIFT};
 use sluice_protocol::{Clock, Status, PROTOCOL_VERSION};
@@ -182,6 +182,9 @@ struct Connection {
     hashes: Vec<u128>,
     /// Whether HELLO carried the right token (or none is needed).
     authed: bool,
+    /// A frame was decoded (or a HELLO, before a move): bytes that are not
+    /// a frame are then just bad, not a Redis client at the wrong port.
+    framed: bool,
     /// Stop reading; close once every pending reply is written.
     closing: bool,
     /// Set by a HELLO that binds the connection to another shard, or by a
@@ -210,6 +213,7 @@ pub async fn run(core: Rc<ShardCore>, adopt: Adopt) {
         pipe: Pipeline::new(core.node.shard_count),
         hashes: Vec::new(),
         authed,
+        framed: hello_request_id.is_some(),
         closing: false,
         migrate: None,
         guard,
@@ -290,11 +294,20 @@ impl Connection {
     fn decode_buffered(&mut self, rbuf: &mut BytesMut) {
         while !self.closing && self.migrate.is_none() {
             match self.decoder.decode(rbuf) {
-                Ok(Some(frame)) => self.handle_frame(&frame),
+                Ok(Some(frame)) => {
+                    self.framed = true;
+                    self.handle_frame(&frame);
+                }
                 Ok(None) => break,
                 Err(e) => {
                     tracing::debug!(shard = self.core.id, error = %e, "closing a connection on a bad frame");
-                    self.push(0, Local::Error(e.status(), e.to_string()));
+                    if !self.framed && looks_like_resp(rbuf) {
+                        // A Redis client (redis-cli, a library) at this
+                        // port: told in its own protocol, which it shows.
+                        self.wbuf.extend_from_slice(RESP_ON_BINARY_PORT.as_bytes());
+                    } else {
+                        self.push(0, Local::Error(e.status(), e.to_string()));
+                    }
                     self.closing = true;
                 }
             }
@@ -439,7 +452,13 @@ impl Connection {
         let key = key_hash(d.key);
         let op = match self.core.resolve(key, d) {
             Ok(op) => op,
-            Err(e) => return self.push(request_id, error(e)),
+            Err(e) => {
+                let tier = match d.limits {
+                    Limits::Tier(name) => Some(name),
+                    Limits::Inline(_) => None,
+                };
+                return self.push(request_id, self.refusal(e, tier));
+            }
         };
         let shard = shard_of(key, self.core.node.shard_count);
         if shard != self.core.id {
@@ -467,7 +486,13 @@ impl Connection {
         let key = key_hash(l.key);
         let (bucket, limit) = match self.core.resolve_lease(key, l) {
             Ok(found) => found,
-            Err(e) => return self.push(request_id, error(e)),
+            Err(e) => {
+                let tier = match l.target {
+                    LeaseTarget::Tier { name, .. } => Some(name),
+                    LeaseTarget::Inline { .. } => None,
+                };
+                return self.push(request_id, self.refusal(e, tier));
+            }
         };
         let renew_ns = renew.then_some(limit.lease_ns);
         let shard = shard_of(key, self.core.node.shard_count);
@@ -704,6 +729,36 @@ impl Connection {
         };
         // Refused only while shutting down: dropping the socket closes it.
         let _ = core.node.shards[usize::from(m.shard)].send(ShardMsg::Adopt(adopt));
+    }
+}
+
+impl Connection {
+    /// A resolved request's refusal; an unknown tier's says which tiers
+    /// there are.
+    fn refusal(&self, e: RequestError, tier: Option<&str>) -> Local {
+        match tier {
+            Some(name) if e.status == Status::UnknownTier => {
+                Local::Error(e.status, self.core.unknown_tier_text(name))
+            }
+            _ => error(e),
+        }
+    }
+}
+
+/// What a Redis client hears on the binary port (a RESP error line).
+const RESP_ON_BINARY_PORT: &str = "-ERR this is sluiced's binary port: Redis clients connect to its RESP listener (start sluiced with --resp-port PORT, then use that port)\r\n";
+
+/// Whether bytes that are no frame look like a Redis client's first
+/// command: an array (`*1\r\n...`) or an inline command (`PING\r\n`).
+/// (As a frame, either declares hundreds of MiB: always refused.)
+fn looks_like_resp(bytes: &[u8]) -> bool {
+    let start = &bytes[..bytes.len().min(16)];
+    match start.first() {
+        Some(b'*') => start.get(1).is_some_and(u8::is_ascii_digit),
+        Some(b) if b.is_ascii_alphabetic() => start
+            .iter()
+            .all(|b| b.is_ascii_graphic() || b.is_ascii_whitespace()),
+        _ => false,
     }
 }
 

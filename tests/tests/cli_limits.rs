@@ -354,7 +354,12 @@ fn tiers_reload_and_usage_errors() {
     assert_eq!(sluice_cli(&server, &release).status.code(), Some(0));
     let out = sluice_cli(&server, &["peek", "t", "--tier", "nope"]);
     assert_eq!(out.status.code(), Some(2));
-    assert!(stderr(&out).contains("unknown tier"), "{}", stderr(&out));
+    assert!(
+        stderr(&out)
+            .contains(r#"unknown tier (15): "nope" is not one of this node's tiers (free)"#),
+        "{}",
+        stderr(&out)
+    );
     config.write(&tiers_toml(&[
         ("free", free),
         ("paid", &["fixed-window:10/h"]),
@@ -513,4 +518,82 @@ fn a_port_in_use_says_what_to_do() {
         err.contains("another sluiced") && err.contains("--port"),
         "{err}"
     );
+}
+
+/// A refusal names what is wrong in the user's terms: a tier the node does
+/// not have (and that it has none at all), and a cost above a concurrency
+/// limit (its limit, not a "burst").
+#[test]
+fn refusals_name_the_missing_tier_and_the_concurrency_limit() {
+    let server = Sluiced::start(&["--shards", "1"]);
+    let out = sluice_cli(
+        &server,
+        &["peek", "user:42", "--tier", "free", "--cost", "3"],
+    );
+    assert_eq!(out.status.code(), Some(2));
+    assert!(
+        stderr(&out).contains(
+            r#"unknown tier (15): "free": this node has no tiers (define [tiers.NAME] in the file given to sluiced --config)"#
+        ),
+        "{}",
+        stderr(&out)
+    );
+    let args = [
+        "peek",
+        "user:42",
+        "--limit",
+        "token-bucket:5/s,burst=10",
+        "--limit",
+        "concurrency:2,lease=30s",
+        "--cost",
+        "3",
+    ];
+    let out = sluice_cli(&server, &args);
+    assert_eq!(out.status.code(), Some(2));
+    assert!(
+        stderr(&out).contains("limit 1: cost 3 exceeds the concurrency limit of 2"),
+        "{}",
+        stderr(&out)
+    );
+}
+
+/// The wrong port for the protocol is said at once, in the protocol the
+/// caller speaks: `sluice` at the RESP port, a Redis client (array or
+/// inline command) at the binary port.
+#[test]
+fn a_client_at_the_other_protocols_port_is_told_which_port_to_use() {
+    use std::io::{Read, Write};
+    let mut server = Sluiced::start(&["--shards", "1", "--resp-port", "0"]);
+    let resp = server.resp_addr.expect("a RESP listener").to_string();
+    let out = std::process::Command::new(sluice_tests::support::binary("sluice"))
+        .args(["--addr", &resp, "--timeout-ms", "30000", "ping"])
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(2));
+    assert!(
+        stderr(&out)
+            .contains("the node answered in the Redis protocol (RESP): this is a RESP port"),
+        "{}",
+        stderr(&out)
+    );
+    for first in ["*1\r\n$4\r\nPING\r\n", "PING\r\n"] {
+        let mut s = std::net::TcpStream::connect(server.addr).unwrap();
+        s.set_read_timeout(Some(std::time::Duration::from_secs(30)))
+            .unwrap();
+        s.write_all(first.as_bytes()).unwrap();
+        let mut said = String::new();
+        s.read_to_string(&mut said).unwrap();
+        assert_eq!(
+            said,
+            "-ERR this is sluiced's binary port: Redis clients connect to its RESP listener (start sluiced with --resp-port PORT, then use that port)\r\n",
+            "{first:?}"
+        );
+    }
+    // Bytes that are neither: the binary protocol's own error, as before.
+    let mut s = std::net::TcpStream::connect(server.addr).unwrap();
+    s.write_all(&[0xff, 0xff, 0xff, 0x7f]).unwrap();
+    let mut said = Vec::new();
+    s.read_to_end(&mut said).unwrap();
+    assert_ne!(said.first(), Some(&b'-'), "{said:?}");
+    assert!(server.is_running());
 }

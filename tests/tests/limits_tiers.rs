@@ -76,6 +76,10 @@ async fn sighup_reloads_a_tier_and_its_buckets_keep_their_state() {
         .unwrap_err();
     assert_eq!(e.status(), Some(Status::UnknownTier));
     assert_eq!(e.action(), Action::GiveUp);
+    assert_eq!(
+        e.to_string(),
+        r#"server said unknown tier (15): "gold" is not one of this node's tiers (free)"#
+    );
     assert!(server.is_running());
 }
 

@@ -239,13 +239,16 @@ impl Limit {
     }
 
     /// Checks that `cost` could ever be admitted: `cost <= limit()`. The
-    /// error is [`PolicyError::CostExceedsBurst`] for every kind (with
-    /// `burst = limit()`), so that it maps to the one wire status.
+    /// error names the token bucket's burst, or the other kinds' limit
+    /// (both map to the one wire status, COST_EXCEEDS_BURST).
     #[inline]
     pub fn check_cost(&self, cost: u64) -> Result<(), PolicyError> {
         let limit = self.limit();
         if cost > limit {
-            return Err(PolicyError::CostExceedsBurst { cost, burst: limit });
+            return Err(match self.kind() {
+                Kind::TokenBucket => PolicyError::CostExceedsBurst { cost, burst: limit },
+                kind => PolicyError::CostExceedsLimit { kind, cost, limit },
+            });
         }
         Ok(())
     }
@@ -589,7 +592,15 @@ mod tests {
         assert!(c.check_cost(0).is_ok());
         assert_eq!(
             c.check_cost(4),
-            Err(PolicyError::CostExceedsBurst { cost: 4, burst: 3 })
+            Err(PolicyError::CostExceedsLimit {
+                kind: Kind::Concurrency,
+                cost: 4,
+                limit: 3
+            })
+        );
+        assert_eq!(
+            c.check_cost(4).unwrap_err().to_string(),
+            "cost 4 exceeds the concurrency limit of 3: it could never be admitted"
         );
         let w: Limit = "sliding-log:100/m".parse().unwrap();
         assert_eq!((w.kind(), w.limit()), (Kind::SlidingLog, 100));

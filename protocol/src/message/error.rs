@@ -92,7 +92,9 @@ impl From<Status> for RequestError {
 impl From<PolicyError> for RequestError {
     fn from(e: PolicyError) -> Self {
         let status = match e {
-            PolicyError::CostExceedsBurst { .. } => Status::CostExceedsBurst,
+            PolicyError::CostExceedsBurst { .. } | PolicyError::CostExceedsLimit { .. } => {
+                Status::CostExceedsBurst
+            }
             _ => Status::InvalidPolicy,
         };
         RequestError {

@@ -89,8 +89,20 @@ struct Session {
 struct RespConnection {
     /// Splits the read bytes into commands, enforcing `frame_bytes_max`.
     parser: Parser,
+    /// No command yet: the first bytes tell a client of the binary
+    /// protocol that came to the wrong port.
+    fresh: bool,
     /// The rest.
     session: Session,
+}
+
+/// What a client of the binary protocol hears on the RESP port.
+pub const BINARY_ON_RESP_PORT: &str = "this is sluiced's RESP port (--resp-port): sluice and the sluice-client crate speak the binary protocol, on sluiced's --port (default 7700)";
+
+/// Whether a command's first byte may be this: an array (`*`) or an inline
+/// command (printable text).
+fn may_start_resp(b: u8) -> bool {
+    b == b'*' || b.is_ascii_graphic() || b.is_ascii_whitespace()
 }
 
 /// The Redis version HELLO names: the one whose commands and replies the
@@ -106,6 +118,7 @@ pub async fn run(core: Rc<ShardCore>, adopt: AdoptResp) {
     let command_bytes_max = usize::try_from(core.node.config.frame_bytes_max).unwrap_or(usize::MAX);
     let conn = RespConnection {
         parser: Parser::new(command_bytes_max),
+        fresh: true,
         session: Session {
             core: core.clone(),
             wbuf: BytesMut::with_capacity(READ_CHUNK_BYTES),
@@ -150,9 +163,18 @@ impl Handler for RespConnection {
         let mut at = 0;
         // The clock is read once per read, and only if a decision needs it.
         let mut now_ns = None;
+        if self.fresh && rbuf.first().is_some_and(|&b| !may_start_resp(b)) {
+            // A Sluice frame (its length's low byte): `sluice` or the
+            // client crate pointed at this port. Said in RESP, which the
+            // client recognises, then closed.
+            self.session.reply(Reply::err(BINARY_ON_RESP_PORT));
+            self.session.closing = true;
+            self.session.bad_input = true;
+        }
         while !self.session.closing {
             match self.parser.parse(&rbuf[at..]) {
                 Ok(Some(n)) => {
+                    self.fresh = false;
                     let args = self.parser.args(&rbuf[at..]);
                     self.session.execute(&args, &mut now_ns);
                     at += n;

@@ -514,6 +514,25 @@ impl ShardCore {
     }
 }
 
+impl ShardCore {
+    /// UNKNOWN_TIER's text: the name asked for and the tiers this node has
+    /// (an error path: the words are built only here).
+    pub fn unknown_tier_text(&self, name: &str) -> String {
+        let tiers = self.tiers.borrow();
+        let known: Vec<&str> = tiers.names().collect();
+        if known.is_empty() {
+            format!(
+                "unknown tier: {name:?}: this node has no tiers (define [tiers.NAME] in the file given to sluiced --config)"
+            )
+        } else {
+            format!(
+                "unknown tier: {name:?} is not one of this node's tiers ({})",
+                known.join(", ")
+            )
+        }
+    }
+}
+
 fn unknown_tier(name: &str) -> RequestError {
     tracing::debug!(tier = name, "unknown tier");
     RequestError::from(Status::UnknownTier)
