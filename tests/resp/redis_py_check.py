@@ -37,5 +37,5 @@ for i, (case, kwargs) in enumerate(cases.items()):
         r.execute_command("CL.THROTTLE", key, -1, 1, 60)
         raise AssertionError("a negative max_burst was accepted")
     except redis.ResponseError as e:
-        assert str(e).startswith("Cell error"), (case, str(e))
+        assert str(e).startswith("Cell error: Store error: "), (case, str(e))
     print(f"{case}: ok (redis-py {redis.__version__}, protocol {r.connection_pool.connection_kwargs.get('protocol', 'default')})")

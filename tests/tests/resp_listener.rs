@@ -173,16 +173,16 @@ async fn redis_cell_readme_example() {
     let v = c.call(&["CL.THROTTLE", "user123", "15", "x", "60"]).await;
     assert_eq!(
         v,
-        Value::Error("Cell error: Couldn't parse as integer: x".into())
+        Value::Error("Cell error: Store error: Couldn't parse as integer: x".into())
     );
     let v = c.call(&["CL.THROTTLE", "user123", "15", "0", "60"]).await;
     assert_eq!(
         v,
-        Value::Error("Cell error: Zero rates are not supported".into())
+        Value::Error("Cell error: Store error: Zero rates are not supported".into())
     );
     let v = c.call(&["CL.THROTTLE", "user123"]).await;
     assert!(
-        matches!(&v, Value::Error(e) if e.starts_with("Cell error: Usage: cl.throttle <key>")),
+        matches!(&v, Value::Error(e) if e.starts_with("Cell error: Store error: Usage: cl.throttle <key>")),
         "{v:?}"
     );
     // Errors do not end the connection.

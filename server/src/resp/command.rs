@@ -318,7 +318,7 @@ fn throttle<'a>(args: &Args<'a>) -> Result<CellRequest<'a>, Reply> {
 
 /// redis-cell's error reply: its module wraps every error this way.
 fn cell_error(e: &cell::CellError) -> Reply {
-    Reply::Error(format!("Cell error: {e}"))
+    Reply::Error(format!("Cell error: Store error: {e}"))
 }
 
 /// Redis's answer to an unknown command, quoting its name and the start
@@ -597,19 +597,24 @@ mod tests {
         );
         assert_eq!(
             error("CL.THROTTLE k 1 1"),
-            "Cell error: Usage: cl.throttle <key> <max_burst> <count per period> <period> [<quantity>]"
+            "Cell error: Store error: Usage: cl.throttle <key> <max_burst> <count per period> <period> [<quantity>]"
         );
         assert_eq!(
             error("CL.THROTTLE k 1 x 1"),
-            "Cell error: Couldn't parse as integer: x"
+            "Cell error: Store error: Couldn't parse as integer: x"
         );
         assert_eq!(
             error("CL.THROTTLE k 1 0 1"),
-            "Cell error: Zero rates are not supported"
+            "Cell error: Store error: Zero rates are not supported"
         );
         assert_eq!(
             error("CL.THROTTLE k 1 1 1 -1"),
-            "Cell error: quantity must not be negative"
+            "Cell error: Store error: quantity must not be negative"
+        );
+        // 114 years to refill: refused, with the reason (README).
+        assert_eq!(
+            error("CL.THROTTLE k 1000000 1 3600"),
+            "Cell error: Store error: (max_burst + 1) x period / count must be at most 3162240000 seconds"
         );
     }
 
