@@ -91,6 +91,8 @@ pub enum CellError {
         TOLERANCE_NS_MAX / NS_PER_S as u64
     )]
     RefillTooLong,
+    #[error("key must be 1..={} bytes", crate::message::KEY_BYTES_MAX)]
+    Key,
 }
 
 /// A validated redis-cell limit, in the units the decision works in.
@@ -172,6 +174,10 @@ impl<'a> CellRequest<'a> {
         };
         let policy = CellPolicy::new(max_burst, count, period_s)?;
         let quantity = u64::try_from(quantity).map_err(|_| CellError::Negative("quantity"))?;
+        // After redis-cell's own checks: a key as protocol v1 bounds it.
+        if !(1..=crate::message::KEY_BYTES_MAX).contains(&args[0].len()) {
+            return Err(CellError::Key);
+        }
         Ok(CellRequest {
             key: args[0],
             policy,
@@ -571,6 +577,11 @@ mod tests {
             req(&["k", "9223372036854775807", "1", "1"]),
             Err(CellError::RefillTooLong)
         );
+        // Keys as protocol v1 bounds them (redis-cell takes any).
+        assert_eq!(req(&["", "1", "1", "1"]), Err(CellError::Key));
+        let long = "k".repeat(513);
+        assert_eq!(req(&[&long, "1", "1", "1"]), Err(CellError::Key));
+        assert!(req(&[&"k".repeat(512), "1", "1", "1"]).is_ok());
         let huge_q = req(&["k", "1", "1", "1", "9223372036854775807"]).unwrap();
         assert_eq!(huge_q.quantity, i64::MAX as u64);
         let d = throttle(None, &huge_q.policy, huge_q.quantity, T0);

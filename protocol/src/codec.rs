@@ -135,6 +135,12 @@ impl FrameDecoder {
         );
         FrameDecoder { frame_bytes_max }
     }
+
+    /// From the next frame on, accepts bodies of up to `frame_bytes_max`
+    /// (a server raises its limit once a connection has authenticated).
+    pub fn set_frame_bytes_max(&mut self, frame_bytes_max: u32) {
+        *self = FrameDecoder::new(frame_bytes_max);
+    }
 }
 
 impl Default for FrameDecoder {

@@ -27,6 +27,10 @@ pub const BATCH_MAX_DEFAULT: usize = 4_096;
 /// Default time SIGTERM waits for connections to finish their in-flight
 /// requests before the shards stop.
 pub const DRAIN_MS_DEFAULT: u64 = 5_000;
+/// Default `--auth-timeout-ms`.
+pub const AUTH_TIMEOUT_MS_DEFAULT: u64 = 5_000;
+/// Default `--frame-timeout-ms`.
+pub const FRAME_TIMEOUT_MS_DEFAULT: u64 = 10_000;
 
 /// Default most buckets one shard holds (all kinds together). At the cap,
 /// full buckets are evicted; if none is full, new keys are refused
@@ -79,11 +83,13 @@ Environment:
   NO_COLOR            no colours in the logs even on a terminal
 
 Signals:
-  SIGTERM, SIGINT     stop accepting, answer what was accepted (up to --drain-ms), exit 0
+  SIGTERM, SIGINT     stop accepting, answer what was accepted (up to --drain-ms), exit 0;
+                      a second one exits at once, with status 1
   SIGHUP              re-read the config file's tiers (the old ones stay if it is invalid)
 
-Exit status: 0 after a clean shutdown; 2 for a bad flag, config file or
-listening address (for example, the port already in use).";
+Exit status: 0 after a clean shutdown; 1 after a second SIGTERM or SIGINT
+cut the drain short; 2 for a bad flag, config file or listening address
+(for example, the port already in use).";
 
 /// `sluiced`: the Sluice rate-limiting store.
 #[derive(Clone, Debug, Parser)]
@@ -133,6 +139,21 @@ pub struct Config {
     /// Milliseconds a graceful shutdown waits for in-flight requests.
     #[arg(long, default_value_t = DRAIN_MS_DEFAULT)]
     pub drain_ms: u64,
+
+    /// With --auth-token: milliseconds a connection has to authenticate
+    /// (HELLO; RESP: AUTH or HELLO AUTH) before it is closed.
+    #[arg(long, value_name = "MS", default_value_t = AUTH_TIMEOUT_MS_DEFAULT)]
+    pub auth_timeout_ms: u64,
+
+    /// Milliseconds a frame (RESP: a command) may stay half-sent before
+    /// the connection is closed.
+    #[arg(long, value_name = "MS", default_value_t = FRAME_TIMEOUT_MS_DEFAULT)]
+    pub frame_timeout_ms: u64,
+
+    /// Milliseconds an authenticated connection may send nothing before it
+    /// is closed; 0 (the default) = never (gateways keep connections open).
+    #[arg(long, value_name = "MS", default_value_t = 0)]
+    pub idle_timeout_ms: u64,
 
     /// Most buckets per shard, all kinds together; 0 = no cap. At the cap,
     /// full buckets are evicted; if none is full, new keys are refused
@@ -267,6 +288,9 @@ struct FileConfig {
     batch_max: Option<usize>,
     inflight_max: Option<usize>,
     drain_ms: Option<u64>,
+    auth_timeout_ms: Option<u64>,
+    frame_timeout_ms: Option<u64>,
+    idle_timeout_ms: Option<u64>,
     keys_max: Option<usize>,
     auth_token: Option<String>,
     replica_of: Option<String>,
@@ -371,6 +395,9 @@ impl Config {
                 batch_max,
                 inflight_max,
                 drain_ms,
+                auth_timeout_ms,
+                frame_timeout_ms,
+                idle_timeout_ms,
                 keys_max,
                 replication,
                 replica_timeout_ms
@@ -467,6 +494,9 @@ impl Config {
         check("batch-max", self.batch_max, 1, self.inflight_max.max(1))?;
         check("inflight-max", self.inflight_max, 1, 1 << 20)?;
         check("drain-ms", self.drain_ms, 0, 600_000)?;
+        check("auth-timeout-ms", self.auth_timeout_ms, 1, 600_000)?;
+        check("frame-timeout-ms", self.frame_timeout_ms, 1, 3_600_000)?;
+        check("idle-timeout-ms", self.idle_timeout_ms, 0, 86_400_000)?;
         check("keys-max", self.keys_max, 0, 1 << 32)?;
         check("replica-timeout-ms", self.replica_timeout_ms, 1, 60_000)?;
         if let Some(ms) = self.promote_after_ms {

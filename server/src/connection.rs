@@ -204,7 +204,11 @@ pub async fn run(core: Rc<ShardCore>, adopt: Adopt) {
         authed,
         guard,
     } = adopt;
-    let frame_bytes_max = core.node.config.frame_bytes_max;
+    let frame_bytes_max = if authed {
+        core.node.config.frame_bytes_max
+    } else {
+        PRE_AUTH_FRAME_BYTES_MAX.min(core.node.config.frame_bytes_max)
+    };
     let mut conn = Connection {
         core: core.clone(),
         wbuf: BytesMut::with_capacity(READ_CHUNK_BYTES),
@@ -240,6 +244,10 @@ impl Handler for Connection {
 
     fn closing(&self) -> bool {
         self.closing
+    }
+
+    fn authed(&self) -> bool {
+        self.authed
     }
 
     fn close(&mut self) {
@@ -340,9 +348,19 @@ impl Connection {
                 // AUTH_FAILED: nothing after it in the frame is served.
                 break;
             }
+            if h.request_id == 0 {
+                // 0 names the connection as a whole: answered so, and the
+                // connection is over (PROTOCOL.md, "Request ids").
+                let text = "request id 0 is reserved for errors about the connection".to_owned();
+                self.push(0, Local::Error(Status::BadRequest, text));
+                self.closing = true;
+                break;
+            }
             if !self.authed && h.op != message::op::HELLO {
+                // Before authentication: HELLO and nothing else.
                 self.push(h.request_id, error(Status::AuthRequired.into()));
-                continue;
+                self.closing = true;
+                break;
             }
             if h.op == replication::op::SUBSCRIBE {
                 self.subscribe(h.request_id, payload, frame.len());
@@ -662,7 +680,7 @@ impl Connection {
         // (Only from an authenticated peer: a stale primary stops admitting.)
         self.core.node.repl.saw_epoch(hello.epoch);
         let Some(shard) = hello.shard else {
-            self.authed = true;
+            self.authenticated();
             let hello_ok = self.hello_ok(None);
             return self.push(request_id, Local::HelloOk(hello_ok));
         };
@@ -674,8 +692,8 @@ impl Connection {
             return self.push(request_id, Local::Error(Status::BadRequest, text));
         }
         // Authenticated only by a HELLO that succeeds as a whole.
-        self.authed = true;
         if shard == self.core.id {
+            self.authenticated();
             let hello_ok = self.hello_ok(Some(shard));
             return self.push(request_id, Local::HelloOk(hello_ok));
         }
@@ -685,7 +703,17 @@ impl Connection {
                     .to_owned();
             return self.push(request_id, Local::Error(Status::BadRequest, text));
         }
+        self.authenticated();
         self.migrate = Some(Handoff::Move(Migration { shard, request_id }));
+    }
+
+    /// The connection has authenticated: frames up to the node's limit.
+    fn authenticated(&mut self) {
+        if !self.authed {
+            self.authed = true;
+            self.decoder
+                .set_frame_bytes_max(self.core.node.config.frame_bytes_max);
+        }
     }
 
     fn hello_ok(&self, shard: Option<u16>) -> HelloOk {
@@ -744,6 +772,12 @@ impl Connection {
         }
     }
 }
+
+/// Largest frame body a connection may send before it has authenticated:
+/// room for a HELLO with the longest token (8 + 256 + 8 bytes, plus its
+/// header) and little else, so that a client without the token cannot make
+/// the node buffer or answer much.
+pub const PRE_AUTH_FRAME_BYTES_MAX: u32 = 1024;
 
 /// What a Redis client hears on the binary port (a RESP error line).
 const RESP_ON_BINARY_PORT: &str = "-ERR this is sluiced's binary port: Redis clients connect to its RESP listener (start sluiced with --resp-port PORT, then use that port)\r\n";

@@ -74,6 +74,9 @@ pub(crate) trait Handler: Sized {
     fn take_handoff(&mut self) -> Option<Self::Handoff> {
         None
     }
+    /// Whether the connection has authenticated (or needs not): until it
+    /// has, `--auth-timeout-ms` runs.
+    fn authed(&self) -> bool;
     /// Whether to linger on close (see [`ERROR_LINGER_MS`]).
     fn linger_on_close(&self) -> bool {
         false
@@ -125,7 +128,18 @@ async fn serve<H: Handler>(
     let core = h.core().clone();
     let mut draining = core.draining.subscribe();
     let mut replies = Vec::new();
-    let inflight_max = core.node.config.inflight_max;
+    let config = &core.node.config;
+    let inflight_max = config.inflight_max;
+    // Timers, each made once per connection and reset only when it is on:
+    // the authentication deadline (until authenticated), a half-sent frame
+    // (while bytes of one wait in `rbuf`), silence (with --idle-timeout-ms).
+    let ms = std::time::Duration::from_millis;
+    let auth = tokio::time::sleep(ms(config.auth_timeout_ms));
+    let half_sent = tokio::time::sleep(ms(config.frame_timeout_ms));
+    let silent = tokio::time::sleep(ms(config.idle_timeout_ms.max(1)));
+    tokio::pin!(auth, half_sent, silent);
+    let mut half_sent_on = false;
+    let idle_on = config.idle_timeout_ms > 0;
     loop {
         if let Some(need) = replication_wait(&core) {
             // Sync mode: these replies reflect changes the follower must
@@ -156,6 +170,12 @@ async fn serve<H: Handler>(
             return Ok(None);
         }
         let can_read = !h.closing() && h.pipe().len() < inflight_max;
+        if !can_read {
+            // Not reading is ours (back-pressure): a frame cut off in
+            // `rbuf` is not the peer's fault; its clock starts again when
+            // reading does.
+            half_sent_on = false;
+        }
         if rbuf.capacity() - rbuf.len() < READ_CHUNK_BYTES {
             rbuf.reserve(READ_CHUNK_BYTES);
         }
@@ -173,9 +193,31 @@ async fn serve<H: Handler>(
                     h.close();
                 } else {
                     h.handle_read(rbuf);
+                    let now = tokio::time::Instant::now();
+                    if rbuf.is_empty() {
+                        half_sent_on = false;
+                    } else if !half_sent_on {
+                        half_sent_on = true;
+                        half_sent.as_mut().reset(now + ms(config.frame_timeout_ms));
+                    }
+                    if idle_on {
+                        silent.as_mut().reset(now + ms(config.idle_timeout_ms));
+                    }
                 }
             }
             _ = draining.changed(), if !h.closing() => {}
+            () = &mut auth, if !h.authed() && !h.closing() => {
+                tracing::debug!(shard = core.id, "closing a {} that did not authenticate in time", H::NAME);
+                h.close();
+            }
+            () = &mut half_sent, if half_sent_on && !h.closing() => {
+                tracing::debug!(shard = core.id, "closing a {} whose frame stayed half-sent", H::NAME);
+                h.close();
+            }
+            () = &mut silent, if idle_on && h.pipe().is_empty() && !h.closing() => {
+                tracing::debug!(shard = core.id, "closing an idle {}", H::NAME);
+                h.close();
+            }
         }
     }
 }
@@ -194,11 +236,43 @@ async fn linger(stream: &mut TcpStream) {
     }
 }
 
-/// Compares secrets in time that does not depend on where they differ
-/// (HELLO's token, RESP's AUTH).
-pub(crate) fn constant_time_eq(a: &[u8], b: &[u8]) -> bool {
-    if a.len() != b.len() {
-        return false;
+/// Longest secret [`constant_time_eq`] compares in constant time: the
+/// longest auth token (PROTOCOL.md, HELLO's `token_len`).
+pub(crate) const SECRET_BYTES_MAX: usize = 256;
+
+/// Compares a secret with what a peer sent, in time that depends on
+/// neither where they differ nor the secret's length (both are padded to
+/// [`SECRET_BYTES_MAX`]; `subtle` keeps the compiler from short-cutting).
+/// Only a `given` longer than that takes longer, and it never matches.
+pub(crate) fn constant_time_eq(secret: &[u8], given: &[u8]) -> bool {
+    use subtle::ConstantTimeEq;
+    let pad = |b: &[u8]| {
+        let mut out = [0u8; SECRET_BYTES_MAX];
+        let n = b.len().min(SECRET_BYTES_MAX);
+        out[..n].copy_from_slice(&b[..n]);
+        out
+    };
+    let (s, g) = (pad(secret), pad(given));
+    let same_bytes = s.ct_eq(&g);
+    let same_len = (secret.len() as u64).ct_eq(&(given.len() as u64));
+    bool::from(same_bytes & same_len)
+}
+
+#[cfg(all(test, not(sluice_loom)))]
+mod tests {
+    use super::constant_time_eq;
+
+    #[test]
+    fn secrets_match_only_byte_for_byte_and_length_for_length() {
+        assert!(constant_time_eq(b"s3cret", b"s3cret"));
+        assert!(!constant_time_eq(b"s3cret", b"s3cres"));
+        assert!(!constant_time_eq(b"s3cret", b"s3cre"));
+        // Zero padding does not make a prefix match.
+        assert!(!constant_time_eq(b"s3cret", b"s3cret\0"));
+        assert!(!constant_time_eq(b"s3cret", b""));
+        let long = [b'a'; 256];
+        assert!(constant_time_eq(&long, &long));
+        let longer = [b'a'; 300];
+        assert!(!constant_time_eq(&long, &longer));
     }
-    a.iter().zip(b).fold(0u8, |acc, (x, y)| acc | (x ^ y)) == 0
 }

@@ -56,9 +56,44 @@ fn main() -> std::process::ExitCode {
             println!("sluiced resp listening on {resp_addr}");
         }
         tracing::info!(addr = %server.local_addr(), resp_addr = ?server.resp_addr(), shards = server.shard_count(), "serving");
-        server.serve(shutdown_signal()).await;
+        let shutdown = async {
+            shutdown_signal().await;
+            // A second one does not wait for the drain. Listened for from
+            // here on, before the listener closes (a script that sees the
+            // port refuse knows a second signal counts).
+            let second = second_signal();
+            tokio::spawn(async {
+                second.await;
+                eprintln!("sluiced: a second signal: exiting now, without finishing the drain");
+                std::process::exit(1);
+            });
+        };
+        server.serve(shutdown).await;
         std::process::ExitCode::SUCCESS
     })
+}
+
+/// A future that resolves at the next SIGTERM or SIGINT from now on (the
+/// handlers are in place when this returns).
+fn second_signal() -> impl std::future::Future<Output = ()> {
+    #[cfg(unix)]
+    {
+        use tokio::signal::unix::{signal, SignalKind};
+        let mut term = signal(SignalKind::terminate()).expect("a SIGTERM handler installs");
+        let mut int = signal(SignalKind::interrupt()).expect("a SIGINT handler installs");
+        async move {
+            tokio::select! {
+                _ = term.recv() => {}
+                _ = int.recv() => {}
+            }
+        }
+    }
+    #[cfg(not(unix))]
+    {
+        async {
+            let _ = tokio::signal::ctrl_c().await;
+        }
+    }
 }
 
 /// Resolves at the first SIGTERM or Ctrl-C (SIGINT).

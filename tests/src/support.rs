@@ -189,6 +189,18 @@ impl Sluiced {
         }
     }
 
+    /// Waits for the process to exit, up to `limit`; its status.
+    pub fn wait_for_exit(mut self, limit: Duration) -> ExitStatus {
+        let start = Instant::now();
+        loop {
+            if let Some(status) = self.child.try_wait().expect("wait") {
+                return status;
+            }
+            assert!(start.elapsed() < limit, "sluiced did not exit in {limit:?}");
+            std::thread::sleep(Duration::from_millis(20));
+        }
+    }
+
     /// Sends SIGHUP: the server re-reads its config file's tiers. Returns
     /// at once; the reload happens soon after (poll for its effect).
     pub fn hangup(&self) {

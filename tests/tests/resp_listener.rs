@@ -349,16 +349,58 @@ async fn malformed_input_closes_only_that_connection() {
 #[tokio::test]
 async fn auth_is_required_when_a_token_is_set() {
     let (_server, addr) = start(&["--auth-token", "s3cret"]);
-    let mut c = Resp::connect(addr).await;
     let noauth = Value::Error("NOAUTH Authentication required.".into());
-    assert_eq!(c.call(&["PING"]).await, noauth);
-    assert_eq!(c.call(&["CL.THROTTLE", "k", "1", "1", "1"]).await, noauth);
-    assert_eq!(
-        c.call(&["AUTH", "wrong"]).await,
-        Value::Error("WRONGPASS invalid username-password pair or user is disabled.".into())
-    );
+    let wrong =
+        Value::Error("WRONGPASS invalid username-password pair or user is disabled.".into());
+    // Before authentication, anything but AUTH, HELLO and QUIT is NOAUTH,
+    // and the connection is over.
+    for first in [&["PING"][..], &["CL.THROTTLE", "k", "1", "1", "1"]] {
+        let mut c = Resp::connect(addr).await;
+        assert_eq!(c.call(first).await, noauth);
+        assert!(c.closed().await, "{first:?}");
+    }
+    // A wrong password closes too: no second guess on a connection.
+    for auth in [
+        &["AUTH", "wrong"][..],
+        &["AUTH", "default", "nope"],
+        &["HELLO", "3", "AUTH", "default", "nope"],
+    ] {
+        let mut c = Resp::connect(addr).await;
+        assert_eq!(c.call(auth).await, wrong);
+        assert!(c.closed().await, "{auth:?}");
+    }
+    // Before authentication a command is at most 1 KiB.
+    let mut c = Resp::connect(addr).await;
+    let long = "x".repeat(2_000);
+    c.command(&["AUTH", "default", &long]).await;
+    assert!(matches!(c.read().await, Some(Value::Error(_))));
+    assert!(c.closed().await);
+    let mut c = Resp::connect(addr).await;
     assert_eq!(c.call(&["AUTH", "default", "s3cret"]).await, simple("OK"));
     assert_eq!(c.call(&["PING"]).await, simple("PONG"));
+    // Authenticated, a command may be as large as --frame-bytes-max.
+    assert_eq!(
+        c.call(&["ECHO", &long]).await,
+        Value::Bulk(long.clone().into_bytes())
+    );
+}
+
+/// CL.THROTTLE's keys are bounded as protocol v1's (1..=512 bytes), where
+/// redis-cell takes any.
+#[tokio::test]
+async fn cl_throttle_keys_are_1_to_512_bytes() {
+    let (_server, addr) = start(&[]);
+    let mut c = Resp::connect(addr).await;
+    let refused = Value::Error("Cell error: Store error: key must be 1..=512 bytes".into());
+    assert_eq!(c.call(&["CL.THROTTLE", "", "1", "1", "1"]).await, refused);
+    let long = "k".repeat(513);
+    assert_eq!(
+        c.call(&["CL.THROTTLE", &long, "1", "1", "1"]).await,
+        refused
+    );
+    let longest = "k".repeat(512);
+    let v = c.call(&["CL.THROTTLE", &longest, "1", "1", "1"]).await;
+    assert_eq!(v.ints(), [0, 2, 1, -1, 1]);
 }
 
 #[tokio::test]

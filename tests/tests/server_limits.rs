@@ -216,13 +216,17 @@ async fn clients_that_vanish_mid_frame_do_not_hurt_the_server() {
 
 #[tokio::test]
 async fn auth_token_is_required_and_checked() {
-    let server = Sluiced::start(&["--auth-token", "s3cret"]);
+    let server = Sluiced::start(&["--shards", "2", "--auth-token", "s3cret"]);
+    // Before HELLO, anything else is told AUTH_REQUIRED and the connection
+    // is over: nothing after it in the frame is answered.
     let mut raw = Raw::connect(server.addr).await;
     raw.send_frame(&[(1, Request::Ping), (2, throttle("k"))])
         .await;
-    let replies = raw.replies(2).await;
-    assert_eq!(replies[0].1.status(), Some(Status::AuthRequired));
-    assert_eq!(replies[1].1.status(), Some(Status::AuthRequired));
+    assert_eq!(
+        raw.next_reply().await.unwrap().1.status(),
+        Some(Status::AuthRequired)
+    );
+    assert!(raw.closed_by_server().await);
     let hello = |token: &'static [u8]| {
         Request::Hello(Hello {
             version_min: 1,
@@ -232,39 +236,46 @@ async fn auth_token_is_required_and_checked() {
             epoch: 0,
         })
     };
+    let mut raw = Raw::connect(server.addr).await;
     raw.send_frame(&[(3, hello(b"s3cret")), (4, Request::Ping)])
         .await;
     let replies = raw.replies(2).await;
     assert!(matches!(replies[0], (3, Reply::HelloOk(_))));
     assert_eq!(replies[1], (4, Reply::Pong));
 
-    // Before HELLO, even an invalid request is told AUTH_REQUIRED; a HELLO
-    // with the right token whose shard binding fails does not authenticate.
-    let mut raw = Raw::connect(server.addr).await;
-    let bad_bind = Request::Hello(Hello {
-        version_min: 1,
-        version_max: 1,
-        shard: Some(99),
-        token: b"s3cret",
-        epoch: 0,
-    });
-    raw.send_frame(&[
-        (
-            1,
-            Request::Throttle(Throttle {
-                key: b"",
-                policy: policy(),
-                cost: 1,
-            }),
-        ),
-        (2, bad_bind),
-        (3, Request::Ping),
-    ])
-    .await;
-    let replies = raw.replies(3).await;
-    assert_eq!(replies[0].1.status(), Some(Status::AuthRequired));
-    assert_eq!(replies[1].1.status(), Some(Status::BadRequest));
-    assert_eq!(replies[2].1.status(), Some(Status::AuthRequired));
+    // A HELLO with the right token whose shard binding is refused does not
+    // authenticate: a shard that does not exist, or a binding to another
+    // shard that is not alone in its frame (tried until a connection lands
+    // on a shard other than 1).
+    let bind = |shard| {
+        Request::Hello(Hello {
+            version_min: 1,
+            version_max: 1,
+            shard: Some(shard),
+            token: b"s3cret",
+            epoch: 0,
+        })
+    };
+    let mut refused = 0;
+    for (attempt, shard) in [99, 1, 1, 1, 1, 1, 1, 1, 1].into_iter().enumerate() {
+        let mut raw = Raw::connect(server.addr).await;
+        raw.send_frame(&[(1, bind(shard)), (2, Request::Ping)])
+            .await;
+        let first = raw.next_reply().await.unwrap();
+        if matches!(first.1, Reply::HelloOk(_)) {
+            assert!(attempt > 0, "shard 99 bound");
+            continue;
+        }
+        assert_eq!(first.1.status(), Some(Status::BadRequest), "{shard}");
+        let second = raw.next_reply().await.unwrap();
+        assert_eq!(second.1.status(), Some(Status::AuthRequired), "{shard}");
+        assert!(raw.closed_by_server().await);
+        refused += 1;
+        if refused == 2 {
+            break;
+        }
+    }
+    assert_eq!(refused, 2, "no connection landed on shard 0");
 
     // A wrong token: nothing after it in the frame is served, and it closes.
     let mut wrong = Raw::connect(server.addr).await;

@@ -92,6 +92,9 @@ struct RespConnection {
     /// No command yet: the first bytes tell a client of the binary
     /// protocol that came to the wrong port.
     fresh: bool,
+    /// The node's command size limit, which applies once authenticated
+    /// (before, [`PRE_AUTH_FRAME_BYTES_MAX`](crate::connection::PRE_AUTH_FRAME_BYTES_MAX)).
+    command_bytes_max: usize,
     /// The rest.
     session: Session,
 }
@@ -116,14 +119,22 @@ static NEXT_CLIENT_ID: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU
 pub async fn run(core: Rc<ShardCore>, adopt: AdoptResp) {
     let AdoptResp { stream, guard } = adopt;
     let command_bytes_max = usize::try_from(core.node.config.frame_bytes_max).unwrap_or(usize::MAX);
+    let authed = core.node.config.auth_token.is_none();
+    let pre_auth =
+        usize::try_from(crate::connection::PRE_AUTH_FRAME_BYTES_MAX).unwrap_or(usize::MAX);
     let conn = RespConnection {
-        parser: Parser::new(command_bytes_max),
+        parser: Parser::new(if authed {
+            command_bytes_max
+        } else {
+            pre_auth.min(command_bytes_max)
+        }),
+        command_bytes_max,
         fresh: true,
         session: Session {
             core: core.clone(),
             wbuf: BytesMut::with_capacity(READ_CHUNK_BYTES),
             pipe: Pipeline::new(core.node.shard_count),
-            authed: core.node.config.auth_token.is_none(),
+            authed,
             proto: 2,
             name: None,
             id: NEXT_CLIENT_ID.fetch_add(1, std::sync::atomic::Ordering::Relaxed),
@@ -153,6 +164,10 @@ impl Handler for RespConnection {
         self.session.closing
     }
 
+    fn authed(&self) -> bool {
+        self.session.authed
+    }
+
     fn close(&mut self) {
         self.session.closing = true;
     }
@@ -176,7 +191,11 @@ impl Handler for RespConnection {
                 Ok(Some(n)) => {
                     self.fresh = false;
                     let args = self.parser.args(&rbuf[at..]);
+                    let was_authed = self.session.authed;
                     self.session.execute(&args, &mut now_ns);
+                    if self.session.authed && !was_authed {
+                        self.parser.set_command_bytes_max(self.command_bytes_max);
+                    }
                     at += n;
                 }
                 Ok(None) => break,
@@ -228,9 +247,15 @@ impl Session {
         let command = match command::parse(args) {
             Ok(Some(c)) => c,
             Ok(None) => return,
-            Err(reply) => return self.reply(reply),
+            Err(reply) => {
+                // Before authentication, one try: then closed.
+                self.closing |= !self.authed;
+                return self.reply(reply);
+            }
         };
         if !self.authed && command.needs_auth() {
+            // Before authentication: AUTH, HELLO and QUIT only.
+            self.closing = true;
             return self.reply(Reply::no_auth());
         }
         match command {
@@ -318,11 +343,14 @@ impl Session {
                 }
             };
             if !ok {
+                // No second guess on this connection.
+                self.closing = true;
                 return self.reply(Reply::wrong_pass());
             }
             self.authed = true;
         }
         if !self.authed {
+            self.closing = true;
             return self.reply(Reply::Error(
                 "NOAUTH HELLO must be called with the client already authenticated, otherwise the \
                  HELLO <proto> AUTH <user> <pass> option can be used to authenticate the client and \
@@ -366,7 +394,11 @@ impl Session {
                 self.authed = true;
                 Reply::Simple("OK")
             }
-            _ => Reply::wrong_pass(),
+            _ => {
+                // No second guess on this connection.
+                self.closing = true;
+                Reply::wrong_pass()
+            }
         };
         self.reply(reply);
     }

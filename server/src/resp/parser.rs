@@ -92,6 +92,12 @@ enum Line {
 }
 
 impl Parser {
+    /// From the next command on, accepts up to `command_bytes_max` bytes
+    /// (raised once a connection has authenticated).
+    pub fn set_command_bytes_max(&mut self, command_bytes_max: usize) {
+        self.command_bytes_max = command_bytes_max;
+    }
+
     /// A parser accepting commands of up to `command_bytes_max` bytes.
     pub fn new(command_bytes_max: usize) -> Parser {
         Parser {

@@ -668,9 +668,9 @@ impl Table {
     ) -> Result<CellVerdict, Status> {
         let stored = self.buckets.get(key).map(Bucket::tat_ns);
         let d = cell::throttle(stored, policy, quantity, now_ns);
-        self.count(!d.verdict.limited);
         if d.verdict.limited {
             // Limited changes nothing (not even a v1 bucket's fraction).
+            self.count(false);
             return Ok(d.verdict);
         }
         match d.tat_ns.filter(|&tat_ns| tat_ns > now_ns) {
@@ -686,6 +686,8 @@ impl Table {
                 self.buckets.remove(key);
             }
         }
+        // Counted once admitted for sure (KEYS_FULL above is refused).
+        self.count(true);
         self.changed(Kind::TokenBucket, key);
         Ok(d.verdict)
     }
@@ -1141,6 +1143,16 @@ mod tests {
         let v = t.cell_throttle(5, &one_per_s, 1, 100 * S).unwrap();
         assert!(v.limited);
         assert_eq!(v.reset_after_s(), 2);
+    }
+
+    #[test]
+    fn a_cell_throttle_refused_at_the_cap_is_not_counted_as_allowed() {
+        let p = CellPolicy::new(15, 30, 60).unwrap();
+        let mut t = Table::with_cap(1, 0);
+        assert!(!t.cell_throttle(1, &p, 1, S).unwrap().limited);
+        assert_eq!(t.cell_throttle(2, &p, 1, S), Err(Status::KeysFull));
+        assert_eq!(t.counters_total.allowed_total, 1);
+        assert_eq!(t.counters_total.refused_total, 1);
     }
 
     fn refs(limits: &[Limit]) -> Vec<LimitRef> {

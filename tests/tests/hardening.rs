@@ -1,0 +1,185 @@
+//! Clients that misbehave on purpose, against real `sluiced` processes:
+//! request id 0, a large frame before authentication, connections that
+//! never authenticate, frames left half-sent, idle connections, and a
+//! second SIGTERM during a drain. Each limit is tested on both sides of its
+//! edge: the well-behaved client next to the rude one keeps being served.
+
+use std::time::{Duration, Instant};
+
+use sluice_protocol::message::{Hello, Reply, Request};
+use sluice_protocol::{Policy, Status};
+use sluice_tests::raw::{frame, Raw};
+use sluice_tests::support::Sluiced;
+
+fn hello(token: &'static [u8]) -> Request<'static> {
+    Request::Hello(Hello {
+        version_min: 1,
+        version_max: 1,
+        shard: None,
+        token,
+        epoch: 0,
+    })
+}
+
+fn throttle(key: &str) -> Request<'_> {
+    Request::Throttle(sluice_protocol::message::Throttle {
+        key: key.as_bytes(),
+        policy: Policy::new(10, 1_000_000_000, 20).unwrap(),
+        cost: 1,
+    })
+}
+
+/// Waits (up to 20 s) until the server closes `raw`; panics if it answers.
+async fn closed_within(raw: &mut Raw, limit: Duration) {
+    let start = Instant::now();
+    while start.elapsed() < limit {
+        if raw.closed_by_server().await {
+            return;
+        }
+    }
+    panic!("still open after {limit:?}");
+}
+
+#[tokio::test]
+async fn request_id_0_is_refused_with_id_0_and_the_connection_ends() {
+    let server = Sluiced::start(&["--shards", "1"]);
+    let mut raw = Raw::connect(server.addr).await;
+    raw.send_frame(&[(1, Request::Ping), (0, Request::Ping), (2, Request::Ping)])
+        .await;
+    assert_eq!(raw.next_reply().await, Some((1, Reply::Pong)));
+    let (id, reply) = raw.next_reply().await.unwrap();
+    assert_eq!((id, reply.status()), (0, Some(Status::BadRequest)));
+    assert!(
+        raw.closed_by_server().await,
+        "the request after it was served"
+    );
+    let mut other = Raw::connect(server.addr).await;
+    other.send_frame(&[(7, Request::Ping)]).await;
+    assert_eq!(other.next_reply().await, Some((7, Reply::Pong)));
+}
+
+#[tokio::test]
+async fn before_authentication_a_frame_is_at_most_1_kib() {
+    let server = Sluiced::start(&["--shards", "1", "--auth-token", "s3cret"]);
+    // 1,025 bytes declared: refused before any of it is read.
+    let mut raw = Raw::connect(server.addr).await;
+    raw.send_bytes(&1025u32.to_le_bytes()).await;
+    let (id, reply) = raw.next_reply().await.unwrap();
+    assert_eq!((id, reply.status()), (0, Some(Status::FrameTooLarge)));
+    assert!(raw.closed_by_server().await);
+    // A HELLO with the longest token fits; once authenticated, frames may
+    // be as large as --frame-bytes-max (here 200 requests, about 10 KiB).
+    let token = [b'a'; 256];
+    let long = Sluiced::start(&[
+        "--shards",
+        "1",
+        "--auth-token",
+        std::str::from_utf8(&token).unwrap(),
+    ]);
+    let mut raw = Raw::connect(long.addr).await;
+    raw.send_frame(&[(1, hello(&[b'a'; 256]))]).await;
+    assert!(matches!(
+        raw.next_reply().await,
+        Some((1, Reply::HelloOk(_)))
+    ));
+    let keys: Vec<String> = (0..200).map(|i| format!("k{i}")).collect();
+    let batch: Vec<_> = keys
+        .iter()
+        .enumerate()
+        .map(|(i, k)| (i as u32 + 2, throttle(k)))
+        .collect();
+    assert!(frame(&batch).len() > 8 * 1024);
+    raw.send_frame(&batch).await;
+    for (id, reply) in raw.replies(200).await {
+        assert!(matches!(reply, Reply::Throttle(_)), "{id}: {reply:?}");
+    }
+}
+
+#[tokio::test]
+async fn a_connection_that_never_authenticates_is_closed_and_one_that_does_stays() {
+    let server = Sluiced::start(&[
+        "--shards",
+        "1",
+        "--auth-token",
+        "s3cret",
+        "--auth-timeout-ms",
+        "300",
+    ]);
+    let mut silent = Raw::connect(server.addr).await;
+    let mut authed = Raw::connect(server.addr).await;
+    authed.send_frame(&[(1, hello(b"s3cret"))]).await;
+    assert!(matches!(
+        authed.next_reply().await,
+        Some((1, Reply::HelloOk(_)))
+    ));
+    closed_within(&mut silent, Duration::from_secs(20)).await;
+    // Long past the timeout, the authenticated one is still served.
+    authed.send_frame(&[(2, Request::Ping)]).await;
+    assert_eq!(authed.next_reply().await, Some((2, Reply::Pong)));
+}
+
+#[tokio::test]
+async fn a_frame_left_half_sent_closes_the_connection() {
+    let server = Sluiced::start(&["--shards", "1", "--frame-timeout-ms", "300"]);
+    let mut half = Raw::connect(server.addr).await;
+    let whole = frame(&[(1, Request::Ping)]);
+    half.send_bytes(&whole[..5]).await;
+    let mut idle = Raw::connect(server.addr).await;
+    idle.send_frame(&[(1, Request::Ping)]).await;
+    assert_eq!(idle.next_reply().await, Some((1, Reply::Pong)));
+    closed_within(&mut half, Duration::from_secs(20)).await;
+    // A connection with nothing half-sent is not closed (no idle timeout
+    // by default).
+    idle.send_frame(&[(2, Request::Ping)]).await;
+    assert_eq!(idle.next_reply().await, Some((2, Reply::Pong)));
+    // The rest of a frame sent in time is served: split in two writes.
+    let mut slow = Raw::connect(server.addr).await;
+    slow.send_bytes(&whole[..5]).await;
+    slow.send_bytes(&whole[5..]).await;
+    assert_eq!(slow.next_reply().await, Some((1, Reply::Pong)));
+}
+
+#[tokio::test]
+async fn with_an_idle_timeout_a_silent_connection_is_closed() {
+    let server = Sluiced::start(&["--shards", "1", "--idle-timeout-ms", "300"]);
+    let mut raw = Raw::connect(server.addr).await;
+    raw.send_frame(&[(1, Request::Ping)]).await;
+    assert_eq!(raw.next_reply().await, Some((1, Reply::Pong)));
+    closed_within(&mut raw, Duration::from_secs(20)).await;
+}
+
+/// A second SIGTERM does not wait for the drain: exit status 1 (the first
+/// alone would have waited up to --drain-ms, here a minute, for a client
+/// that never reads its replies).
+#[tokio::test]
+async fn a_second_sigterm_cuts_the_drain_short() {
+    let mut server = Sluiced::start(&["--shards", "1", "--drain-ms", "60000"]);
+    // A client that sends and never reads: its replies fill the socket
+    // buffers, so the drain cannot finish.
+    let mut rude = Raw::connect(server.addr).await;
+    let stats: Vec<_> = (1..=2_000u32)
+        .map(|i| {
+            (
+                i,
+                Request::Stats(sluice_protocol::message::Stats { shard_first: 0 }),
+            )
+        })
+        .collect();
+    for _ in 0..50 {
+        rude.send_frame(&stats).await;
+    }
+    server.signal("TERM");
+    // The first was taken once the port refuses: the node is draining, and
+    // waits for the rude client.
+    let start = Instant::now();
+    while tokio::net::TcpStream::connect(server.addr).await.is_ok() {
+        assert!(start.elapsed() < Duration::from_secs(20), "still accepting");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    assert!(server.is_running(), "the drain did not wait for the client");
+    server.signal("TERM");
+    let status = tokio::task::spawn_blocking(move || server.wait_for_exit(Duration::from_secs(20)))
+        .await
+        .unwrap();
+    assert_eq!(status.code(), Some(1), "{status:?}");
+}
