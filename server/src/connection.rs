@@ -250,6 +250,10 @@ impl Handler for Connection {
         self.authed
     }
 
+    fn eviction(&self) -> Option<std::sync::Arc<tokio::sync::Notify>> {
+        self.guard.eviction()
+    }
+
     fn close(&mut self) {
         self.closing = true;
     }
@@ -711,6 +715,7 @@ impl Connection {
     fn authenticated(&mut self) {
         if !self.authed {
             self.authed = true;
+            self.guard.authenticated();
             self.decoder
                 .set_frame_bytes_max(self.core.node.config.frame_bytes_max);
         }

@@ -77,6 +77,9 @@ pub(crate) trait Handler: Sized {
     /// Whether the connection has authenticated (or needs not): until it
     /// has, `--auth-timeout-ms` runs.
     fn authed(&self) -> bool;
+    /// Until authenticated: notified when a newer connection takes this
+    /// one's place at the connection limit.
+    fn eviction(&self) -> Option<std::sync::Arc<tokio::sync::Notify>>;
     /// Whether to linger on close (see [`ERROR_LINGER_MS`]).
     fn linger_on_close(&self) -> bool {
         false
@@ -137,7 +140,14 @@ async fn serve<H: Handler>(
     let auth = tokio::time::sleep(ms(config.auth_timeout_ms));
     let half_sent = tokio::time::sleep(ms(config.frame_timeout_ms));
     let silent = tokio::time::sleep(ms(config.idle_timeout_ms.max(1)));
-    tokio::pin!(auth, half_sent, silent);
+    let eviction = h.eviction();
+    let evicted = async {
+        match &eviction {
+            Some(notify) => notify.notified().await,
+            None => std::future::pending().await,
+        }
+    };
+    tokio::pin!(auth, half_sent, silent, evicted);
     let mut half_sent_on = false;
     let idle_on = config.idle_timeout_ms > 0;
     loop {
@@ -206,6 +216,10 @@ async fn serve<H: Handler>(
                 }
             }
             _ = draining.changed(), if !h.closing() => {}
+            () = &mut evicted, if !h.authed() && !h.closing() => {
+                tracing::debug!(shard = core.id, "closing a {} that had not authenticated: a newer one needs its place", H::NAME);
+                h.close();
+            }
             () = &mut auth, if !h.authed() && !h.closing() => {
                 tracing::debug!(shard = core.id, "closing a {} that did not authenticate in time", H::NAME);
                 h.close();

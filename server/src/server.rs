@@ -65,6 +65,8 @@ pub struct Server {
     drained_rx: mpsc::UnboundedReceiver<u16>,
     /// Open connections across the node.
     open: Arc<AtomicUsize>,
+    /// Connections yet to authenticate (with --auth-token), oldest first.
+    unauthed: Arc<crate::shard::Unauthed>,
 }
 
 impl Server {
@@ -125,6 +127,7 @@ impl Server {
             threads,
             drained_rx,
             open: Arc::new(AtomicUsize::new(0)),
+            unauthed: Arc::default(),
         })
     }
 
@@ -202,15 +205,30 @@ impl Server {
     }
 
     fn adopt(&self, kind: Listener, stream: TcpStream, shard: usize) {
-        let Some(guard) = ConnectionGuard::try_new(&self.open, self.node.config.connections_max)
-        else {
-            tracing::warn!(
-                connections_max = self.node.config.connections_max,
-                ?kind,
-                "refusing a connection"
-            );
-            tokio::spawn(refuse(stream, kind));
-            return;
+        let needs_auth = self.node.config.auth_token.is_some();
+        let guard = match ConnectionGuard::try_new(&self.open, self.node.config.connections_max) {
+            Some(guard) => guard,
+            None if needs_auth && self.unauthed.evict_oldest() => {
+                tracing::debug!(
+                    ?kind,
+                    "at the connection limit: the oldest unauthenticated connection makes room"
+                );
+                ConnectionGuard::in_place_of_another(&self.open)
+            }
+            None => {
+                tracing::warn!(
+                    connections_max = self.node.config.connections_max,
+                    ?kind,
+                    "refusing a connection"
+                );
+                tokio::spawn(refuse(stream, kind));
+                return;
+            }
+        };
+        let guard = if needs_auth {
+            guard.awaiting_auth(&self.unauthed)
+        } else {
+            guard
         };
         let _ = stream.set_nodelay(true);
         let stream = match stream.into_std() {

@@ -183,3 +183,47 @@ async fn a_second_sigterm_cuts_the_drain_short() {
         .unwrap();
     assert_eq!(status.code(), Some(1), "{status:?}");
 }
+
+/// At the connection limit, clients without the token crowd out only each
+/// other: a client with it takes the place of the oldest unauthenticated
+/// connection, and authenticated connections are never replaced.
+#[tokio::test]
+async fn connections_that_never_authenticate_cannot_lock_out_a_client_with_the_token() {
+    let server = Sluiced::start(&[
+        "--shards",
+        "1",
+        "--auth-token",
+        "s3cret",
+        "--connections-max",
+        "4",
+        "--auth-timeout-ms",
+        "600000",
+    ]);
+    let mut squatters = Vec::new();
+    for _ in 0..4 {
+        squatters.push(Raw::connect(server.addr).await);
+    }
+    let config = sluice_client::ClientConfig {
+        auth_token: Some("s3cret".into()),
+        deadline: Duration::from_secs(10),
+        ..Default::default()
+    };
+    let mut clients = Vec::new();
+    for (i, squatter) in squatters.iter_mut().enumerate() {
+        let client = sluice_client::Client::connect_with(server.addr, config.clone())
+            .await
+            .unwrap_or_else(|e| panic!("client {i} with the token locked out: {e}"));
+        client.ping().await.expect("served");
+        clients.push(client);
+        // The oldest squatter made room.
+        closed_within(squatter, Duration::from_secs(20)).await;
+    }
+    // Four authenticated connections: the limit holds for the next one.
+    let err = sluice_client::Client::connect_with(server.addr, config)
+        .await
+        .expect_err("a fifth connection");
+    assert_eq!(err.status(), Some(Status::TooManyConnections), "{err}");
+    for c in &clients {
+        c.ping().await.expect("still served");
+    }
+}

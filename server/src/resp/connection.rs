@@ -168,6 +168,10 @@ impl Handler for RespConnection {
         self.session.authed
     }
 
+    fn eviction(&self) -> Option<std::sync::Arc<tokio::sync::Notify>> {
+        self.session.guard.eviction()
+    }
+
     fn close(&mut self) {
         self.session.closing = true;
     }
@@ -348,6 +352,7 @@ impl Session {
                 return self.reply(Reply::wrong_pass());
             }
             self.authed = true;
+            self.guard.authenticated();
         }
         if !self.authed {
             self.closing = true;
@@ -392,6 +397,7 @@ impl Session {
                 if constant_time_eq(expected.as_bytes(), token) =>
             {
                 self.authed = true;
+                self.guard.authenticated();
                 Reply::Simple("OK")
             }
             _ => {

@@ -207,6 +207,9 @@ pub struct BatchReply {
 pub struct ConnectionGuard {
     /// Shared with the acceptor, which refuses connections at the limit.
     open: Arc<AtomicUsize>,
+    /// Until the connection authenticates (on a node with a token): its
+    /// place among those that have not, which a newer connection may take.
+    waiting: Option<AuthTicket>,
 }
 
 impl ConnectionGuard {
@@ -218,15 +221,114 @@ impl ConnectionGuard {
                 return None;
             }
             match open.compare_exchange_weak(n, n + 1, Ordering::AcqRel, Ordering::Relaxed) {
-                Ok(_) => return Some(ConnectionGuard { open: open.clone() }),
+                Ok(_) => {
+                    return Some(ConnectionGuard {
+                        open: open.clone(),
+                        waiting: None,
+                    })
+                }
                 Err(seen) => n = seen,
             }
         }
     }
 
+    /// Counts one more connection past the limit: one that takes the place
+    /// of an unauthenticated connection told to close (it is still counted
+    /// for the moment it takes to go).
+    pub fn in_place_of_another(open: &Arc<AtomicUsize>) -> ConnectionGuard {
+        open.fetch_add(1, Ordering::AcqRel);
+        ConnectionGuard {
+            open: open.clone(),
+            waiting: None,
+        }
+    }
+
+    /// The connection has yet to authenticate: listed in `unauthed`.
+    pub fn awaiting_auth(mut self, unauthed: &Arc<Unauthed>) -> ConnectionGuard {
+        self.waiting = Some(unauthed.register());
+        self
+    }
+
+    /// The connection authenticated: no longer one a newer may replace.
+    pub fn authenticated(&mut self) {
+        self.waiting = None;
+    }
+
+    /// Notified when a newer connection takes this one's place (none once
+    /// authenticated, or on a node without a token).
+    pub fn eviction(&self) -> Option<Arc<tokio::sync::Notify>> {
+        self.waiting.as_ref().map(|t| t.notify.clone())
+    }
+
     /// Connections open across the node right now (for INFO).
     pub fn open_count(&self) -> usize {
         self.open.load(Ordering::Relaxed)
+    }
+}
+
+/// Connections that have not authenticated yet, oldest first. At the
+/// connection limit, a new connection takes the place of the oldest of
+/// them, so clients without the token cannot lock out those with it: they
+/// can only crowd each other out.
+#[derive(Debug, Default)]
+pub struct Unauthed {
+    next: std::sync::atomic::AtomicU64,
+    waiting: std::sync::Mutex<std::collections::BTreeMap<u64, Arc<tokio::sync::Notify>>>,
+}
+
+impl Unauthed {
+    fn register(self: &Arc<Self>) -> AuthTicket {
+        let id = self.next.fetch_add(1, Ordering::Relaxed);
+        let notify = Arc::new(tokio::sync::Notify::new());
+        self.lock().insert(id, notify.clone());
+        AuthTicket {
+            id,
+            notify,
+            registry: self.clone(),
+        }
+    }
+
+    /// Tells the oldest unauthenticated connection to close; `false` if
+    /// there is none.
+    pub fn evict_oldest(&self) -> bool {
+        match self.lock().pop_first() {
+            Some((_, notify)) => {
+                // A permit: seen even if the connection is not waiting now.
+                notify.notify_one();
+                true
+            }
+            None => false,
+        }
+    }
+
+    /// How many there are.
+    pub fn len(&self) -> usize {
+        self.lock().len()
+    }
+
+    /// Whether there are none.
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+
+    fn lock(
+        &self,
+    ) -> std::sync::MutexGuard<'_, std::collections::BTreeMap<u64, Arc<tokio::sync::Notify>>> {
+        self.waiting.lock().unwrap_or_else(|e| e.into_inner())
+    }
+}
+
+/// A connection's place in [`Unauthed`]; leaves it when dropped.
+#[derive(Debug)]
+struct AuthTicket {
+    id: u64,
+    notify: Arc<tokio::sync::Notify>,
+    registry: Arc<Unauthed>,
+}
+
+impl Drop for AuthTicket {
+    fn drop(&mut self) {
+        self.registry.lock().remove(&self.id);
     }
 }
 
