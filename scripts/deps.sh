@@ -1,18 +1,38 @@
 #!/usr/bin/env bash
 # What building and testing Sluice needs beyond the Rust toolchain, from
 # Debian's packages: protoc (the etcd client's build compiles etcd's .proto
-# files) and etcd itself (the etcd tests start one on loopback). Installs
-# only what is missing.
+# files), etcd itself (the etcd tests start one on loopback) and promtool;
+# and the Redis clients the RESP tests use. Installs only what is missing.
 set -euo pipefail
 need=()
 command -v protoc >/dev/null 2>&1 || need+=(protobuf-compiler)
 command -v etcd >/dev/null 2>&1 || need+=(etcd-server)
-if [ ${#need[@]} -gt 0 ]; then
-  echo "== installing ${need[*]} (apt)"
+# promtool (Debian's prometheus package, without its recommended extras),
+# which checks a real scrape of the admin port's /metrics
+# (tests/tests/admin.rs).
+lean=()
+command -v promtool >/dev/null 2>&1 || lean+=(prometheus)
+if [ ${#need[@]} -gt 0 ] || [ ${#lean[@]} -gt 0 ]; then
+  echo "== installing ${need[*]} ${lean[*]} (apt)"
   sudo=""
   [ "$(id -u)" -eq 0 ] || sudo="sudo"
   $sudo apt-get update -qq
-  DEBIAN_FRONTEND=noninteractive $sudo apt-get install -y -qq "${need[@]}" >/dev/null
+  # Install the packages, start none of their services (a policy-rc.d
+  # that says no, as container images do, unless one is there already).
+  policy=""
+  if [ ! -e /usr/sbin/policy-rc.d ]; then
+    policy=/usr/sbin/policy-rc.d
+    printf '#!/bin/sh\nexit 101\n' | $sudo tee "$policy" >/dev/null
+    $sudo chmod +x "$policy"
+  fi
+  export DEBIAN_FRONTEND=noninteractive
+  if [ ${#need[@]} -gt 0 ]; then
+    $sudo apt-get install -y -qq "${need[@]}" >/dev/null
+  fi
+  if [ ${#lean[@]} -gt 0 ]; then
+    $sudo apt-get install -y -qq --no-install-recommends "${lean[@]}" >/dev/null
+  fi
+  [ -z "$policy" ] || $sudo rm -f "$policy"
 fi
 # redis-cli (redis-tools) and redis-py from PyPI in a venv of the
 # project's (target/redis-py), for tests/tests/resp_clients.rs: Redis

@@ -75,6 +75,8 @@ Standard output (scripts read it): first line
   sluiced listening on ADDR shards=N
 and, with --resp-port, a second line
   sluiced resp listening on ADDR
+and, with --admin-port, a line after those
+  sluiced admin listening on ADDR
 Logs go to standard error (plain text unless it is a terminal).
 
 Environment:
@@ -108,6 +110,12 @@ pub struct Config {
     /// the second line of stdout). Off unless given.
     #[arg(long, value_name = "PORT")]
     pub resp_port: Option<u16>,
+
+    /// Also serve the admin HTTP endpoints (GET /metrics for Prometheus,
+    /// /health, /ready, /role) on this port of --bind; 0 picks a free one
+    /// (printed on a line of stdout of its own). Off unless given.
+    #[arg(long, value_name = "PORT")]
+    pub admin_port: Option<u16>,
 
     /// Shard threads; default one per core.
     #[arg(long)]
@@ -282,6 +290,7 @@ struct FileConfig {
     bind: Option<IpAddr>,
     port: Option<u16>,
     resp_port: Option<u16>,
+    admin_port: Option<u16>,
     shards: Option<u16>,
     connections_max: Option<usize>,
     frame_bytes_max: Option<u32>,
@@ -440,6 +449,11 @@ impl Config {
             if let Some(v) = file.promote_after_ms {
                 if from_file("promote_after_ms") {
                     config.promote_after_ms = Some(v);
+                }
+            }
+            if let Some(v) = file.admin_port {
+                if from_file("admin_port") {
+                    config.admin_port = Some(v);
                 }
             }
             if let Some(v) = file.resp_port {

@@ -24,6 +24,7 @@
 //!
 //! docs/ARCHITECTURE.md walks one request through these.
 
+pub mod admin;
 pub mod config;
 pub mod connection;
 mod coordinator;

@@ -55,6 +55,10 @@ fn main() -> std::process::ExitCode {
         if let Some(resp_addr) = server.resp_addr() {
             println!("sluiced resp listening on {resp_addr}");
         }
+        // Only with --admin-port: after those, a line of its own.
+        if let Some(admin_addr) = server.admin_addr() {
+            println!("sluiced admin listening on {admin_addr}");
+        }
         tracing::info!(addr = %server.local_addr(), resp_addr = ?server.resp_addr(), shards = server.shard_count(), "serving");
         let shutdown = async {
             shutdown_signal().await;

@@ -63,8 +63,10 @@ pub struct Server {
     threads: Vec<std::thread::JoinHandle<()>>,
     /// Shards report here once drained.
     drained_rx: mpsc::UnboundedReceiver<u16>,
-    /// Open connections across the node.
-    open: Arc<AtomicUsize>,
+    /// The admin HTTP listener, with --admin-port; served from `serve`.
+    admin_listener: Option<TcpListener>,
+    /// What it reads (the open-connection count lives there too).
+    admin: Arc<crate::admin::AdminState>,
     /// Connections yet to authenticate (with --auth-token), oldest first.
     unauthed: Arc<crate::shard::Unauthed>,
 }
@@ -77,6 +79,10 @@ impl Server {
         let started = Instant::now();
         let listener = listen(SocketAddr::new(config.bind, config.port))?;
         let resp_listener = match config.resp_port {
+            Some(port) => Some(listen(SocketAddr::new(config.bind, port))?),
+            None => None,
+        };
+        let admin_listener = match config.admin_port {
             Some(port) => Some(listen(SocketAddr::new(config.bind, port))?),
             None => None,
         };
@@ -120,13 +126,21 @@ impl Server {
             tx.send(node.clone())
                 .expect("a shard thread waits for its node");
         }
+        let admin = Arc::new(crate::admin::AdminState {
+            node: node.clone(),
+            open: Arc::new(AtomicUsize::new(0)),
+            refused: Arc::new(crate::sync::AtomicU64::new(0)),
+            draining: crate::sync::AtomicBool::new(false),
+            clock,
+        });
         Ok(Server {
             listener,
             resp_listener,
+            admin_listener,
+            admin,
             node,
             threads,
             drained_rx,
-            open: Arc::new(AtomicUsize::new(0)),
             unauthed: Arc::default(),
         })
     }
@@ -134,6 +148,11 @@ impl Server {
     /// The address actually bound (the port is real even when 0 was asked).
     pub fn local_addr(&self) -> SocketAddr {
         self.node.addr
+    }
+
+    /// The admin listener's address, when `--admin-port` enabled it.
+    pub fn admin_addr(&self) -> Option<SocketAddr> {
+        self.admin_listener.as_ref().map(bound_addr)
     }
 
     /// The RESP listener's address, when `--resp-port` enabled it.
@@ -150,6 +169,9 @@ impl Server {
     /// stops every shard and joins their threads.
     pub async fn serve(mut self, shutdown: impl Future<Output = ()>) {
         tokio::pin!(shutdown);
+        if let Some(listener) = self.admin_listener.take() {
+            tokio::spawn(crate::admin::serve(listener, self.admin.clone()));
+        }
         let mut next_shard = 0usize;
         let mut hangup = Hangup::new();
         loop {
@@ -177,6 +199,9 @@ impl Server {
             }
         }
         tracing::info!("shutting down: draining connections");
+        self.admin
+            .draining
+            .store(true, crate::sync::Ordering::Release);
         drop(self.listener);
         drop(self.resp_listener);
         for tx in &self.node.shards {
@@ -206,25 +231,29 @@ impl Server {
 
     fn adopt(&self, kind: Listener, stream: TcpStream, shard: usize) {
         let needs_auth = self.node.config.auth_token.is_some();
-        let guard = match ConnectionGuard::try_new(&self.open, self.node.config.connections_max) {
-            Some(guard) => guard,
-            None if needs_auth && self.unauthed.evict_oldest() => {
-                tracing::debug!(
-                    ?kind,
-                    "at the connection limit: the oldest unauthenticated connection makes room"
-                );
-                ConnectionGuard::in_place_of_another(&self.open)
-            }
-            None => {
-                tracing::warn!(
-                    connections_max = self.node.config.connections_max,
-                    ?kind,
-                    "refusing a connection"
-                );
-                tokio::spawn(refuse(stream, kind));
-                return;
-            }
-        };
+        let guard =
+            match ConnectionGuard::try_new(&self.admin.open, self.node.config.connections_max) {
+                Some(guard) => guard,
+                None if needs_auth && self.unauthed.evict_oldest() => {
+                    tracing::debug!(
+                        ?kind,
+                        "at the connection limit: the oldest unauthenticated connection makes room"
+                    );
+                    ConnectionGuard::in_place_of_another(&self.admin.open)
+                }
+                None => {
+                    tracing::warn!(
+                        connections_max = self.node.config.connections_max,
+                        ?kind,
+                        "refusing a connection"
+                    );
+                    self.admin
+                        .refused
+                        .fetch_add(1, crate::sync::Ordering::Relaxed);
+                    tokio::spawn(refuse(stream, kind));
+                    return;
+                }
+            };
         let guard = if needs_auth {
             guard.awaiting_auth(&self.unauthed)
         } else {

@@ -101,6 +101,8 @@ pub struct Sluiced {
     pub addr: SocketAddr,
     /// Where its RESP listener is, when started with `--resp-port`.
     pub resp_addr: Option<SocketAddr>,
+    /// Where its admin HTTP listener is, when started with `--admin-port`.
+    pub admin_addr: Option<SocketAddr>,
     /// How many shards it runs.
     pub shards: u16,
 }
@@ -156,8 +158,18 @@ impl Sluiced {
                 .and_then(|a| a.parse().ok())
                 .unwrap_or_else(|| panic!("bad line {line:?}"))
         });
+        let admin_addr = args.contains(&"--admin-port").then(|| {
+            let line = rx
+                .recv_timeout(START_TIMEOUT)
+                .expect("sluiced printed its admin listening line");
+            // "sluiced admin listening on 127.0.0.1:PORT"
+            line.strip_prefix("sluiced admin listening on ")
+                .and_then(|a| a.parse().ok())
+                .unwrap_or_else(|| panic!("bad line {line:?}"))
+        });
         Sluiced {
             child,
+            admin_addr,
             addr,
             resp_addr,
             shards,

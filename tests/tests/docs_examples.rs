@@ -19,9 +19,9 @@
 //! benchmarks, drills and clusters on etcd take minutes or machines of
 //! their own, and have tests of their own.
 //!
-//! The examples use fixed ports (7700 to 7703, 6380 for RESP, 8080 and
-//! 8081 for the example gateway): nothing else may listen there while this
-//! runs.
+//! The examples use fixed ports (7700 to 7703, 6380 for RESP, 9770 for the
+//! admin endpoints, 8080 and 8081 for the example gateway): nothing else
+//! may listen there while this runs.
 
 use std::io::{BufRead, BufReader};
 use std::path::{Path, PathBuf};

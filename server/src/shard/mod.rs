@@ -272,8 +272,8 @@ impl ConnectionGuard {
 /// can only crowd each other out.
 #[derive(Debug, Default)]
 pub struct Unauthed {
-    next: std::sync::atomic::AtomicU64,
-    waiting: std::sync::Mutex<std::collections::BTreeMap<u64, Arc<tokio::sync::Notify>>>,
+    next: crate::sync::AtomicU64,
+    waiting: crate::sync::Mutex<std::collections::BTreeMap<u64, Arc<tokio::sync::Notify>>>,
 }
 
 impl Unauthed {
@@ -313,7 +313,8 @@ impl Unauthed {
 
     fn lock(
         &self,
-    ) -> std::sync::MutexGuard<'_, std::collections::BTreeMap<u64, Arc<tokio::sync::Notify>>> {
+    ) -> impl std::ops::DerefMut<Target = std::collections::BTreeMap<u64, Arc<tokio::sync::Notify>>> + '_
+    {
         self.waiting.lock().unwrap_or_else(|e| e.into_inner())
     }
 }

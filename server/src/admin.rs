@@ -1,0 +1,307 @@
+//! The admin HTTP listener (`--admin-port`): Prometheus metrics, health,
+//! readiness and the node's role, for operators, scrapers and load
+//! balancers.
+//!
+//! It runs on the main runtime (the acceptor's), never on a shard thread.
+//! A scrape reads what the shards already publish for STATS (a few relaxed
+//! atomics per shard) and the replication state: the hot path does nothing
+//! more for it.
+//!
+//! - `GET /metrics`: the Prometheus text exposition format (version 0.0.4),
+//!   written here directly: it is a few lines of text per metric, and
+//!   `promtool check metrics` checks it in the tests.
+//! - `GET /health`: 200 while the process serves (alive).
+//! - `GET /ready`: 200 when this node is worth sending traffic to: a
+//!   primary that admits, or a follower streaming from its primary; 503
+//!   otherwise (and from the start of a shutdown), with the reason.
+//! - `GET /role`: the node's role as JSON (what `sluice role` prints).
+
+use std::fmt::Write as _;
+
+use axum::extract::State;
+use axum::http::{header, StatusCode};
+use axum::response::{IntoResponse, Response};
+use axum::routing::get;
+use axum::Router;
+use sluice_protocol::replication::{ReplState, Role, RoleOk};
+use sluice_protocol::{Clock, MonotonicClock};
+
+use crate::shard::Node;
+use crate::sync::{Arc, AtomicBool, AtomicU64, AtomicUsize, Ordering};
+
+/// What the endpoints read.
+#[derive(Debug)]
+pub struct AdminState {
+    /// The node.
+    pub node: Arc<Node>,
+    /// Open client connections (the acceptor's count).
+    pub open: Arc<AtomicUsize>,
+    /// Connections refused at `--connections-max`.
+    pub refused: Arc<AtomicU64>,
+    /// Set once a shutdown has begun.
+    pub draining: AtomicBool,
+    /// The node's clock (for the role's fencing state).
+    pub clock: MonotonicClock,
+}
+
+/// Serves the admin endpoints on `listener` until the runtime stops.
+pub async fn serve(listener: tokio::net::TcpListener, state: Arc<AdminState>) {
+    let app = Router::new()
+        .route("/metrics", get(metrics))
+        .route("/health", get(|| async { "ok\n" }))
+        .route("/ready", get(ready))
+        .route("/role", get(role))
+        .with_state(state);
+    if let Err(e) = axum::serve(listener, app).await {
+        tracing::warn!(error = %e, "the admin listener stopped");
+    }
+}
+
+fn role_now(state: &AdminState) -> RoleOk {
+    state.node.repl.role_ok(state.clock.now_ns())
+}
+
+async fn ready(State(state): State<Arc<AdminState>>) -> Response {
+    let r = role_now(&state);
+    let serving = match r.role {
+        Role::Primary => state.node.repl.admits(state.clock.now_ns()),
+        Role::Follower => r.state == ReplState::Streaming,
+    };
+    let why_not = if state.draining.load(Ordering::Acquire) {
+        Some("shutting down".to_owned())
+    } else if serving {
+        None
+    } else {
+        Some(format!("{} {}", r.role.name(), r.state.name()))
+    };
+    match why_not {
+        None => (StatusCode::OK, "ready\n").into_response(),
+        Some(why) => (
+            StatusCode::SERVICE_UNAVAILABLE,
+            format!("not ready: {why}\n"),
+        )
+            .into_response(),
+    }
+}
+
+async fn role(State(state): State<Arc<AdminState>>) -> Response {
+    let r = role_now(&state);
+    let body = serde_json::json!({
+        "role": r.role.name(),
+        "state": r.state.name(),
+        "mode": r.mode.name(),
+        "epoch": r.epoch,
+        "lag_seconds": r.lag_us as f64 / 1e6,
+        "keys_synced": r.keys_synced,
+        "stream_bytes": r.stream_bytes,
+        "stream_records": r.stream_records,
+        "primary": r.primary,
+        "follower": r.follower,
+    });
+    (
+        [(header::CONTENT_TYPE, "application/json")],
+        format!("{body}\n"),
+    )
+        .into_response()
+}
+
+async fn metrics(State(state): State<Arc<AdminState>>) -> Response {
+    (
+        [(
+            header::CONTENT_TYPE,
+            "text/plain; version=0.0.4; charset=utf-8",
+        )],
+        exposition(&state),
+    )
+        .into_response()
+}
+
+/// One metric family: its HELP and TYPE lines, then its samples.
+fn family(out: &mut String, name: &str, kind: &str, help: &str, samples: &[(String, String)]) {
+    let _ = writeln!(out, "# HELP {name} {help}");
+    let _ = writeln!(out, "# TYPE {name} {kind}");
+    for (labels, value) in samples {
+        if labels.is_empty() {
+            let _ = writeln!(out, "{name} {value}");
+        } else {
+            let _ = writeln!(out, "{name}{{{labels}}} {value}");
+        }
+    }
+}
+
+/// The whole scrape.
+pub fn exposition(state: &AdminState) -> String {
+    let node = &state.node;
+    let keys_max = node.config.keys_max as u64;
+    let shards: Vec<_> = node.stats.iter().map(|s| s.read(keys_max)).collect();
+    let per_shard =
+        |f: &dyn Fn(&sluice_protocol::message::ShardStats) -> u64| -> Vec<(String, String)> {
+            shards
+                .iter()
+                .enumerate()
+                .map(|(i, s)| (format!("shard=\"{i}\""), f(s).to_string()))
+                .collect()
+        };
+    let mut out = String::with_capacity(4096);
+    let mut decisions = Vec::new();
+    for (i, s) in shards.iter().enumerate() {
+        decisions.push((
+            format!("shard=\"{i}\",result=\"allowed\""),
+            s.allowed_total.to_string(),
+        ));
+        decisions.push((
+            format!("shard=\"{i}\",result=\"denied\""),
+            s.denied_total.to_string(),
+        ));
+    }
+    family(
+        &mut out,
+        "sluice_decisions_total",
+        "counter",
+        "Spend decisions since the process started, by shard and result.",
+        &decisions,
+    );
+    family(
+        &mut out,
+        "sluice_buckets",
+        "gauge",
+        "Buckets the shard holds now, every kind together.",
+        &per_shard(&|s| s.buckets),
+    );
+    family(
+        &mut out,
+        "sluice_bucket_bytes",
+        "gauge",
+        "Bytes of memory the shard's bucket tables hold.",
+        &per_shard(&|s| s.bucket_bytes),
+    );
+    family(
+        &mut out,
+        "sluice_evictions_total",
+        "counter",
+        "Full buckets dropped to stay under --keys-max.",
+        &per_shard(&|s| s.evicted_total),
+    );
+    family(
+        &mut out,
+        "sluice_keys_full_total",
+        "counter",
+        "Requests refused with KEYS_FULL (a new bucket at the cap, none full to drop).",
+        &per_shard(&|s| s.refused_total),
+    );
+    family(
+        &mut out,
+        "sluice_keys_max",
+        "gauge",
+        "The per-shard bucket cap (--keys-max; 0 = none).",
+        &[(String::new(), keys_max.to_string())],
+    );
+    family(
+        &mut out,
+        "sluice_connections_open",
+        "gauge",
+        "Client connections open, both listeners together.",
+        &[(
+            String::new(),
+            state.open.load(Ordering::Relaxed).to_string(),
+        )],
+    );
+    family(
+        &mut out,
+        "sluice_connections_refused_total",
+        "counter",
+        "Connections refused at --connections-max.",
+        &[(
+            String::new(),
+            state.refused.load(Ordering::Relaxed).to_string(),
+        )],
+    );
+    let r = role_now(state);
+    let roles = [Role::Primary, Role::Follower].map(|role| {
+        (
+            format!("role=\"{}\"", role.name()),
+            u8::from(r.role == role).to_string(),
+        )
+    });
+    family(
+        &mut out,
+        "sluice_replication_role",
+        "gauge",
+        "1 for the node's replication role.",
+        &roles,
+    );
+    let states = [
+        ReplState::Alone,
+        ReplState::Syncing,
+        ReplState::Streaming,
+        ReplState::Down,
+        ReplState::Fenced,
+    ]
+    .map(|st| {
+        (
+            format!("state=\"{}\"", st.name()),
+            u8::from(r.state == st).to_string(),
+        )
+    });
+    family(
+        &mut out,
+        "sluice_replication_state",
+        "gauge",
+        "1 for the node's replication state.",
+        &states,
+    );
+    family(
+        &mut out,
+        "sluice_replication_epoch",
+        "gauge",
+        "The node's replication epoch.",
+        &[(String::new(), r.epoch.to_string())],
+    );
+    family(
+        &mut out,
+        "sluice_replication_lag_seconds",
+        "gauge",
+        "How far the follower is behind (a follower's own view; a primary's of its follower).",
+        &[(String::new(), format!("{}", r.lag_us as f64 / 1e6))],
+    );
+    family(
+        &mut out,
+        "sluice_replication_stream_bytes_total",
+        "counter",
+        "Bytes of replication stream sent (primary) or received (follower).",
+        &[(String::new(), r.stream_bytes.to_string())],
+    );
+    family(
+        &mut out,
+        "sluice_replication_stream_records_total",
+        "counter",
+        "Bucket records of replication stream sent (primary) or received (follower).",
+        &[(String::new(), r.stream_records.to_string())],
+    );
+    family(
+        &mut out,
+        "sluice_uptime_seconds",
+        "gauge",
+        "Seconds since the process started.",
+        &[(
+            String::new(),
+            format!("{:.3}", node.started.elapsed().as_secs_f64()),
+        )],
+    );
+    family(
+        &mut out,
+        "sluice_info",
+        "gauge",
+        "The node's version, shard count and identity (always 1).",
+        &[(
+            format!(
+                "version=\"{}\",shards=\"{}\",node_id=\"{:016x}\"",
+                env!("CARGO_PKG_VERSION"),
+                node.shard_count,
+                node.node_id
+            ),
+            "1".to_owned(),
+        )],
+    );
+    out
+}

@@ -1,0 +1,150 @@
+//! The admin HTTP listener (`--admin-port`) of a real `sluiced`: a scrape
+//! of /metrics that `promtool check metrics` accepts and whose counters
+//! follow the decisions made; /health; /ready of a primary, of a follower
+//! in sync and of one that has lost its primary; /role as JSON.
+
+use std::io::{Read, Write};
+use std::net::SocketAddr;
+use std::process::{Command, Stdio};
+use std::time::{Duration, Instant};
+
+use sluice_protocol::Policy;
+use sluice_tests::support::Sluiced;
+
+/// `GET path` over HTTP/1.0: (status code, body).
+fn get(addr: SocketAddr, path: &str) -> (u16, String) {
+    let mut s = std::net::TcpStream::connect(addr).expect("the admin port answers");
+    s.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
+    write!(s, "GET {path} HTTP/1.0\r\nHost: sluice\r\n\r\n").unwrap();
+    let mut reply = String::new();
+    s.read_to_string(&mut reply).unwrap();
+    let code = reply
+        .split_whitespace()
+        .nth(1)
+        .and_then(|c| c.parse().ok())
+        .unwrap_or_else(|| panic!("no status line: {reply:?}"));
+    let body = reply
+        .split("\r\n\r\n")
+        .nth(1)
+        .unwrap_or_default()
+        .to_owned();
+    (code, body)
+}
+
+/// The value of the sample `name{labels}` (or `name` alone) in a scrape.
+fn sample(scrape: &str, series: &str) -> f64 {
+    scrape
+        .lines()
+        .find_map(|l| l.strip_prefix(series).and_then(|v| v.strip_prefix(' ')))
+        .and_then(|v| v.parse().ok())
+        .unwrap_or_else(|| panic!("no sample {series} in:\n{scrape}"))
+}
+
+#[tokio::test]
+async fn metrics_pass_promtool_and_count_the_decisions() {
+    let server = Sluiced::start(&["--shards", "1", "--admin-port", "0"]);
+    let admin = server.admin_addr.expect("the admin line was printed");
+    let client = sluice_client::Client::connect(server.addr).await.unwrap();
+    let policy = Policy::new(1, 3_600_000_000_000, 3).unwrap();
+    for _ in 0..5 {
+        client.throttle(b"scraped", policy, 1).await.unwrap();
+    }
+    let (code, scrape) = tokio::task::spawn_blocking(move || get(admin, "/metrics"))
+        .await
+        .unwrap();
+    assert_eq!(code, 200, "{scrape}");
+    // Three admitted, two denied, one bucket.
+    assert_eq!(
+        sample(
+            &scrape,
+            r#"sluice_decisions_total{shard="0",result="allowed"}"#
+        ),
+        3.0
+    );
+    assert_eq!(
+        sample(
+            &scrape,
+            r#"sluice_decisions_total{shard="0",result="denied"}"#
+        ),
+        2.0
+    );
+    assert_eq!(sample(&scrape, r#"sluice_buckets{shard="0"}"#), 1.0);
+    assert_eq!(
+        sample(&scrape, r#"sluice_replication_role{role="primary"}"#),
+        1.0
+    );
+    assert_eq!(sample(&scrape, "sluice_connections_open"), 1.0);
+    // Prometheus's own checker accepts it (names, types, units, syntax).
+    let mut promtool = Command::new("promtool")
+        .args(["check", "metrics"])
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("promtool runs (scripts/deps.sh installs Debian's prometheus package)");
+    promtool
+        .stdin
+        .take()
+        .unwrap()
+        .write_all(scrape.as_bytes())
+        .unwrap();
+    let out = promtool.wait_with_output().unwrap();
+    assert!(
+        out.status.success(),
+        "promtool: {}{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(
+        out.stdout.is_empty() && out.stderr.is_empty(),
+        "promtool has remarks: {}{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+}
+
+#[tokio::test]
+async fn health_ready_and_role_follow_the_replication_state() {
+    let mut primary = Sluiced::start(&["--shards", "1", "--admin-port", "0"]);
+    let of = primary.addr.to_string();
+    let follower = Sluiced::start(&["--shards", "1", "--admin-port", "0", "--replica-of", &of]);
+    let (p, f) = (primary.admin_addr.unwrap(), follower.admin_addr.unwrap());
+    let wait_for = move |addr, path: &'static str, want: u16| {
+        let start = Instant::now();
+        loop {
+            let (code, body) = get(addr, path);
+            if code == want {
+                return body;
+            }
+            assert!(
+                start.elapsed() < Duration::from_secs(20),
+                "{path}: {code} {body}"
+            );
+            std::thread::sleep(Duration::from_millis(50));
+        }
+    };
+    tokio::task::spawn_blocking(move || {
+        assert_eq!(get(p, "/health"), (200, "ok\n".to_owned()));
+        assert_eq!(get(p, "/ready").0, 200);
+        // The follower is ready once it streams from its primary.
+        wait_for(f, "/ready", 200);
+        let (code, role) = get(f, "/role");
+        assert_eq!(code, 200);
+        let role: serde_json::Value = serde_json::from_str(&role).expect("JSON");
+        assert_eq!(role["role"], "follower");
+        assert_eq!(role["state"], "streaming");
+        assert_eq!(role["primary"], of.as_str());
+    })
+    .await
+    .unwrap();
+    // Its primary gone, the follower is alive but not ready.
+    primary.kill9();
+    tokio::task::spawn_blocking(move || {
+        let body = wait_for(f, "/ready", 503);
+        assert!(body.starts_with("not ready: follower"), "{body}");
+        assert_eq!(get(f, "/health").0, 200);
+        assert_eq!(get(f, "/nothing").0, 404);
+    })
+    .await
+    .unwrap();
+}
