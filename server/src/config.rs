@@ -27,6 +27,8 @@ pub const BATCH_MAX_DEFAULT: usize = 4_096;
 /// Default time SIGTERM waits for connections to finish their in-flight
 /// requests before the shards stop.
 pub const DRAIN_MS_DEFAULT: u64 = 5_000;
+/// Default `--snapshot-interval-s`.
+pub const SNAPSHOT_INTERVAL_S_DEFAULT: u64 = 60;
 /// Default `--auth-timeout-ms`.
 pub const AUTH_TIMEOUT_MS_DEFAULT: u64 = 5_000;
 /// Default `--frame-timeout-ms`.
@@ -169,6 +171,23 @@ pub struct Config {
     #[arg(long, default_value_t = KEYS_MAX_DEFAULT)]
     pub keys_max: usize,
 
+    /// Keep the buckets across restarts: write them to DIR/sluiced.snapshot
+    /// every --snapshot-interval-s and at a graceful shutdown, and load
+    /// that file at start. Off unless given.
+    #[arg(long, value_name = "DIR")]
+    pub snapshot_dir: Option<PathBuf>,
+
+    /// With --snapshot-dir: seconds between two snapshots (0: only at a
+    /// graceful shutdown). A kill -9 loses what changed since the last.
+    #[arg(long, value_name = "S", default_value_t = SNAPSHOT_INTERVAL_S_DEFAULT)]
+    pub snapshot_interval_s: u64,
+
+    /// With --snapshot-dir: start empty when the snapshot is corrupt,
+    /// truncated or not one (instead of refusing to start); the file is
+    /// replaced by the next snapshot.
+    #[arg(long)]
+    pub snapshot_ignore_corrupt: bool,
+
     /// TOML file with settings and named tiers; a flag given on the command
     /// line (or by environment) wins over the file. Tiers reload on SIGHUP.
     #[arg(long)]
@@ -300,6 +319,9 @@ struct FileConfig {
     auth_timeout_ms: Option<u64>,
     frame_timeout_ms: Option<u64>,
     idle_timeout_ms: Option<u64>,
+    snapshot_dir: Option<PathBuf>,
+    snapshot_interval_s: Option<u64>,
+    snapshot_ignore_corrupt: Option<bool>,
     keys_max: Option<usize>,
     auth_token: Option<String>,
     replica_of: Option<String>,
@@ -407,6 +429,8 @@ impl Config {
                 auth_timeout_ms,
                 frame_timeout_ms,
                 idle_timeout_ms,
+                snapshot_interval_s,
+                snapshot_ignore_corrupt,
                 keys_max,
                 replication,
                 replica_timeout_ms
@@ -449,6 +473,11 @@ impl Config {
             if let Some(v) = file.promote_after_ms {
                 if from_file("promote_after_ms") {
                     config.promote_after_ms = Some(v);
+                }
+            }
+            if let Some(v) = file.snapshot_dir.clone() {
+                if from_file("snapshot_dir") {
+                    config.snapshot_dir = Some(v);
                 }
             }
             if let Some(v) = file.admin_port {
@@ -511,6 +540,7 @@ impl Config {
         check("auth-timeout-ms", self.auth_timeout_ms, 1, 600_000)?;
         check("frame-timeout-ms", self.frame_timeout_ms, 1, 3_600_000)?;
         check("idle-timeout-ms", self.idle_timeout_ms, 0, 86_400_000)?;
+        check("snapshot-interval-s", self.snapshot_interval_s, 0, 86_400)?;
         check("keys-max", self.keys_max, 0, 1 << 32)?;
         check("replica-timeout-ms", self.replica_timeout_ms, 1, 60_000)?;
         if let Some(ms) = self.promote_after_ms {

@@ -34,6 +34,7 @@ pub mod replication;
 pub mod resp;
 pub mod server;
 pub mod shard;
+pub mod snapshot;
 mod sync;
 pub mod tiers;
 pub mod worker;

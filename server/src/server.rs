@@ -48,6 +48,11 @@ pub enum StartError {
     },
     #[error("cannot start a shard thread: {0}")]
     Thread(std::io::Error),
+    #[error("snapshot {path}: {reason}; fix or remove the file, or start with --snapshot-ignore-corrupt to start empty (the next snapshot replaces it)")]
+    Snapshot {
+        path: std::path::PathBuf,
+        reason: String,
+    },
 }
 
 /// A bound, running node whose acceptor has not started yet.
@@ -126,6 +131,9 @@ impl Server {
             tx.send(node.clone())
                 .expect("a shard thread waits for its node");
         }
+        if let Some(dir) = node.config.snapshot_dir.clone() {
+            load_snapshot(&node, &dir)?;
+        }
         let admin = Arc::new(crate::admin::AdminState {
             node: node.clone(),
             open: Arc::new(AtomicUsize::new(0)),
@@ -171,6 +179,22 @@ impl Server {
         tokio::pin!(shutdown);
         if let Some(listener) = self.admin_listener.take() {
             tokio::spawn(crate::admin::serve(listener, self.admin.clone()));
+        }
+        let snapshots = Arc::new(tokio::sync::Mutex::new(()));
+        let interval_s = self.node.config.snapshot_interval_s;
+        if let (Some(dir), true) = (self.node.config.snapshot_dir.clone(), interval_s > 0) {
+            let (node, lock) = (self.node.clone(), snapshots.clone());
+            tokio::spawn(async move {
+                let period = Duration::from_secs(interval_s);
+                let mut tick =
+                    tokio::time::interval_at(tokio::time::Instant::now() + period, period);
+                tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+                loop {
+                    tick.tick().await;
+                    let _one_at_a_time = lock.lock().await;
+                    write_snapshot(&node, &dir, "periodic").await;
+                }
+            });
         }
         let mut next_shard = 0usize;
         let mut hangup = Hangup::new();
@@ -219,6 +243,11 @@ impl Server {
                 drain_ms = self.node.config.drain_ms,
                 "drain timed out; closing the rest"
             );
+        }
+        if let Some(dir) = self.node.config.snapshot_dir.clone() {
+            // Every connection is done: the table is what clients were told.
+            let _one_at_a_time = snapshots.lock().await;
+            write_snapshot(&self.node, &dir, "shutdown").await;
         }
         for tx in &self.node.shards {
             let _ = tx.send(ShardMsg::Stop);
@@ -276,6 +305,100 @@ impl Server {
         };
         // Refused only while shutting down; the socket then just closes.
         let _ = self.node.shards[shard].send(msg);
+    }
+}
+
+/// Loads `dir`'s snapshot, if there is one, into the shards (before any
+/// connection): all of it checked first, each bucket to the shard that owns
+/// it now.
+fn load_snapshot(node: &Node, dir: &std::path::Path) -> Result<(), StartError> {
+    let path = crate::snapshot::path(dir);
+    let bytes = match std::fs::read(&path) {
+        Ok(b) => b,
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
+            tracing::info!(path = %path.display(), "no snapshot yet: starting empty");
+            return Ok(());
+        }
+        Err(e) => {
+            return Err(StartError::Snapshot {
+                path,
+                reason: e.to_string(),
+            })
+        }
+    };
+    let started = Instant::now();
+    let loaded = match crate::snapshot::decode(&bytes) {
+        Ok(l) => l,
+        Err(e) if node.config.snapshot_ignore_corrupt => {
+            tracing::warn!(path = %path.display(), error = %e, "snapshot unusable: starting empty (--snapshot-ignore-corrupt)");
+            return Ok(());
+        }
+        Err(e) => {
+            return Err(StartError::Snapshot {
+                path,
+                reason: e.to_string(),
+            })
+        }
+    };
+    node.repl.observe_epoch(loaded.epoch);
+    let count = node.shard_count;
+    let mut per_shard: Vec<Vec<_>> = (0..count).map(|_| Vec::new()).collect();
+    let records = loaded.records.len();
+    for r in loaded.records {
+        per_shard[usize::from(sluice_protocol::routing::shard_of(r.key, count))].push(r);
+    }
+    let (done_tx, done_rx) = crate::sync::mpsc::channel();
+    for (tx, records) in node.shards.iter().zip(per_shard) {
+        let _ = tx.send(ShardMsg::Load(records, done_tx.clone()));
+    }
+    drop(done_tx);
+    for _ in 0..count {
+        let _ = done_rx.recv();
+    }
+    tracing::info!(
+        path = %path.display(),
+        buckets = records,
+        written_by_shards = loaded.shard_count,
+        ms = started.elapsed().as_millis() as u64,
+        "snapshot loaded"
+    );
+    Ok(())
+}
+
+/// Asks every shard for its buckets and writes them as `dir`'s snapshot
+/// (the file on a blocking thread); logs the outcome.
+async fn write_snapshot(node: &Arc<Node>, dir: &std::path::Path, why: &str) {
+    let started = Instant::now();
+    let mut waits = Vec::new();
+    for tx in &node.shards {
+        let (done, rx) = tokio::sync::oneshot::channel();
+        if tx.send(ShardMsg::Snapshot(done)).is_ok() {
+            waits.push(rx);
+        }
+    }
+    let mut parts = Vec::new();
+    for rx in waits {
+        match rx.await {
+            Ok(part) => parts.push(part),
+            Err(_) => return tracing::warn!("a shard did not answer the snapshot: none written"),
+        }
+    }
+    let buckets: u64 = parts.iter().map(|p| p.0).sum();
+    let written_ns = sluice_protocol::Clock::now_ns(&MonotonicClock::new());
+    let bytes = crate::snapshot::encode(node.epoch(), node.shard_count, written_ns, parts);
+    let (dir, size) = (dir.to_owned(), bytes.len());
+    let wrote =
+        tokio::task::spawn_blocking(move || crate::snapshot::write_atomic(&dir, &bytes)).await;
+    match wrote {
+        Ok(Ok(())) => tracing::info!(
+            why,
+            buckets,
+            bytes = size,
+            ms = started.elapsed().as_millis() as u64,
+            "snapshot written"
+        ),
+        Ok(Err(e)) => tracing::warn!(why, error = %e, "snapshot not written"),
+        Err(e) => tracing::warn!(why, error = %e, "snapshot not written"),
     }
 }
 

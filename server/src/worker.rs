@@ -122,6 +122,22 @@ async fn run(core: Rc<ShardCore>, mut rx: Receiver<ShardMsg>) {
                     }
                     let _ = a.done.send(());
                 }
+                ShardMsg::Snapshot(done) => {
+                    let core = core.clone();
+                    tokio::task::spawn_local(async move {
+                        let _ = done.send(crate::snapshot::collect(&core).await);
+                    });
+                }
+                ShardMsg::Load(records, done) => {
+                    let now_ns = core.clock.now_ns();
+                    let mut table = core.table.borrow_mut();
+                    for r in records {
+                        table.restore(r.key, r.kind, r.state, now_ns);
+                    }
+                    drop(table);
+                    core.publish_stats();
+                    let _ = done.send(());
+                }
                 ShardMsg::Drain => {
                     core.draining.send_replace(true);
                     core.report_if_drained();

@@ -65,6 +65,14 @@ pub enum ShardMsg {
     Handover(tokio::sync::oneshot::Sender<bool>),
     /// Planned failover: this shard's flow hands over at this epoch.
     Takeover(u64),
+    /// Snapshot: encode this shard's buckets (a chunk of keys at a time,
+    /// between other work) and send them.
+    Snapshot(tokio::sync::oneshot::Sender<crate::snapshot::ShardPart>),
+    /// Snapshot, at start (before any connection): store these buckets.
+    Load(
+        Vec<sluice_protocol::replication::Record>,
+        crate::sync::mpsc::Sender<()>,
+    ),
     /// Shutdown, step 1: stop reading new requests, finish the ones in
     /// flight, close connections, then report drained. Keep serving
     /// batches: other shards' connections may still be finishing.

@@ -472,6 +472,22 @@ impl Table {
         }
     }
 
+    /// Stores a bucket from a snapshot: [`Table::import`], and lease ids
+    /// from then on above every loaded id of this shard's current range
+    /// (the restarted node counts its ids from the start of the range
+    /// again; without this, it could hand out an id a loaded lease has).
+    pub fn restore(&mut self, bucket: u128, kind: Kind, state: Option<State>, now_ns: u64) {
+        if let Some(State::Concurrency(leases)) = &state {
+            let range = self.next_lease_id >> 32;
+            for l in leases.leases() {
+                if l.id >> 32 == range {
+                    self.next_lease_id = self.next_lease_id.max(l.id);
+                }
+            }
+        }
+        self.import(bucket, kind, state, now_ns);
+    }
+
     /// Buckets of each kind, in `Kind` code order (what SIZES carries).
     pub fn kind_lens(&self) -> [u64; 5] {
         [

@@ -1,0 +1,311 @@
+//! Snapshots (`--snapshot-dir`): every shard's buckets, of every kind, in
+//! one file, written every `--snapshot-interval-s` and at a graceful
+//! shutdown, and loaded at start, so that a restart does not hand every
+//! client a full bucket at once.
+//!
+//! The file, `DIR/sluiced.snapshot`, is a 64-byte header and a body:
+//!
+//! | Offset | Size | Field |
+//! |---:|---:|---|
+//! | 0 | 8 | magic `SLUICESN` |
+//! | 8 | 4 | format version (1) |
+//! | 12 | 2 | shard count of the node that wrote it |
+//! | 14 | 2 | reserved, 0 |
+//! | 16 | 8 | the node's epoch |
+//! | 24 | 8 | when it was written (ns since the Unix epoch) |
+//! | 32 | 8 | chunks in the body |
+//! | 40 | 8 | records (buckets) in the body |
+//! | 48 | 8 | body bytes |
+//! | 56 | 8 | XXH3-64 of bytes 0..56 and of the body |
+//!
+//! The body is chunks, each a `u32` length and a SYNC payload exactly as
+//! replication carries it (PROTOCOL.md, "SYNC"): the same record encoding,
+//! parsed by the same reader, which checks every state. Records hold
+//! absolute times, so time that passed while the node was down counts:
+//! buckets refill by the real time elapsed, never more.
+//!
+//! Loading checks the whole file (length, checksum, every record) before
+//! any of it is used, and places each record on the shard that owns its
+//! bucket now (`shard_of`), so a snapshot written with another shard count
+//! loads as well. A file that fails any check stops the start, naming the
+//! file and `--snapshot-ignore-corrupt`, like Redis with a bad dump.
+//!
+//! Writing: each shard encodes its buckets a chunk of keys at a time,
+//! yielding to its connections between chunks (a shard is never stalled
+//! for the whole table; the image is then not of one instant, but every
+//! bucket in it is a state it really had). The main thread writes the file
+//! on a blocking thread: a temporary file, fsync, rename over the old one,
+//! fsync of the directory.
+
+use std::io::Write as _;
+use std::path::{Path, PathBuf};
+
+use bytes::BytesMut;
+use sluice_protocol::replication::{Record, SyncHeader, SyncReader, SyncWriter};
+
+use crate::shard::ShardCore;
+
+/// The file's first bytes.
+pub const MAGIC: [u8; 8] = *b"SLUICESN";
+/// The format this code writes and reads.
+pub const VERSION: u32 = 1;
+/// Bytes of the header.
+pub const HEADER_BYTES: usize = 64;
+/// The file's name in `--snapshot-dir`.
+pub const FILE_NAME: &str = "sluiced.snapshot";
+/// Keys a shard encodes between two yields to its connections.
+pub const KEYS_PER_STEP: usize = 4096;
+
+/// What one shard contributes: its records' count, and SYNC payload
+/// record parts (count, bytes) as [`SyncWriter::take`] gives them.
+pub type ShardPart = (u64, Vec<(u32, BytesMut)>);
+
+/// Why a snapshot cannot be used.
+#[derive(Debug, thiserror::Error, PartialEq, Eq)]
+pub enum SnapshotError {
+    #[error("not a Sluice snapshot (its first bytes are not SLUICESN)")]
+    Magic,
+    #[error("format version {0}; this sluiced reads version {VERSION}")]
+    Version(u32),
+    #[error("truncated: {got} bytes, the header says {want}")]
+    Length { got: u64, want: u64 },
+    #[error("checksum mismatch: the file is corrupt")]
+    Checksum,
+    #[error("corrupt record data: {0}")]
+    Records(String),
+}
+
+/// A checked snapshot.
+#[derive(Debug)]
+pub struct Loaded {
+    /// The writer's epoch.
+    pub epoch: u64,
+    /// The writer's shard count.
+    pub shard_count: u16,
+    /// When it was written, ns since the Unix epoch.
+    pub written_ns: u64,
+    /// Every bucket.
+    pub records: Vec<Record>,
+}
+
+/// The path of the snapshot in `dir`.
+pub fn path(dir: &Path) -> PathBuf {
+    dir.join(FILE_NAME)
+}
+
+/// Encodes the node's parts as one file.
+pub fn encode(epoch: u64, shard_count: u16, written_ns: u64, parts: Vec<ShardPart>) -> Vec<u8> {
+    let mut body = BytesMut::new();
+    let (mut chunks, mut records) = (0u64, 0u64);
+    let mut w = sluice_protocol::codec::FrameWriter::new();
+    for (n, payloads) in parts {
+        records += n;
+        for (count, bytes) in payloads {
+            chunks += 1;
+            // A SYNC payload: its fixed part, then the records.
+            let mut one = BytesMut::new();
+            let h = SyncHeader {
+                seq: chunks,
+                epoch,
+                now_ns: written_ns,
+                flags: 0,
+                count,
+            };
+            sluice_protocol::replication::put_sync(&mut w, &mut one, 0, &h, &bytes);
+            w.finish(&mut one);
+            // Keep the payload only (after the frame prefix and header).
+            let payload = &one[sluice_protocol::codec::FRAME_PREFIX_BYTES
+                + sluice_protocol::codec::HEADER_BYTES..];
+            body.extend_from_slice(&(payload.len() as u32).to_le_bytes());
+            body.extend_from_slice(payload);
+        }
+    }
+    let mut out = Vec::with_capacity(HEADER_BYTES + body.len());
+    out.extend_from_slice(&MAGIC);
+    out.extend_from_slice(&VERSION.to_le_bytes());
+    out.extend_from_slice(&shard_count.to_le_bytes());
+    out.extend_from_slice(&0u16.to_le_bytes());
+    out.extend_from_slice(&epoch.to_le_bytes());
+    out.extend_from_slice(&written_ns.to_le_bytes());
+    out.extend_from_slice(&chunks.to_le_bytes());
+    out.extend_from_slice(&records.to_le_bytes());
+    out.extend_from_slice(&(body.len() as u64).to_le_bytes());
+    let sum = checksum(&out, &body);
+    out.extend_from_slice(&sum.to_le_bytes());
+    out.extend_from_slice(&body);
+    out
+}
+
+fn checksum(head: &[u8], body: &[u8]) -> u64 {
+    let mut h = xxhash_rust::xxh3::Xxh3::new();
+    h.update(&head[..56]);
+    h.update(body);
+    h.digest()
+}
+
+fn u64_at(b: &[u8], at: usize) -> u64 {
+    u64::from_le_bytes(b[at..at + 8].try_into().expect("8 bytes"))
+}
+
+/// Checks a whole file and returns its records; nothing is used unless
+/// everything checks.
+pub fn decode(bytes: &[u8]) -> Result<Loaded, SnapshotError> {
+    if bytes.len() < 8 || bytes[..8] != MAGIC {
+        return Err(SnapshotError::Magic);
+    }
+    if bytes.len() < HEADER_BYTES {
+        return Err(SnapshotError::Length {
+            got: bytes.len() as u64,
+            want: HEADER_BYTES as u64,
+        });
+    }
+    let version = u32::from_le_bytes(bytes[8..12].try_into().expect("4 bytes"));
+    if version != VERSION {
+        return Err(SnapshotError::Version(version));
+    }
+    let shard_count = u16::from_le_bytes(bytes[12..14].try_into().expect("2 bytes"));
+    let epoch = u64_at(bytes, 16);
+    let written_ns = u64_at(bytes, 24);
+    let chunks = u64_at(bytes, 32);
+    let records_said = u64_at(bytes, 40);
+    let body_len = u64_at(bytes, 48);
+    let want = (HEADER_BYTES as u64).saturating_add(body_len);
+    if bytes.len() as u64 != want {
+        return Err(SnapshotError::Length {
+            got: bytes.len() as u64,
+            want,
+        });
+    }
+    let body = &bytes[HEADER_BYTES..];
+    if checksum(bytes, body) != u64_at(bytes, 56) {
+        return Err(SnapshotError::Checksum);
+    }
+    let bad = |why: String| SnapshotError::Records(why);
+    let mut reader = SyncReader::new();
+    let mut records = Vec::new();
+    let mut rest = body;
+    for _ in 0..chunks {
+        if rest.len() < 4 {
+            return Err(bad("a chunk's length is cut off".into()));
+        }
+        let len = u32::from_le_bytes(rest[..4].try_into().expect("4 bytes")) as usize;
+        let Some(payload) = rest.get(4..4 + len) else {
+            return Err(bad("a chunk runs past the end".into()));
+        };
+        reader
+            .parse(payload, |r| records.push(r))
+            .map_err(|e| bad(e.to_string()))?;
+        rest = &rest[4 + len..];
+    }
+    if !rest.is_empty() || reader.in_part() {
+        return Err(bad("bytes after the last chunk, or a record cut off".into()));
+    }
+    if records.len() as u64 != records_said {
+        return Err(bad(format!(
+            "{} records, the header says {records_said}",
+            records.len()
+        )));
+    }
+    Ok(Loaded {
+        epoch,
+        shard_count,
+        written_ns,
+        records,
+    })
+}
+
+/// Writes `bytes` as `dir`'s snapshot, atomically: a temporary file,
+/// fsync, rename, fsync of the directory.
+pub fn write_atomic(dir: &Path, bytes: &[u8]) -> std::io::Result<()> {
+    std::fs::create_dir_all(dir)?;
+    let tmp = dir.join(format!("{FILE_NAME}.tmp"));
+    {
+        let mut f = std::fs::File::create(&tmp)?;
+        f.write_all(bytes)?;
+        f.sync_all()?;
+    }
+    std::fs::rename(&tmp, path(dir))?;
+    std::fs::File::open(dir)?.sync_all()
+}
+
+/// One shard's part: its buckets, encoded [`KEYS_PER_STEP`] keys at a
+/// time, yielding between steps.
+pub async fn collect(core: &ShardCore) -> ShardPart {
+    let keys = core.table.borrow().keys();
+    let mut w = SyncWriter::new();
+    let mut n = 0u64;
+    for step in keys.chunks(KEYS_PER_STEP) {
+        {
+            let table = core.table.borrow();
+            for &(key, kind) in step {
+                // Gone since the list was made: nothing to keep.
+                if let Some(state) = table.export(kind, key) {
+                    w.push(kind, key, Some(&state));
+                    n += 1;
+                }
+            }
+        }
+        tokio::task::yield_now().await;
+    }
+    (n, w.take())
+}
+
+#[cfg(all(test, not(sluice_loom)))]
+mod tests {
+    use super::*;
+    use sluice_protocol::limit::Kind;
+    use sluice_protocol::replication::State;
+
+    fn sample() -> Vec<u8> {
+        let mut w = SyncWriter::new();
+        let mut n = 0;
+        for i in 0..500u128 {
+            let state = State::FixedWindow {
+                window_ns: 1_000_000_000,
+                state: sluice_protocol::limit::fixed_window::FixedWindowState {
+                    window_start_ns: 5_000_000_000 + i as u64,
+                    count: i as u64 % 7 + 1,
+                },
+            };
+            w.push(Kind::FixedWindow, i * 7919, Some(&state));
+            n += 1;
+        }
+        encode(3, 2, 123, vec![(n, w.take())])
+    }
+
+    #[test]
+    fn a_snapshot_round_trips() {
+        let bytes = sample();
+        let loaded = decode(&bytes).expect("a good file");
+        assert_eq!(
+            (loaded.epoch, loaded.shard_count, loaded.written_ns),
+            (3, 2, 123)
+        );
+        assert_eq!(loaded.records.len(), 500);
+        assert_eq!(loaded.records[7].key, 7 * 7919);
+    }
+
+    #[test]
+    fn every_flipped_byte_and_every_truncation_is_refused() {
+        let bytes = sample();
+        // 10,000 single-byte changes at positions spread over the file
+        // (a fixed-seed xorshift), and truncations at every length.
+        let mut x = 0x9e37_79b9_7f4a_7c15u64;
+        for _ in 0..10_000 {
+            x ^= x << 13;
+            x ^= x >> 7;
+            x ^= x << 17;
+            let at = (x % bytes.len() as u64) as usize;
+            let flip = (x >> 32) as u8 | 1;
+            let mut bad = bytes.clone();
+            bad[at] ^= flip;
+            assert!(decode(&bad).is_err(), "a flip at {at} was accepted");
+        }
+        for len in 0..bytes.len() {
+            assert!(decode(&bytes[..len]).is_err(), "cut to {len} was accepted");
+        }
+        let mut longer = bytes.clone();
+        longer.push(0);
+        assert!(decode(&longer).is_err());
+    }
+}

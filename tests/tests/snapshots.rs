@@ -1,0 +1,187 @@
+//! Snapshots (`--snapshot-dir`) against real `sluiced` processes: spent
+//! buckets of every kind, a held lease included, stay spent across a
+//! graceful restart (into another shard count) and across a kill -9 after
+//! a periodic snapshot; a corrupt snapshot stops the start, with the file
+//! and the way out named, unless --snapshot-ignore-corrupt.
+
+use std::path::PathBuf;
+use std::process::Command;
+use std::time::{Duration, Instant, SystemTime};
+
+use sluice_client::{inline_limits, Client, LeaseTarget, Limit, Limits};
+use sluice_tests::support::{binary, specs, Sluiced};
+
+/// A fresh directory of the test's own, removed when dropped.
+struct Dir(PathBuf);
+
+impl Dir {
+    fn new(name: &str) -> Dir {
+        let d = std::env::temp_dir().join(format!("sluice-snap-{name}-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&d);
+        std::fs::create_dir_all(&d).unwrap();
+        Dir(d)
+    }
+
+    fn arg(&self) -> &str {
+        self.0.to_str().unwrap()
+    }
+
+    fn file(&self) -> PathBuf {
+        self.0.join("sluiced.snapshot")
+    }
+}
+
+impl Drop for Dir {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_dir_all(&self.0);
+    }
+}
+
+/// One limit of every kind, none refilling within the test.
+const SPECS: [&str; 5] = [
+    "token-bucket:10/h",
+    "fixed-window:10/h",
+    "sliding-log:10/h",
+    "sliding-counter:10/h",
+    "concurrency:10,lease=1h",
+];
+
+/// A client with room for a loaded machine (the default deadline is for
+/// gateways: milliseconds).
+async fn connect(server: &Sluiced) -> Client {
+    let config = sluice_client::ClientConfig {
+        deadline: Duration::from_secs(10),
+        ..Default::default()
+    };
+    Client::connect_with(server.addr, config).await.unwrap()
+}
+
+fn limits(set: &[Limit]) -> Limits<'_> {
+    inline_limits(set).unwrap()
+}
+
+/// Spends 3 units of every kind (the concurrency limit's as one lease);
+/// returns the lease id.
+async fn spend(server: &Sluiced, set: &[Limit]) -> u64 {
+    let client = connect(server).await;
+    let ok = client.spend(b"snapshot:key", limits(set), 3).await.unwrap();
+    assert!(ok.allowed, "{ok:?}");
+    ok.verdicts[4].lease_id
+}
+
+/// What every limit has left for the key (a probe of cost 0).
+async fn remaining(server: &Sluiced, set: &[Limit]) -> Vec<u64> {
+    let client = connect(server).await;
+    let ok = client.probe(b"snapshot:key", limits(set), 0).await.unwrap();
+    ok.verdicts.iter().map(|v| v.verdict.remaining).collect()
+}
+
+#[tokio::test]
+async fn a_graceful_restart_keeps_every_kind_spent_even_with_another_shard_count() {
+    let dir = Dir::new("graceful");
+    let set = specs(&SPECS);
+    let server = Sluiced::start(&["--shards", "2", "--snapshot-dir", dir.arg()]);
+    let lease = spend(&server, &set).await;
+    assert_eq!(remaining(&server, &set).await, [7, 7, 7, 7, 7]);
+    let status = tokio::task::spawn_blocking(move || server.terminate())
+        .await
+        .unwrap();
+    assert!(status.success(), "{status:?}");
+    assert!(dir.file().exists(), "no snapshot at shutdown");
+    // Back with three shards: every bucket on the shard that owns it now.
+    let server = Sluiced::start(&["--shards", "3", "--snapshot-dir", dir.arg()]);
+    assert_eq!(remaining(&server, &set).await, [7, 7, 7, 7, 7]);
+    // The lease is still held, and is released by its old id.
+    let client = connect(&server).await;
+    let target = LeaseTarget::Inline {
+        index: 4,
+        limit: match set[4] {
+            Limit::Concurrency(c) => c,
+            _ => unreachable!(),
+        },
+    };
+    let released = client
+        .release(b"snapshot:key", target, lease)
+        .await
+        .unwrap();
+    assert_eq!(released.verdict.verdict.remaining, 10);
+    // A new lease never reuses an id that was in the snapshot.
+    let again = spend(&server, &set).await;
+    assert_ne!(again, lease);
+}
+
+#[tokio::test]
+async fn a_kill_9_loses_only_what_changed_after_the_last_periodic_snapshot() {
+    let dir = Dir::new("kill9");
+    let set = specs(&SPECS);
+    let args = [
+        "--shards",
+        "2",
+        "--snapshot-dir",
+        dir.arg(),
+        "--snapshot-interval-s",
+        "1",
+    ];
+    let mut server = Sluiced::start(&args);
+    spend(&server, &set).await;
+    let spent_at = SystemTime::now();
+    // Wait for a periodic snapshot written after the spend.
+    let start = Instant::now();
+    loop {
+        let written = std::fs::metadata(dir.file()).and_then(|m| m.modified());
+        if written.is_ok_and(|t| t > spent_at + Duration::from_millis(10)) {
+            break;
+        }
+        assert!(
+            start.elapsed() < Duration::from_secs(20),
+            "no periodic snapshot"
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    server.kill9();
+    let server = Sluiced::start(&args);
+    assert_eq!(remaining(&server, &set).await, [7, 7, 7, 7, 7]);
+}
+
+#[tokio::test]
+async fn a_corrupt_snapshot_stops_the_start_unless_told_to_start_empty() {
+    let dir = Dir::new("corrupt");
+    let set = specs(&SPECS);
+    let server = Sluiced::start(&["--shards", "1", "--snapshot-dir", dir.arg()]);
+    spend(&server, &set).await;
+    let status = tokio::task::spawn_blocking(move || server.terminate())
+        .await
+        .unwrap();
+    assert!(status.success());
+    let mut bytes = std::fs::read(dir.file()).unwrap();
+    let middle = bytes.len() / 2;
+    bytes[middle] ^= 0x40;
+    std::fs::write(dir.file(), &bytes).unwrap();
+    let out = Command::new(binary("sluiced"))
+        .args([
+            "--bind",
+            "127.0.0.1",
+            "--port",
+            "0",
+            "--shards",
+            "1",
+            "--snapshot-dir",
+            dir.arg(),
+        ])
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(2));
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(err.contains(dir.file().to_str().unwrap()), "{err}");
+    assert!(err.contains("checksum mismatch"), "{err}");
+    assert!(err.contains("--snapshot-ignore-corrupt"), "{err}");
+    // Told to, it starts empty.
+    let server = Sluiced::start(&[
+        "--shards",
+        "1",
+        "--snapshot-dir",
+        dir.arg(),
+        "--snapshot-ignore-corrupt",
+    ]);
+    assert_eq!(remaining(&server, &set).await, [10, 10, 10, 10, 10]);
+}
