@@ -48,6 +48,18 @@ pub const REPLICA_TIMEOUT_MS_DEFAULT: u64 = 300;
 /// heartbeats go every 50 ms, so a few must fit in a lease.
 pub const PROMOTE_AFTER_MS_MIN: u64 = 200;
 
+/// How `sluiced` writes its log lines (`--log-format`).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, clap::ValueEnum, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum LogFormat {
+    /// One line of text per event (colours only on a terminal).
+    #[default]
+    Text,
+    /// One JSON object per line: `timestamp`, `level`, `fields` (with
+    /// `message`), `target`.
+    Json,
+}
+
 /// A primary's replication mode (`--replication`).
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, clap::ValueEnum, Deserialize)]
 #[serde(rename_all = "lowercase")]
@@ -170,6 +182,11 @@ pub struct Config {
     /// (KEYS_FULL) rather than evicting a partly spent bucket.
     #[arg(long, default_value_t = KEYS_MAX_DEFAULT)]
     pub keys_max: usize,
+
+    /// Log lines as `text` or `json` (one object per line), on standard
+    /// error; SLUICE_LOG filters them.
+    #[arg(long, value_enum, default_value_t = LogFormat::Text)]
+    pub log_format: LogFormat,
 
     /// Keep the buckets across restarts: write them to DIR/sluiced.snapshot
     /// every --snapshot-interval-s and at a graceful shutdown, and load
@@ -320,6 +337,7 @@ struct FileConfig {
     frame_timeout_ms: Option<u64>,
     idle_timeout_ms: Option<u64>,
     snapshot_dir: Option<PathBuf>,
+    log_format: Option<LogFormat>,
     snapshot_interval_s: Option<u64>,
     snapshot_ignore_corrupt: Option<bool>,
     keys_max: Option<usize>,
@@ -431,6 +449,7 @@ impl Config {
                 idle_timeout_ms,
                 snapshot_interval_s,
                 snapshot_ignore_corrupt,
+                log_format,
                 keys_max,
                 replication,
                 replica_timeout_ms

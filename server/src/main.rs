@@ -4,19 +4,6 @@
 use sluice_server::{Config, Server};
 
 fn main() -> std::process::ExitCode {
-    tracing_subscriber::fmt()
-        .with_env_filter(
-            tracing_subscriber::EnvFilter::try_from_env("SLUICE_LOG")
-                .unwrap_or_else(|_| "info".into()),
-        )
-        .with_writer(std::io::stderr)
-        // Colours only for a person at a terminal: a log file or a pipe
-        // gets plain text, and NO_COLOR turns them off anywhere.
-        .with_ansi(
-            std::io::IsTerminal::is_terminal(&std::io::stderr())
-                && std::env::var_os("NO_COLOR").is_none(),
-        )
-        .init();
     let config = match Config::load(std::env::args_os()) {
         Ok(c) => c,
         Err(sluice_server::config::LoadError::Args(e)) => e.exit(),
@@ -25,6 +12,23 @@ fn main() -> std::process::ExitCode {
             return std::process::ExitCode::from(2);
         }
     };
+    let logs = tracing_subscriber::fmt()
+        .with_env_filter(
+            tracing_subscriber::EnvFilter::try_from_env("SLUICE_LOG")
+                .unwrap_or_else(|_| "info".into()),
+        )
+        .with_writer(std::io::stderr);
+    match config.log_format {
+        sluice_server::config::LogFormat::Json => logs.json().init(),
+        // Colours only for a person at a terminal: a log file or a pipe
+        // gets plain text, and NO_COLOR turns them off anywhere.
+        sluice_server::config::LogFormat::Text => logs
+            .with_ansi(
+                std::io::IsTerminal::is_terminal(&std::io::stderr())
+                    && std::env::var_os("NO_COLOR").is_none(),
+            )
+            .init(),
+    }
     let rt = tokio::runtime::Builder::new_current_thread()
         .enable_all()
         .build()

@@ -597,3 +597,48 @@ fn a_client_at_the_other_protocols_port_is_told_which_port_to_use() {
     assert_ne!(said.first(), Some(&b'-'), "{said:?}");
     assert!(server.is_running());
 }
+
+/// `--log-format json`: every log line is one JSON object, with its level
+/// and message, the lifecycle events among them.
+#[test]
+fn json_logs_are_one_object_per_line() {
+    use std::io::{BufRead, BufReader, Read};
+    use std::process::{Command, Stdio};
+    let mut child = Command::new(sluice_tests::support::binary("sluiced"))
+        .args(["--bind", "127.0.0.1", "--port", "0", "--shards", "1"])
+        .args(["--log-format", "json"])
+        .env("SLUICE_LOG", "info")
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("sluiced starts");
+    let mut lines = BufReader::new(child.stdout.take().unwrap()).lines();
+    let first = lines.next().unwrap().unwrap();
+    assert!(first.starts_with("sluiced listening on "), "{first}");
+    let term = Command::new("kill")
+        .args(["-TERM", &child.id().to_string()])
+        .status()
+        .unwrap();
+    assert!(term.success());
+    assert!(child.wait().unwrap().success());
+    let mut log = String::new();
+    child
+        .stderr
+        .take()
+        .unwrap()
+        .read_to_string(&mut log)
+        .unwrap();
+    let events: Vec<Value> = log
+        .lines()
+        .map(|l| serde_json::from_str(l).unwrap_or_else(|e| panic!("{e}: {l:?}")))
+        .collect();
+    let messages: Vec<&str> = events
+        .iter()
+        .map(|e| {
+            assert!(e["level"].is_string(), "{e}");
+            e["fields"]["message"].as_str().unwrap_or_default()
+        })
+        .collect();
+    assert!(messages.contains(&"serving"), "{messages:?}");
+    assert!(messages.contains(&"stopped"), "{messages:?}");
+}
