@@ -42,6 +42,11 @@ pub struct AdminState {
     pub draining: AtomicBool,
     /// The node's clock (for the role's fencing state).
     pub clock: MonotonicClock,
+    /// The last snapshot written: when (ns since the Unix epoch; 0 for
+    /// none yet), how long it took (µs), buckets and bytes.
+    pub snapshot: [AtomicU64; 4],
+    /// Snapshots that failed to be written.
+    pub snapshot_failures: AtomicU64,
 }
 
 /// Serves the admin endpoints on `listener` until the runtime stops.
@@ -129,6 +134,36 @@ fn family(out: &mut String, name: &str, kind: &str, help: &str, samples: &[(Stri
     }
 }
 
+/// `sluice_frame_handling_seconds`: how long a shard took to handle each
+/// frame (decode, decide or forward every request in it, encode the
+/// replies), a histogram per shard with buckets 1 µs, 2 µs, ..., 65 ms.
+fn frame_histogram(out: &mut String, node: &Node) {
+    let name = "sluice_frame_handling_seconds";
+    let _ = writeln!(
+        out,
+        "# HELP {name} Time a shard took to handle one frame of requests (decide or forward each, encode the replies)."
+    );
+    let _ = writeln!(out, "# TYPE {name} histogram");
+    for (i, p) in node.stats.iter().enumerate() {
+        let mut cumulative = 0u64;
+        for (b, n) in p.frame_time.iter().enumerate() {
+            cumulative += n.load(Ordering::Relaxed);
+            let le = if b + 1 == crate::shard::FRAME_TIME_BUCKETS {
+                "+Inf".to_owned()
+            } else {
+                format!("{}", (1u64 << b) as f64 / 1e6)
+            };
+            let _ = writeln!(
+                out,
+                "{name}_bucket{{shard=\"{i}\",le=\"{le}\"}} {cumulative}"
+            );
+        }
+        let sum = p.frame_ns_total.load(Ordering::Relaxed) as f64 / 1e9;
+        let _ = writeln!(out, "{name}_sum{{shard=\"{i}\"}} {sum}");
+        let _ = writeln!(out, "{name}_count{{shard=\"{i}\"}} {cumulative}");
+    }
+}
+
 /// The whole scrape.
 pub fn exposition(state: &AdminState) -> String {
     let node = &state.node;
@@ -161,6 +196,51 @@ pub fn exposition(state: &AdminState) -> String {
         "Spend decisions since the process started, by shard and result.",
         &decisions,
     );
+    let mut by_kind = Vec::new();
+    for (i, p) in node.stats.iter().enumerate() {
+        for (kind, counts) in sluice_protocol::limit::Kind::ALL.iter().zip(&p.by_kind) {
+            for (result, n) in ["denied", "allowed"].iter().zip(counts) {
+                by_kind.push((
+                    format!("shard=\"{i}\",kind=\"{}\",result=\"{result}\"", kind.name()),
+                    n.load(Ordering::Relaxed).to_string(),
+                ));
+            }
+        }
+    }
+    family(
+        &mut out,
+        "sluice_limit_verdicts_total",
+        "counter",
+        "Spend verdicts by shard, limit kind and result (a composite counts one per limit).",
+        &by_kind,
+    );
+    let io = |f: &dyn Fn(&crate::shard::PublishedStats) -> &AtomicU64| -> Vec<(String, String)> {
+        node.stats
+            .iter()
+            .enumerate()
+            .map(|(i, p)| {
+                (
+                    format!("shard=\"{i}\""),
+                    f(p).load(Ordering::Relaxed).to_string(),
+                )
+            })
+            .collect()
+    };
+    family(
+        &mut out,
+        "sluice_received_bytes_total",
+        "counter",
+        "Bytes read from client connections (both protocols).",
+        &io(&|p| &p.bytes_in),
+    );
+    family(
+        &mut out,
+        "sluice_sent_bytes_total",
+        "counter",
+        "Bytes written to client connections (both protocols).",
+        &io(&|p| &p.bytes_out),
+    );
+    frame_histogram(&mut out, node);
     family(
         &mut out,
         "sluice_buckets",
@@ -278,6 +358,54 @@ pub fn exposition(state: &AdminState) -> String {
         "Bucket records of replication stream sent (primary) or received (follower).",
         &[(String::new(), r.stream_records.to_string())],
     );
+    let [written_ns, took_us, buckets, bytes] =
+        state.snapshot.each_ref().map(|a| a.load(Ordering::Relaxed));
+    if node.config.snapshot_dir.is_some() {
+        let age = if written_ns == 0 {
+            // None yet: as old as the process.
+            node.started.elapsed().as_secs_f64()
+        } else {
+            state.clock.now_ns().saturating_sub(written_ns) as f64 / 1e9
+        };
+        family(
+            &mut out,
+            "sluice_snapshot_age_seconds",
+            "gauge",
+            "Seconds since the last snapshot was written (since the start, before the first).",
+            &[(String::new(), format!("{age:.3}"))],
+        );
+        family(
+            &mut out,
+            "sluice_snapshot_duration_seconds",
+            "gauge",
+            "How long the last snapshot took, from asking the shards to the file's fsync.",
+            &[(String::new(), format!("{}", took_us as f64 / 1e6))],
+        );
+        family(
+            &mut out,
+            "sluice_snapshot_buckets",
+            "gauge",
+            "Buckets in the last snapshot.",
+            &[(String::new(), buckets.to_string())],
+        );
+        family(
+            &mut out,
+            "sluice_snapshot_bytes",
+            "gauge",
+            "Size of the last snapshot file.",
+            &[(String::new(), bytes.to_string())],
+        );
+        family(
+            &mut out,
+            "sluice_snapshot_failures_total",
+            "counter",
+            "Snapshots that could not be written.",
+            &[(
+                String::new(),
+                state.snapshot_failures.load(Ordering::Relaxed).to_string(),
+            )],
+        );
+    }
     family(
         &mut out,
         "sluice_uptime_seconds",

@@ -308,7 +308,12 @@ impl Connection {
             match self.decoder.decode(rbuf) {
                 Ok(Some(frame)) => {
                     self.framed = true;
-                    self.handle_frame(&frame);
+                    // One clock read more per frame: the decisions' own
+                    // reading is where the frame's time starts.
+                    let now_ns = self.core.clock.now_ns();
+                    self.handle_frame(&frame, now_ns);
+                    let ns = self.core.clock.now_ns().saturating_sub(now_ns);
+                    self.core.count_frame(ns);
                 }
                 Ok(None) => break,
                 Err(e) => {
@@ -328,7 +333,7 @@ impl Connection {
         self.core.publish_stats();
     }
 
-    fn handle_frame(&mut self, frame: &Frame) {
+    fn handle_frame(&mut self, frame: &Frame, now_ns: u64) {
         if frame.len() > self.core.node.config.batch_max {
             let text = format!(
                 "{} requests in one frame; the limit is {}",
@@ -343,7 +348,6 @@ impl Connection {
             }
             return;
         }
-        let now_ns = self.core.clock.now_ns();
         self.core.sync_epoch();
         let primary = self.core.admits(now_ns);
         self.hash_and_prefetch(frame);

@@ -164,6 +164,7 @@ async fn serve<H: Handler>(
         let out = h.output();
         if !out.is_empty() {
             stream.write_all(out).await?;
+            core.count_io(false, out.len());
             out.clear();
         }
         if let Some(handoff) = h.take_handoff() {
@@ -197,7 +198,9 @@ async fn serve<H: Handler>(
                 }
             }
             read = stream.read_buf(rbuf), if can_read => {
-                if read? == 0 {
+                let read = read?;
+                core.count_io(true, read);
+                if read == 0 {
                     // The peer is gone or finished sending; a partial
                     // request is dropped, pending replies still go out.
                     h.close();

@@ -140,6 +140,8 @@ impl Server {
             refused: Arc::new(crate::sync::AtomicU64::new(0)),
             draining: crate::sync::AtomicBool::new(false),
             clock,
+            snapshot: Default::default(),
+            snapshot_failures: crate::sync::AtomicU64::new(0),
         });
         Ok(Server {
             listener,
@@ -183,7 +185,7 @@ impl Server {
         let snapshots = Arc::new(tokio::sync::Mutex::new(()));
         let interval_s = self.node.config.snapshot_interval_s;
         if let (Some(dir), true) = (self.node.config.snapshot_dir.clone(), interval_s > 0) {
-            let (node, lock) = (self.node.clone(), snapshots.clone());
+            let (node, lock, admin) = (self.node.clone(), snapshots.clone(), self.admin.clone());
             tokio::spawn(async move {
                 let period = Duration::from_secs(interval_s);
                 let mut tick =
@@ -192,7 +194,7 @@ impl Server {
                 loop {
                     tick.tick().await;
                     let _one_at_a_time = lock.lock().await;
-                    write_snapshot(&node, &dir, "periodic").await;
+                    write_snapshot(&node, &admin, &dir, "periodic").await;
                 }
             });
         }
@@ -247,7 +249,7 @@ impl Server {
         if let Some(dir) = self.node.config.snapshot_dir.clone() {
             // Every connection is done: the table is what clients were told.
             let _one_at_a_time = snapshots.lock().await;
-            write_snapshot(&self.node, &dir, "shutdown").await;
+            write_snapshot(&self.node, &self.admin, &dir, "shutdown").await;
         }
         for tx in &self.node.shards {
             let _ = tx.send(ShardMsg::Stop);
@@ -367,7 +369,12 @@ fn load_snapshot(node: &Node, dir: &std::path::Path) -> Result<(), StartError> {
 
 /// Asks every shard for its buckets and writes them as `dir`'s snapshot
 /// (the file on a blocking thread); logs the outcome.
-async fn write_snapshot(node: &Arc<Node>, dir: &std::path::Path, why: &str) {
+async fn write_snapshot(
+    node: &Arc<Node>,
+    admin: &crate::admin::AdminState,
+    dir: &std::path::Path,
+    why: &str,
+) {
     let started = Instant::now();
     let mut waits = Vec::new();
     for tx in &node.shards {
@@ -380,7 +387,12 @@ async fn write_snapshot(node: &Arc<Node>, dir: &std::path::Path, why: &str) {
     for rx in waits {
         match rx.await {
             Ok(part) => parts.push(part),
-            Err(_) => return tracing::warn!("a shard did not answer the snapshot: none written"),
+            Err(_) => {
+                admin
+                    .snapshot_failures
+                    .fetch_add(1, crate::sync::Ordering::Relaxed);
+                return tracing::warn!("a shard did not answer the snapshot: none written");
+            }
         }
     }
     let buckets: u64 = parts.iter().map(|p| p.0).sum();
@@ -389,17 +401,32 @@ async fn write_snapshot(node: &Arc<Node>, dir: &std::path::Path, why: &str) {
     let (dir, size) = (dir.to_owned(), bytes.len());
     let wrote =
         tokio::task::spawn_blocking(move || crate::snapshot::write_atomic(&dir, &bytes)).await;
-    match wrote {
-        Ok(Ok(())) => tracing::info!(
-            why,
-            buckets,
-            bytes = size,
-            ms = started.elapsed().as_millis() as u64,
-            "snapshot written"
-        ),
-        Ok(Err(e)) => tracing::warn!(why, error = %e, "snapshot not written"),
-        Err(e) => tracing::warn!(why, error = %e, "snapshot not written"),
+    let failed = match wrote {
+        Ok(Ok(())) => None,
+        Ok(Err(e)) => Some(e.to_string()),
+        Err(e) => Some(e.to_string()),
+    };
+    if let Some(error) = failed {
+        admin
+            .snapshot_failures
+            .fetch_add(1, crate::sync::Ordering::Relaxed);
+        return tracing::warn!(why, %error, "snapshot not written");
     }
+    let took_us = started.elapsed().as_micros() as u64;
+    for (slot, v) in admin
+        .snapshot
+        .iter()
+        .zip([written_ns, took_us, buckets, size as u64])
+    {
+        slot.store(v, crate::sync::Ordering::Relaxed);
+    }
+    tracing::info!(
+        why,
+        buckets,
+        bytes = size,
+        ms = took_us / 1_000,
+        "snapshot written"
+    );
 }
 
 /// Binds a non-blocking listener on `addr` (inside the runtime).

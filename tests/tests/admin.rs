@@ -42,7 +42,15 @@ fn sample(scrape: &str, series: &str) -> f64 {
 
 #[tokio::test]
 async fn metrics_pass_promtool_and_count_the_decisions() {
-    let server = Sluiced::start(&["--shards", "1", "--admin-port", "0"]);
+    let dir = std::env::temp_dir().join(format!("sluice-admin-{}", std::process::id()));
+    let server = Sluiced::start(&[
+        "--shards",
+        "1",
+        "--admin-port",
+        "0",
+        "--snapshot-dir",
+        dir.to_str().unwrap(),
+    ]);
     let admin = server.admin_addr.expect("the admin line was printed");
     let client = sluice_client::Client::connect(server.addr).await.unwrap();
     let policy = Policy::new(1, 3_600_000_000_000, 3).unwrap();
@@ -74,6 +82,17 @@ async fn metrics_pass_promtool_and_count_the_decisions() {
         1.0
     );
     assert_eq!(sample(&scrape, "sluice_connections_open"), 1.0);
+    let tb = r#"sluice_limit_verdicts_total{shard="0",kind="token-bucket",result="#;
+    assert_eq!(sample(&scrape, &format!(r#"{tb}"allowed"}}"#)), 3.0);
+    assert_eq!(sample(&scrape, &format!(r#"{tb}"denied"}}"#)), 2.0);
+    assert!(sample(&scrape, r#"sluice_received_bytes_total{shard="0"}"#) > 0.0);
+    assert!(sample(&scrape, r#"sluice_sent_bytes_total{shard="0"}"#) > 0.0);
+    // Every throttle was at least in one frame, and took some time.
+    let frames = sample(&scrape, r#"sluice_frame_handling_seconds_count{shard="0"}"#);
+    assert!(frames >= 1.0, "{frames}");
+    assert!(sample(&scrape, r#"sluice_frame_handling_seconds_sum{shard="0"}"#) > 0.0);
+    assert_eq!(sample(&scrape, "sluice_snapshot_failures_total"), 0.0);
+    let _ = std::fs::remove_dir_all(&dir);
     // Prometheus's own checker accepts it (names, types, units, syntax).
     let mut promtool = Command::new("promtool")
         .args(["check", "metrics"])

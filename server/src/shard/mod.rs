@@ -382,6 +382,29 @@ pub struct PublishedStats {
     denied_total: AtomicU64,
     evicted_total: AtomicU64,
     refused_total: AtomicU64,
+    /// Spend verdicts by kind (code - 1) and result (0 denied, 1 allowed).
+    pub by_kind: [[AtomicU64; 2]; 5],
+    /// Bytes read from and written to client connections.
+    pub bytes_in: AtomicU64,
+    /// See `bytes_in`.
+    pub bytes_out: AtomicU64,
+    /// Frames handled, by how long handling took: bucket `i` counts those
+    /// under `2^i` µs ([`FRAME_TIME_BUCKETS`]; the last, all).
+    pub frame_time: [AtomicU64; FRAME_TIME_BUCKETS],
+    /// Total ns spent handling frames.
+    pub frame_ns_total: AtomicU64,
+}
+
+/// Buckets of the frame-time histogram: under 1 µs, 2 µs, ..., 2^16 µs
+/// (65 ms), and everything.
+pub const FRAME_TIME_BUCKETS: usize = 18;
+
+/// The bucket of the frame-time histogram a duration of `ns` falls in.
+pub fn frame_time_bucket(ns: u64) -> usize {
+    let us = ns.div_ceil(1_000).max(1);
+    // Under 2^i µs for the smallest i with us <= 2^i.
+    let i = (64 - (us - 1).leading_zeros()) as usize;
+    i.min(FRAME_TIME_BUCKETS - 1)
 }
 
 impl PublishedStats {
@@ -471,6 +494,10 @@ pub struct ShardCore {
     drained_tx: mpsc::UnboundedSender<u16>,
     /// Whether `drained_tx` has been used.
     drained_sent: Cell<bool>,
+    /// Bytes read from and written to this shard's client connections.
+    pub io_bytes: Cell<(u64, u64)>,
+    /// The frame-time histogram and total (see [`PublishedStats`]).
+    pub frame_time: RefCell<([u64; FRAME_TIME_BUCKETS], u64)>,
 }
 
 impl ShardCore {
@@ -502,6 +529,8 @@ impl ShardCore {
             connections: Cell::new(0),
             drained_tx,
             drained_sent: Cell::new(false),
+            io_bytes: Cell::new((0, 0)),
+            frame_time: RefCell::new(([0; FRAME_TIME_BUCKETS], 0)),
         }
     }
 
@@ -606,6 +635,38 @@ impl ShardCore {
         p.denied_total.store(c.denied_total, Ordering::Relaxed);
         p.evicted_total.store(c.evicted_total, Ordering::Relaxed);
         p.refused_total.store(c.refused_total, Ordering::Relaxed);
+        for (kind, counts) in p.by_kind.iter().zip(c.by_kind) {
+            for (slot, n) in kind.iter().zip(counts) {
+                slot.store(n, Ordering::Relaxed);
+            }
+        }
+        let (read, written) = self.io_bytes.get();
+        p.bytes_in.store(read, Ordering::Relaxed);
+        p.bytes_out.store(written, Ordering::Relaxed);
+        let frames = self.frame_time.borrow();
+        for (slot, &n) in p.frame_time.iter().zip(frames.0.iter()) {
+            slot.store(n, Ordering::Relaxed);
+        }
+        p.frame_ns_total.store(frames.1, Ordering::Relaxed);
+    }
+
+    /// Counts bytes read (`true`) or written on a client connection.
+    #[inline]
+    pub fn count_io(&self, read: bool, n: usize) {
+        let (r, w) = self.io_bytes.get();
+        self.io_bytes.set(if read {
+            (r + n as u64, w)
+        } else {
+            (r, w + n as u64)
+        });
+    }
+
+    /// Counts one frame handled in `ns`.
+    #[inline]
+    pub fn count_frame(&self, ns: u64) {
+        let mut f = self.frame_time.borrow_mut();
+        f.0[frame_time_bucket(ns)] += 1;
+        f.1 += ns;
     }
 
     /// Called by a connection task as it ends.

@@ -183,6 +183,9 @@ pub struct Counters {
     pub evicted_total: u64,
     /// New buckets refused (KEYS_FULL) because none could be evicted.
     pub refused_total: u64,
+    /// Spend verdicts by limit kind (`Kind` code - 1) and result (0
+    /// denied, 1 allowed): a composite counts one per limit.
+    pub by_kind: [[u64; 2]; 5],
 }
 
 /// The buckets of one shard.
@@ -624,6 +627,10 @@ impl Table {
         Err(Status::KeysFull)
     }
 
+    fn count_kind(&mut self, kind: Kind, allowed: bool) {
+        self.counters_total.by_kind[usize::from(kind.code() - 1)][usize::from(allowed)] += 1;
+    }
+
     fn count(&mut self, allowed: bool) {
         if allowed {
             self.counters_total.allowed_total += 1;
@@ -670,6 +677,7 @@ impl Table {
             self.changed(Kind::TokenBucket, key);
         }
         self.count(verdict.allowed);
+        self.count_kind(Kind::TokenBucket, verdict.allowed);
         Ok(verdict)
     }
 
@@ -687,6 +695,7 @@ impl Table {
         if d.verdict.limited {
             // Limited changes nothing (not even a v1 bucket's fraction).
             self.count(false);
+            self.count_kind(Kind::TokenBucket, false);
             return Ok(d.verdict);
         }
         match d.tat_ns.filter(|&tat_ns| tat_ns > now_ns) {
@@ -704,6 +713,7 @@ impl Table {
         }
         // Counted once admitted for sure (KEYS_FULL above is refused).
         self.count(true);
+        self.count_kind(Kind::TokenBucket, true);
         self.changed(Kind::TokenBucket, key);
         Ok(d.verdict)
     }
@@ -983,6 +993,11 @@ impl Table {
                     );
                     out.verdicts[i] = v;
                 }
+            }
+            for i in 0..out.verdicts.len() {
+                let v = &out.verdicts[i];
+                let (kind, allowed) = (v.kind, v.verdict.allowed);
+                self.count_kind(kind, allowed);
             }
         }
         if out.allowed {
