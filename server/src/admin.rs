@@ -241,6 +241,26 @@ pub fn exposition(state: &AdminState) -> String {
         &io(&|p| &p.bytes_out),
     );
     frame_histogram(&mut out, node);
+    let mut errors = Vec::new();
+    for status in sluice_protocol::Status::ALL {
+        let code = usize::from(status.code()).min(crate::shard::ERROR_CODES - 1);
+        let n: u64 = node
+            .stats
+            .iter()
+            .map(|p| p.errors[code].load(Ordering::Relaxed))
+            .sum();
+        errors.push((
+            format!("code=\"{}\",text=\"{}\"", status.code(), status.text()),
+            n.to_string(),
+        ));
+    }
+    family(
+        &mut out,
+        "sluice_errors_total",
+        "counter",
+        "ERROR replies sent (protocol v1), by code.",
+        &errors,
+    );
     family(
         &mut out,
         "sluice_buckets",

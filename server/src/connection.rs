@@ -268,8 +268,8 @@ impl Handler for Connection {
     }
 
     fn fill(&mut self, reply: BatchReply) {
-        let (writer, wbuf) = (&mut self.writer, &mut self.wbuf);
-        self.pipe.fill(reply, |r| encode(writer, wbuf, r));
+        let (writer, wbuf, core) = (&mut self.writer, &mut self.wbuf, &self.core);
+        self.pipe.fill(reply, |r| encode(core, writer, wbuf, r));
     }
 
     /// Closes the frame being written: every encoded reply goes in one
@@ -739,15 +739,15 @@ impl Connection {
     /// Queues a non-verdict reply behind everything before it.
     fn push(&mut self, request_id: u32, reply: Local) {
         if let Some(r) = self.pipe.ready(Reply::Other { request_id, reply }) {
-            encode(&mut self.writer, &mut self.wbuf, &r);
+            encode(&self.core, &mut self.writer, &mut self.wbuf, &r);
         }
     }
 
     /// Sends each shard its batch (see [`Pipeline::send_forwards`]).
     fn send_forwards(&mut self) {
-        let (writer, wbuf) = (&mut self.writer, &mut self.wbuf);
+        let (writer, wbuf, core) = (&mut self.writer, &mut self.wbuf, &self.core);
         self.pipe
-            .send_forwards(&self.core.node, |r| encode(writer, wbuf, r));
+            .send_forwards(&core.node, |r| encode(core, writer, wbuf, r));
     }
 
     /// Hands the socket, and any bytes read past the HELLO, to `m.shard`.
@@ -809,7 +809,14 @@ fn error(e: RequestError) -> Local {
     Local::Error(e.status, e.to_string())
 }
 
-fn encode(w: &mut FrameWriter, buf: &mut BytesMut, reply: &Reply) {
+fn encode(core: &ShardCore, w: &mut FrameWriter, buf: &mut BytesMut, reply: &Reply) {
+    if let Reply::Other {
+        reply: Local::Error(status, _),
+        ..
+    } = reply
+    {
+        core.count_error(*status);
+    }
     match reply {
         Reply::Verdict {
             request_id,

@@ -57,6 +57,20 @@ async fn metrics_pass_promtool_and_count_the_decisions() {
     for _ in 0..5 {
         client.throttle(b"scraped", policy, 1).await.unwrap();
     }
+    // Refused before sending by the client, so sent raw: cost 4 > burst 3.
+    let mut raw = sluice_tests::raw::Raw::connect(server.addr).await;
+    let over = sluice_protocol::message::Request::Throttle(sluice_protocol::message::Throttle {
+        key: b"scraped",
+        policy,
+        cost: 4,
+    });
+    raw.send_frame(&[(1, over)]).await;
+    let (_, reply) = raw.next_reply().await.unwrap();
+    assert_eq!(
+        reply.status(),
+        Some(sluice_protocol::Status::CostExceedsBurst)
+    );
+    drop(raw);
     let (code, scrape) = tokio::task::spawn_blocking(move || get(admin, "/metrics"))
         .await
         .unwrap();
@@ -81,7 +95,9 @@ async fn metrics_pass_promtool_and_count_the_decisions() {
         sample(&scrape, r#"sluice_replication_role{role="primary"}"#),
         1.0
     );
-    assert_eq!(sample(&scrape, "sluice_connections_open"), 1.0);
+    // The client's, and the raw one's if its close is not counted yet.
+    let open = sample(&scrape, "sluice_connections_open");
+    assert!((1.0..=2.0).contains(&open), "{open}");
     let tb = r#"sluice_limit_verdicts_total{shard="0",kind="token-bucket",result="#;
     assert_eq!(sample(&scrape, &format!(r#"{tb}"allowed"}}"#)), 3.0);
     assert_eq!(sample(&scrape, &format!(r#"{tb}"denied"}}"#)), 2.0);
@@ -92,6 +108,20 @@ async fn metrics_pass_promtool_and_count_the_decisions() {
     assert!(frames >= 1.0, "{frames}");
     assert!(sample(&scrape, r#"sluice_frame_handling_seconds_sum{shard="0"}"#) > 0.0);
     assert_eq!(sample(&scrape, "sluice_snapshot_failures_total"), 0.0);
+    assert_eq!(
+        sample(
+            &scrape,
+            r#"sluice_errors_total{code="10",text="cost exceeds burst"}"#
+        ),
+        1.0
+    );
+    assert_eq!(
+        sample(
+            &scrape,
+            r#"sluice_errors_total{code="19",text="not primary"}"#
+        ),
+        0.0
+    );
     let _ = std::fs::remove_dir_all(&dir);
     // Prometheus's own checker accepts it (names, types, units, syntax).
     let mut promtool = Command::new("promtool")

@@ -393,7 +393,12 @@ pub struct PublishedStats {
     pub frame_time: [AtomicU64; FRAME_TIME_BUCKETS],
     /// Total ns spent handling frames.
     pub frame_ns_total: AtomicU64,
+    /// ERROR replies sent (protocol v1), by status code.
+    pub errors: [AtomicU64; ERROR_CODES],
 }
+
+/// Status codes the error counters have room for (0 unused).
+pub const ERROR_CODES: usize = 32;
 
 /// Buckets of the frame-time histogram: under 1 µs, 2 µs, ..., 2^16 µs
 /// (65 ms), and everything.
@@ -498,6 +503,8 @@ pub struct ShardCore {
     pub io_bytes: Cell<(u64, u64)>,
     /// The frame-time histogram and total (see [`PublishedStats`]).
     pub frame_time: RefCell<([u64; FRAME_TIME_BUCKETS], u64)>,
+    /// ERROR replies sent, by status code.
+    pub errors: RefCell<[u64; ERROR_CODES]>,
 }
 
 impl ShardCore {
@@ -531,6 +538,7 @@ impl ShardCore {
             drained_sent: Cell::new(false),
             io_bytes: Cell::new((0, 0)),
             frame_time: RefCell::new(([0; FRAME_TIME_BUCKETS], 0)),
+            errors: RefCell::new([0; ERROR_CODES]),
         }
     }
 
@@ -648,6 +656,16 @@ impl ShardCore {
             slot.store(n, Ordering::Relaxed);
         }
         p.frame_ns_total.store(frames.1, Ordering::Relaxed);
+        for (slot, &n) in p.errors.iter().zip(self.errors.borrow().iter()) {
+            slot.store(n, Ordering::Relaxed);
+        }
+    }
+
+    /// Counts one ERROR reply.
+    #[inline]
+    pub fn count_error(&self, status: Status) {
+        let code = usize::from(status.code()).min(ERROR_CODES - 1);
+        self.errors.borrow_mut()[code] += 1;
     }
 
     /// Counts bytes read (`true`) or written on a client connection.
