@@ -27,6 +27,8 @@ pub const BATCH_MAX_DEFAULT: usize = 4_096;
 /// Default time SIGTERM waits for connections to finish their in-flight
 /// requests before the shards stop.
 pub const DRAIN_MS_DEFAULT: u64 = 5_000;
+/// Default `--heap-bytes-max`: 1 GiB per shard.
+pub const HEAP_BYTES_MAX_DEFAULT: usize = 1 << 30;
 /// Default `--snapshot-interval-s`.
 pub const SNAPSHOT_INTERVAL_S_DEFAULT: u64 = 60;
 /// Default `--auth-timeout-ms`.
@@ -205,6 +207,14 @@ pub struct Config {
     #[arg(long)]
     pub snapshot_ignore_corrupt: bool,
 
+    /// Most bytes per shard that sliding logs and concurrency lease lists
+    /// may hold together (--keys-max bounds how many buckets there are,
+    /// this what the variable-size ones weigh: a log of a large limit holds
+    /// up to a MiB); at the cap, a spend that would add to them is refused
+    /// with KEYS_FULL. 0 = no cap.
+    #[arg(long, value_name = "BYTES", default_value_t = HEAP_BYTES_MAX_DEFAULT)]
+    pub heap_bytes_max: usize,
+
     /// TOML file with settings and named tiers; a flag given on the command
     /// line (or by environment) wins over the file. Tiers reload on SIGHUP.
     #[arg(long)]
@@ -337,6 +347,7 @@ struct FileConfig {
     frame_timeout_ms: Option<u64>,
     idle_timeout_ms: Option<u64>,
     snapshot_dir: Option<PathBuf>,
+    heap_bytes_max: Option<usize>,
     log_format: Option<LogFormat>,
     snapshot_interval_s: Option<u64>,
     snapshot_ignore_corrupt: Option<bool>,
@@ -450,6 +461,7 @@ impl Config {
                 snapshot_interval_s,
                 snapshot_ignore_corrupt,
                 log_format,
+                heap_bytes_max,
                 keys_max,
                 replication,
                 replica_timeout_ms

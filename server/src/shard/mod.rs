@@ -521,7 +521,8 @@ impl ShardCore {
         // Lease ids are unique per node and epoch: each shard counts in
         // its own range.
         let base = table::lease_id_base(node.epoch(), id);
-        let table = Table::with_cap(node.config.keys_max, base);
+        let mut table = Table::with_cap(node.config.keys_max, base);
+        table.set_heap_bytes_max(node.config.heap_bytes_max);
         let lease_epoch = Cell::new(node.epoch());
         ShardCore {
             id,

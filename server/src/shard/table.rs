@@ -203,6 +203,11 @@ pub struct Table {
     leases: HashMap<u128, ConcurrencyState, FoldState>,
     /// Most buckets in all; 0 = no cap.
     keys_max: usize,
+    /// Most bytes the sliding logs and lease lists may hold together; 0 =
+    /// no cap. `keys_max` bounds how many buckets there are; this bounds
+    /// what the variable-size ones weigh (a sliding log of a large limit
+    /// can hold up to a MiB).
+    heap_bytes_max: usize,
     /// The next lease id this shard hands out (ids are unique per shard).
     next_lease_id: u64,
     /// Heap bytes owned by the logs and lease lists, kept up to date as
@@ -233,6 +238,13 @@ impl Table {
             next_lease_id: lease_id_base,
             ..Table::default()
         }
+    }
+
+    /// Caps the bytes of the sliding logs and lease lists (0: none): a spend
+    /// that would add to them at the cap, once the expired entries are
+    /// swept, is refused with KEYS_FULL and changes nothing.
+    pub fn set_heap_bytes_max(&mut self, max: usize) {
+        self.heap_bytes_max = max;
     }
 
     /// Lease ids from now on start above `base` (see [`lease_id_base`]):
@@ -525,8 +537,9 @@ impl Table {
     /// Drops every bucket (a follower starting a new full sync).
     pub fn clear(&mut self) {
         let (keys_max, lease, counters) = (self.keys_max, self.next_lease_id, self.counters_total);
-        let tracking = self.changes.is_some();
+        let (heap_max, tracking) = (self.heap_bytes_max, self.changes.is_some());
         *self = Table::with_cap(keys_max, lease);
+        self.heap_bytes_max = heap_max;
         self.counters_total = counters;
         if tracking {
             self.track_changes();
@@ -600,6 +613,25 @@ impl Table {
             Kind::SlidingCounter => self.counters.prefetch(key),
             Kind::SlidingLog | Kind::Concurrency => {}
         }
+    }
+
+    /// Room in the logs and lease lists for a spend of `cost` on `refs`:
+    /// at `heap_bytes_max`, sweeps what has expired, then refuses
+    /// (KEYS_FULL) if nothing was freed below the cap.
+    fn heap_room(&mut self, refs: &[LimitRef], cost: u64, now_ns: u64) -> Result<(), Status> {
+        let grows = cost > 0
+            && refs
+                .iter()
+                .any(|r| matches!(r.limit.kind(), Kind::SlidingLog | Kind::Concurrency));
+        if !grows || self.heap_bytes_max == 0 || self.heap_bytes < self.heap_bytes_max {
+            return Ok(());
+        }
+        self.sweep_heap(now_ns);
+        if self.heap_bytes < self.heap_bytes_max {
+            return Ok(());
+        }
+        self.counters_total.refused_total += 1;
+        Err(Status::KeysFull)
     }
 
     /// Room for `new` more buckets: at the cap, evicts every full bucket
@@ -981,7 +1013,10 @@ impl Table {
                 // Every limit admits: apply them all. Peek and throttle agree
                 // at the same instant, so each spend admits too.
                 let new = refs.iter().filter(|r| !self.exists(r)).count();
-                if let Err(e) = self.make_room(new, now_ns) {
+                if let Err(e) = self
+                    .make_room(new, now_ns)
+                    .and_then(|()| self.heap_room(refs, cost, now_ns))
+                {
                     self.counters_total.allowed_total -= 1;
                     return Err(e);
                 }
@@ -1308,6 +1343,42 @@ mod tests {
             Err(Status::KeysFull)
         );
         assert!(t.is_empty());
+    }
+
+    #[test]
+    fn the_heap_cap_refuses_growth_and_changes_nothing() {
+        let log: Vec<Limit> = ["sliding-log:1000/h"]
+            .iter()
+            .map(|s| s.parse().unwrap())
+            .collect();
+        let mut t = Table::with_cap(0, 0);
+        t.set_heap_bytes_max(1);
+        // Empty: under the cap, the first spend is admitted (and grows it).
+        assert!(
+            t.decide_many(&refs(&log), Mode::Spend, 1, S)
+                .unwrap()
+                .allowed
+        );
+        let held = t.heap_bytes;
+        assert!(held >= 1);
+        // At the cap, nothing expired: refused, nothing counted as allowed.
+        let allowed = t.counters_total.allowed_total;
+        assert_eq!(
+            t.decide_many(&refs(&log), Mode::Spend, 1, 2 * S),
+            Err(Status::KeysFull)
+        );
+        assert_eq!(t.heap_bytes, held);
+        assert_eq!(t.counters_total.allowed_total, allowed);
+        assert_eq!(t.counters_total.refused_total, 1);
+        // A probe, and a token bucket, are not growth.
+        assert!(t.decide_many(&refs(&log), Mode::Probe, 1, 2 * S).is_ok());
+        // An hour later the entries have expired: the sweep makes room.
+        let later = 3_700 * S;
+        assert!(
+            t.decide_many(&refs(&log), Mode::Spend, 1, later)
+                .unwrap()
+                .allowed
+        );
     }
 
     #[test]
