@@ -420,6 +420,7 @@ impl Cluster {
     ) -> Result<ClusterVerdict, Error> {
         let stats = &self.inner.stats;
         stats.calls_total.fetch_add(1, Ordering::Relaxed);
+        crate::metrics::call();
         let layout = self.layout();
         let group = layout.groups[layout.ring.group_of(key_hash(key))].clone();
         // At most one search and one resend per call: a call that was not
@@ -432,6 +433,7 @@ impl Cluster {
             match client.decide(key, limits, mode, cost).await {
                 Ok(decision) => {
                     stats.store_total.fetch_add(1, Ordering::Relaxed);
+                    crate::metrics::verdict(Source::Store);
                     return Ok(ClusterVerdict {
                         source: Source::Store,
                         group: group.spec.name.clone(),
@@ -441,16 +443,25 @@ impl Cluster {
                         epoch: group.epoch.load(Ordering::Relaxed),
                     });
                 }
-                Err(e) if not_applied(&e) => forget(&group),
-                Err(Error::Timeout(_) | Error::Disconnected) if mode == Mode::Probe => {
+                Err(e) if not_applied(&e) => {
+                    crate::metrics::error(&e);
                     forget(&group)
                 }
-                Err(Error::Timeout(_) | Error::Disconnected) => {
+                Err(e @ (Error::Timeout(_) | Error::Disconnected)) if mode == Mode::Probe => {
+                    crate::metrics::error(&e);
+                    forget(&group)
+                }
+                Err(e @ (Error::Timeout(_) | Error::Disconnected)) => {
+                    crate::metrics::error(&e);
+                    crate::metrics::outcome_unknown();
                     forget(&group);
                     stats.unknown_total.fetch_add(1, Ordering::Relaxed);
                     return Ok(self.fallback(&group, key, limits, mode, cost, failure, true));
                 }
-                Err(e) => return Err(e),
+                Err(e) => {
+                    crate::metrics::error(&e);
+                    return Err(e);
+                }
             }
         }
         Ok(self.fallback(&group, key, limits, mode, cost, failure, false))
@@ -486,6 +497,7 @@ impl Cluster {
                         .stats
                         .failovers_total
                         .fetch_add(1, Ordering::Relaxed);
+                    crate::metrics::failover(&group.spec.name);
                 }
                 Some((addr, client))
             }
@@ -507,10 +519,20 @@ impl Cluster {
         let members = std::iter::once(&group.spec.primary).chain(group.spec.follower.as_ref());
         let mut best: Option<(u64, String)> = None;
         for addr in members {
-            let Ok(c) = Client::connect_with(addr.as_str(), probe_config.clone()).await else {
-                continue;
+            let c = match Client::connect_with(addr.as_str(), probe_config.clone()).await {
+                Ok(c) => c,
+                Err(e) => {
+                    crate::metrics::error(&e);
+                    continue;
+                }
             };
-            let Ok(r) = c.role().await else { continue };
+            let r = match c.role().await {
+                Ok(r) => r,
+                Err(e) => {
+                    crate::metrics::error(&e);
+                    continue;
+                }
+            };
             let admits = r.role == Role::Primary && r.state != ReplState::Fenced;
             if admits && !best.as_ref().is_some_and(|(e, _)| r.epoch <= *e) {
                 best = Some((r.epoch, addr.clone()));
@@ -562,14 +584,17 @@ impl Cluster {
                     now_ns,
                 );
                 stats.local_total.fetch_add(1, Ordering::Relaxed);
+                crate::metrics::verdict(Source::Local);
                 (Source::Local, d)
             }
             (FailurePolicy::Closed, _) => {
                 stats.closed_total.fetch_add(1, Ordering::Relaxed);
+                crate::metrics::verdict(Source::Closed);
                 (Source::Closed, fixed(limits, false))
             }
             _ => {
                 stats.open_total.fetch_add(1, Ordering::Relaxed);
+                crate::metrics::verdict(Source::Open);
                 (Source::Open, fixed(limits, true))
             }
         };

@@ -35,6 +35,7 @@ pub mod connection;
 pub mod error;
 #[cfg(feature = "etcd")]
 pub mod etcd;
+pub mod metrics;
 #[cfg(feature = "tower")]
 pub mod tower;
 
