@@ -33,6 +33,11 @@ use crate::shard::{BatchReply, ShardCore};
 /// first capacity).
 pub(crate) const READ_CHUNK_BYTES: usize = 16 << 10;
 
+/// A read or write buffer that grew past this (a large frame, a burst of
+/// replies) is given back once empty, so that an idle connection holds
+/// [`READ_CHUNK_BYTES`], not the most it ever needed.
+pub(crate) const BUFFER_KEEP_BYTES: usize = 64 << 10;
+
 /// After closing on bad input, how long the loop keeps reading (and
 /// dropping) what the peer still sends, for a handler that asks to linger:
 /// the close is then a FIN after the error reply, not a reset that could
@@ -149,6 +154,9 @@ async fn serve<H: Handler>(
     };
     tokio::pin!(auth, half_sent, silent, evicted);
     let mut half_sent_on = false;
+    // The read buffer has held more than BUFFER_KEEP_BYTES since it was
+    // last given back.
+    let mut grown = false;
     let idle_on = config.idle_timeout_ms > 0;
     loop {
         if let Some(need) = replication_wait(&core) {
@@ -166,6 +174,9 @@ async fn serve<H: Handler>(
             stream.write_all(out).await?;
             core.count_io(false, out.len());
             out.clear();
+            if out.capacity() > BUFFER_KEEP_BYTES {
+                *out = BytesMut::with_capacity(READ_CHUNK_BYTES);
+            }
         }
         if let Some(handoff) = h.take_handoff() {
             return Ok(Some(handoff));
@@ -190,6 +201,7 @@ async fn serve<H: Handler>(
         if rbuf.capacity() - rbuf.len() < READ_CHUNK_BYTES {
             rbuf.reserve(READ_CHUNK_BYTES);
         }
+        grown |= rbuf.capacity() > BUFFER_KEEP_BYTES;
         tokio::select! {
             biased;
             () = h.pipe().recv(&mut replies), if h.pipe().awaiting() => {
@@ -209,6 +221,12 @@ async fn serve<H: Handler>(
                     let now = tokio::time::Instant::now();
                     if rbuf.is_empty() {
                         half_sent_on = false;
+                        // (Frames split off `rbuf` share its allocation:
+                        // its capacity now says nothing of what it holds.)
+                        if grown {
+                            *rbuf = BytesMut::with_capacity(READ_CHUNK_BYTES);
+                            grown = false;
+                        }
                     } else if !half_sent_on {
                         half_sent_on = true;
                         half_sent.as_mut().reset(now + ms(config.frame_timeout_ms));

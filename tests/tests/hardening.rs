@@ -227,3 +227,65 @@ async fn connections_that_never_authenticate_cannot_lock_out_a_client_with_the_t
         c.ping().await.expect("still served");
     }
 }
+
+/// The process's resident memory, in bytes (Linux).
+fn rss_bytes(pid: u32) -> u64 {
+    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).expect("procfs");
+    let kb: u64 = status
+        .lines()
+        .find_map(|l| l.strip_prefix("VmRSS:"))
+        .and_then(|v| v.split_whitespace().next())
+        .and_then(|v| v.parse().ok())
+        .expect("VmRSS");
+    kb * 1024
+}
+
+/// A connection that sent one large frame does not keep a buffer of that
+/// size once it is idle: 64 connections, each after a 1 MiB frame, hold
+/// much less than 64 MiB between them. (Without giving buffers back, they
+/// held at least that: each read buffer had grown to the frame.)
+#[tokio::test]
+async fn idle_connections_give_back_the_buffer_a_large_frame_needed() {
+    let server = Sluiced::start(&["--shards", "2"]);
+    // 15 messages of an unknown op with 64 KiB payloads: one frame just
+    // under the 1 MiB limit, 15 small UNKNOWN_OP replies.
+    let mut frame = Vec::new();
+    let body_len = 15 * (8 + 65_535);
+    frame.extend_from_slice(&(body_len as u32).to_le_bytes());
+    for i in 0..15u32 {
+        frame.push(0x7e);
+        frame.push(0);
+        frame.extend_from_slice(&65_535u16.to_le_bytes());
+        frame.extend_from_slice(&(i + 1).to_le_bytes());
+        frame.extend(std::iter::repeat_n(0u8, 65_535));
+    }
+    let mut warm = Raw::connect(server.addr).await;
+    warm.send_bytes(&frame).await;
+    assert_eq!(warm.replies(15).await.len(), 15);
+    let before = rss_bytes(server.pid());
+    let mut idle = Vec::new();
+    for _ in 0..64 {
+        let mut raw = Raw::connect(server.addr).await;
+        raw.send_bytes(&frame).await;
+        let replies = raw.replies(15).await;
+        assert!(replies
+            .iter()
+            .all(|(_, r)| r.status() == Some(Status::UnknownOp)));
+        idle.push(raw);
+    }
+    let grown = rss_bytes(server.pid()).saturating_sub(before);
+    eprintln!(
+        "64 idle connections after a 1 MiB frame each: +{} KiB",
+        grown >> 10
+    );
+    assert!(
+        grown < 24 << 20,
+        "64 idle connections grew the server by {} MiB",
+        grown >> 20
+    );
+    // And they are still served.
+    for (i, raw) in idle.iter_mut().enumerate() {
+        raw.send_frame(&[(1, Request::Ping)]).await;
+        assert_eq!(raw.next_reply().await, Some((1, Reply::Pong)), "{i}");
+    }
+}
