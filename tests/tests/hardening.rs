@@ -148,15 +148,18 @@ async fn with_an_idle_timeout_a_silent_connection_is_closed() {
     closed_within(&mut raw, Duration::from_secs(20)).await;
 }
 
-/// A second SIGTERM does not wait for the drain: exit status 1 (the first
-/// alone would have waited up to --drain-ms, here a minute, for a client
-/// that never reads its replies).
+/// A second SIGTERM does not wait for the drain: exit status 1. The first
+/// alone would have waited up to --drain-ms (here a minute) for a client
+/// that sends and never reads: one frame of 2,000 STATS to a node of 64
+/// shards is owed 7 MiB of replies, more than a socket's largest send
+/// buffer (4 MiB here) and the client's 1 KiB receive buffer hold.
 #[tokio::test]
 async fn a_second_sigterm_cuts_the_drain_short() {
-    let mut server = Sluiced::start(&["--shards", "1", "--drain-ms", "60000"]);
-    // A client that sends and never reads: its replies fill the socket
-    // buffers, so the drain cannot finish.
-    let mut rude = Raw::connect(server.addr).await;
+    let mut server =
+        Sluiced::start(&["--shards", "64", "--drain-ms", "60000", "--admin-port", "0"]);
+    let socket = tokio::net::TcpSocket::new_v4().unwrap();
+    socket.set_recv_buffer_size(1024).unwrap();
+    let stream = socket.connect(server.addr).await.unwrap();
     let stats: Vec<_> = (1..=2_000u32)
         .map(|i| {
             (
@@ -165,12 +168,41 @@ async fn a_second_sigterm_cuts_the_drain_short() {
             )
         })
         .collect();
-    for _ in 0..50 {
-        rude.send_frame(&stats).await;
+    let bytes = frame(&stats);
+    let rude = tokio::spawn(async move {
+        use tokio::io::AsyncWriteExt;
+        let (_never_read, mut w) = stream.into_split();
+        for _ in 0..100 {
+            if w.write_all(&bytes).await.is_err() {
+                break;
+            }
+        }
+        // Blocked long before this: the server stopped reading.
+        std::future::pending::<()>().await;
+    });
+    // Once the node has read one frame, it owes more than the buffers hold.
+    let admin = server.admin_addr.unwrap();
+    let start = Instant::now();
+    loop {
+        let scrape = tokio::task::spawn_blocking(move || http_get(admin, "/metrics"))
+            .await
+            .unwrap();
+        let read: f64 = scrape
+            .lines()
+            .filter_map(|l| l.strip_prefix("sluice_received_bytes_total{"))
+            .filter_map(|l| l.split_once("} ").and_then(|(_, v)| v.parse::<f64>().ok()))
+            .sum::<f64>();
+        if read >= 16_000.0 {
+            break;
+        }
+        assert!(
+            start.elapsed() < Duration::from_secs(20),
+            "the requests never came"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
     }
     server.signal("TERM");
-    // The first was taken once the port refuses: the node is draining, and
-    // waits for the rude client.
+    // The first was taken once the port refuses: the node is draining.
     let start = Instant::now();
     while tokio::net::TcpStream::connect(server.addr).await.is_ok() {
         assert!(start.elapsed() < Duration::from_secs(20), "still accepting");
@@ -182,6 +214,7 @@ async fn a_second_sigterm_cuts_the_drain_short() {
         .await
         .unwrap();
     assert_eq!(status.code(), Some(1), "{status:?}");
+    rude.abort();
 }
 
 /// At the connection limit, clients without the token crowd out only each
@@ -226,6 +259,16 @@ async fn connections_that_never_authenticate_cannot_lock_out_a_client_with_the_t
     for c in &clients {
         c.ping().await.expect("still served");
     }
+}
+
+/// The body of `GET path` over HTTP/1.0.
+fn http_get(addr: std::net::SocketAddr, path: &str) -> String {
+    use std::io::{Read, Write};
+    let mut s = std::net::TcpStream::connect(addr).expect("the admin port answers");
+    write!(s, "GET {path} HTTP/1.0\r\n\r\n").unwrap();
+    let mut reply = String::new();
+    s.read_to_string(&mut reply).unwrap();
+    reply
 }
 
 /// The process's resident memory, in bytes (Linux).
