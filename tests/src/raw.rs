@@ -101,6 +101,17 @@ impl Raw {
     }
 }
 
+/// A HELLO of version 1 with `token`, binding no shard.
+pub fn hello(token: &[u8]) -> Request<'_> {
+    Request::Hello(sluice_protocol::message::Hello {
+        version_min: 1,
+        version_max: 1,
+        shard: None,
+        token,
+        epoch: 0,
+    })
+}
+
 /// Encodes one frame holding `requests`.
 pub fn frame(requests: &[(u32, Request<'_>)]) -> Vec<u8> {
     let mut buf = BytesMut::new();

@@ -410,7 +410,7 @@ fn tiers_reload_and_usage_errors() {
 /// here, as to a file) is plain text, without colour codes.
 #[test]
 fn reload_without_a_config_file_is_an_error_logged_in_plain_text() {
-    use std::io::{BufRead, BufReader, Read};
+    use std::io::{BufRead, BufReader};
     use std::process::{Command, Stdio};
     let mut child = Command::new(sluice_tests::support::binary("sluiced"))
         .args(["--bind", "127.0.0.1", "--port", "0", "--shards", "1"])
@@ -432,13 +432,7 @@ fn reload_without_a_config_file_is_an_error_logged_in_plain_text() {
     assert!(err.contains("no config file"), "{err}");
     let _ = child.kill();
     let _ = child.wait();
-    let mut log = String::new();
-    child
-        .stderr
-        .take()
-        .unwrap()
-        .read_to_string(&mut log)
-        .unwrap();
+    let log = stderr_of(&mut child);
     assert!(log.contains("no config file to reload"), "{log}");
     assert!(
         log.contains("trigger=\"RELOAD\"") || log.contains("trigger=RELOAD"),
@@ -602,7 +596,7 @@ fn a_client_at_the_other_protocols_port_is_told_which_port_to_use() {
 /// and message, the lifecycle events among them.
 #[test]
 fn json_logs_are_one_object_per_line() {
-    use std::io::{BufRead, BufReader, Read};
+    use std::io::{BufRead, BufReader};
     use std::process::{Command, Stdio};
     let mut child = Command::new(sluice_tests::support::binary("sluiced"))
         .args(["--bind", "127.0.0.1", "--port", "0", "--shards", "1"])
@@ -621,13 +615,7 @@ fn json_logs_are_one_object_per_line() {
         .unwrap();
     assert!(term.success());
     assert!(child.wait().unwrap().success());
-    let mut log = String::new();
-    child
-        .stderr
-        .take()
-        .unwrap()
-        .read_to_string(&mut log)
-        .unwrap();
+    let log = stderr_of(&mut child);
     let events: Vec<Value> = log
         .lines()
         .map(|l| serde_json::from_str(l).unwrap_or_else(|e| panic!("{e}: {l:?}")))
@@ -641,4 +629,17 @@ fn json_logs_are_one_object_per_line() {
         .collect();
     assert!(messages.contains(&"serving"), "{messages:?}");
     assert!(messages.contains(&"stopped"), "{messages:?}");
+}
+
+/// What a finished child wrote to its piped standard error.
+fn stderr_of(child: &mut std::process::Child) -> String {
+    use std::io::Read;
+    let mut log = String::new();
+    child
+        .stderr
+        .take()
+        .expect("piped stderr")
+        .read_to_string(&mut log)
+        .expect("readable");
+    log
 }

@@ -6,20 +6,10 @@
 
 use std::time::{Duration, Instant};
 
-use sluice_protocol::message::{Hello, Reply, Request};
+use sluice_protocol::message::{Reply, Request};
 use sluice_protocol::{Policy, Status};
-use sluice_tests::raw::{frame, Raw};
+use sluice_tests::raw::{frame, hello, Raw};
 use sluice_tests::support::Sluiced;
-
-fn hello(token: &'static [u8]) -> Request<'static> {
-    Request::Hello(Hello {
-        version_min: 1,
-        version_max: 1,
-        shard: None,
-        token,
-        epoch: 0,
-    })
-}
 
 fn throttle(key: &str) -> Request<'_> {
     Request::Throttle(sluice_protocol::message::Throttle {

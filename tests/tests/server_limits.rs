@@ -7,7 +7,7 @@ use std::time::Duration;
 use sluice_client::{Action, Client, ClientConfig, Error};
 use sluice_protocol::message::{Hello, Reply, Request, Throttle};
 use sluice_protocol::{Policy, Status};
-use sluice_tests::raw::{frame, Raw};
+use sluice_tests::raw::{frame, hello, Raw};
 use sluice_tests::support::Sluiced;
 
 fn policy() -> Policy {
@@ -227,15 +227,6 @@ async fn auth_token_is_required_and_checked() {
         Some(Status::AuthRequired)
     );
     assert!(raw.closed_by_server().await);
-    let hello = |token: &'static [u8]| {
-        Request::Hello(Hello {
-            version_min: 1,
-            version_max: 1,
-            shard: None,
-            token,
-            epoch: 0,
-        })
-    };
     let mut raw = Raw::connect(server.addr).await;
     raw.send_frame(&[(3, hello(b"s3cret")), (4, Request::Ping)])
         .await;
