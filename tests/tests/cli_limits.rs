@@ -410,18 +410,8 @@ fn tiers_reload_and_usage_errors() {
 /// here, as to a file) is plain text, without colour codes.
 #[test]
 fn reload_without_a_config_file_is_an_error_logged_in_plain_text() {
-    use std::io::{BufRead, BufReader};
-    use std::process::{Command, Stdio};
-    let mut child = Command::new(sluice_tests::support::binary("sluiced"))
-        .args(["--bind", "127.0.0.1", "--port", "0", "--shards", "1"])
-        .env("SLUICE_LOG", "info")
-        .env_remove("NO_COLOR")
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .spawn()
-        .expect("sluiced starts");
-    let mut lines = BufReader::new(child.stdout.take().unwrap()).lines();
-    let first = lines.next().unwrap().unwrap();
+    use std::process::Command;
+    let (mut child, first) = logging_sluiced(&[]);
     let addr = first.split_whitespace().nth(3).unwrap().to_owned();
     let out = Command::new(sluice_tests::support::binary("sluice"))
         .args(["--addr", &addr, "reload"])
@@ -596,18 +586,8 @@ fn a_client_at_the_other_protocols_port_is_told_which_port_to_use() {
 /// and message, the lifecycle events among them.
 #[test]
 fn json_logs_are_one_object_per_line() {
-    use std::io::{BufRead, BufReader};
-    use std::process::{Command, Stdio};
-    let mut child = Command::new(sluice_tests::support::binary("sluiced"))
-        .args(["--bind", "127.0.0.1", "--port", "0", "--shards", "1"])
-        .args(["--log-format", "json"])
-        .env("SLUICE_LOG", "info")
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .spawn()
-        .expect("sluiced starts");
-    let mut lines = BufReader::new(child.stdout.take().unwrap()).lines();
-    let first = lines.next().unwrap().unwrap();
+    use std::process::Command;
+    let (mut child, first) = logging_sluiced(&["--log-format", "json"]);
     assert!(first.starts_with("sluiced listening on "), "{first}");
     let term = Command::new("kill")
         .args(["-TERM", &child.id().to_string()])
@@ -629,6 +609,25 @@ fn json_logs_are_one_object_per_line() {
         .collect();
     assert!(messages.contains(&"serving"), "{messages:?}");
     assert!(messages.contains(&"stopped"), "{messages:?}");
+}
+
+/// `sluiced` on a free port, one shard, `SLUICE_LOG=info`, no NO_COLOR,
+/// with `args`, its stdout and stderr piped; and its first stdout line.
+fn logging_sluiced(args: &[&str]) -> (std::process::Child, String) {
+    use std::io::{BufRead, BufReader};
+    use std::process::{Command, Stdio};
+    let mut child = Command::new(sluice_tests::support::binary("sluiced"))
+        .args(["--bind", "127.0.0.1", "--port", "0", "--shards", "1"])
+        .args(args)
+        .env("SLUICE_LOG", "info")
+        .env_remove("NO_COLOR")
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("sluiced starts");
+    let mut lines = BufReader::new(child.stdout.take().unwrap()).lines();
+    let first = lines.next().unwrap().unwrap();
+    (child, first)
 }
 
 /// What a finished child wrote to its piped standard error.
