@@ -15,15 +15,25 @@
 //!   stopped once the file's last block has run, so later blocks of the
 //!   same file talk to it, as a reader's would.
 //!
-//! Blocks of other kinds (```` ```sh ````) are not run: builds, installs,
-//! benchmarks, drills and clusters on etcd take minutes or machines of
-//! their own, and have tests of their own.
+//! - A ```` ```console long ```` block runs only with `SLUICE_DOCS_LONG=1`:
+//!   builds, installs, benchmarks and drills, which take minutes each
+//!   (`SLUICE_DOCS_LONG=1 cargo nextest run -p sluice-tests --test
+//!   docs_examples`). Its servers stop at the
+//!   block's end; it installs under target/docs-long/ (CARGO_INSTALL_ROOT)
+//!   and compare.sh writes its report there (OUT), so the run touches
+//!   neither ~/.cargo/bin nor BENCHMARKS.md.
 //!
-//! The examples use fixed ports (7700 to 7703, 6380 for RESP, 9770 for the
-//! admin endpoints, 8080 and 8081 for the example gateway): nothing else
-//! may listen there while this runs.
+//! Every other block is a template a reader fills in (a cluster of their
+//! own) or the test command itself: `the_only_blocks_not_run_are_known`
+//! lists them, so a new example cannot slip past the runner.
+//!
+//! The examples use fixed ports (7700 to 7703, 7710 to 7731 and etcd's
+//! 2379 and 2380, 6380 for RESP, 9770 for the admin endpoints, 8080 and
+//! 8081 for the example gateway, 6379 for Redis in the long blocks):
+//! nothing else may listen there while this runs.
 
 use std::io::{BufRead, BufReader};
+use std::os::unix::process::CommandExt;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::sync::mpsc;
@@ -38,16 +48,27 @@ struct Step {
     expected: Vec<String>,
     exit: i32,
     background: bool,
+    /// Its block's index in the file, and whether it is a `console long`
+    /// block (run only with `SLUICE_DOCS_LONG=1`; its servers stop at the
+    /// block's end).
+    block: usize,
+    long: bool,
 }
 
 /// The `console` blocks of `text`, as steps.
 fn steps(file: &str, text: &str) -> Vec<Step> {
     let mut out: Vec<Step> = Vec::new();
     let mut in_block = false;
+    let (mut block, mut long) = (0, false);
     let mut lines = text.lines().enumerate().peekable();
     while let Some((n, line)) = lines.next() {
         if !in_block {
-            in_block = line.trim_end() == "```console";
+            let info = line.trim_end();
+            in_block = info == "```console" || info == "```console long";
+            if in_block {
+                block += 1;
+                long = info.ends_with(" long");
+            }
             continue;
         }
         if line.starts_with("```") {
@@ -72,6 +93,8 @@ fn steps(file: &str, text: &str) -> Vec<Step> {
                 expected: Vec::new(),
                 exit: 0,
                 background,
+                block,
+                long,
             });
         } else if let Some(step) = out.last_mut() {
             match line
@@ -137,25 +160,53 @@ fn path() -> String {
     format!("{dir}:{}", std::env::var("PATH").unwrap_or_default())
 }
 
-/// Runs `file`'s console blocks; returns how many commands ran.
-fn run_file(file: &str) -> usize {
-    let text = std::fs::read_to_string(root().join(file)).expect("the file");
-    let steps = steps(file, &text);
-    let mut servers: Vec<Child> = Vec::new();
-    let result = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
-        for step in &steps {
-            run_step(step, &mut servers);
-        }
-    }));
-    for mut s in servers {
-        // Its children first: `cargo run` does not pass a kill on to the
-        // program it runs.
-        let _ = Command::new("pkill")
-            .args(["-KILL", "-P", &s.id().to_string()])
+/// Whether the `console long` blocks run too (`SLUICE_DOCS_LONG=1`).
+fn long_blocks() -> bool {
+    std::env::var("SLUICE_DOCS_LONG").is_ok_and(|v| v == "1")
+}
+
+/// Stops background servers: each one's whole process group (`cargo run`
+/// does not pass a kill on to the program it runs, and a `for` loop's
+/// servers outlive their shell). Every one has a group of its own
+/// (`process_group(0)`), never the test's.
+fn stop(servers: &mut Vec<Child>) {
+    for mut s in servers.drain(..) {
+        let _ = Command::new("kill")
+            .args(["-KILL", "--", &format!("-{}", s.id())])
+            .stderr(Stdio::null())
             .status();
         let _ = s.kill();
         let _ = s.wait();
     }
+}
+
+/// Runs `file`'s console blocks (the `long` ones only with
+/// `SLUICE_DOCS_LONG=1`); returns how many commands ran.
+fn run_file(file: &str) -> usize {
+    let text = std::fs::read_to_string(root().join(file)).expect("the file");
+    let long = long_blocks();
+    let steps: Vec<Step> = steps(file, &text)
+        .into_iter()
+        .filter(|s| long || !s.long)
+        .collect();
+    let mut servers: Vec<Child> = Vec::new();
+    let mut block_servers: Vec<Child> = Vec::new();
+    let result = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+        for (i, step) in steps.iter().enumerate() {
+            let started = std::time::Instant::now();
+            if step.long {
+                run_step(step, &mut block_servers);
+                eprintln!("{}: {:.1?}: {}", step.at, started.elapsed(), step.command);
+                if steps.get(i + 1).is_none_or(|next| next.block != step.block) {
+                    stop(&mut block_servers);
+                }
+            } else {
+                run_step(step, &mut servers);
+            }
+        }
+    }));
+    stop(&mut block_servers);
+    stop(&mut servers);
     if let Err(e) = result {
         std::panic::resume_unwind(e);
     }
@@ -173,13 +224,21 @@ fn shell(script: &str) -> Command {
         .env_remove("SLUICE_AUTH_TOKEN")
         .env("SLUICE_LOG", "warn")
         .stdin(Stdio::null());
+    if long_blocks() {
+        // What the long blocks install and write goes under target/, not
+        // into ~/.cargo/bin or over the repository's BENCHMARKS.md.
+        let scratch = root().join("target/docs-long");
+        command
+            .env("CARGO_INSTALL_ROOT", scratch.join("install"))
+            .env("OUT", scratch.join("BENCHMARKS.md"));
+    }
     command
 }
 
 fn run_step(step: &Step, servers: &mut Vec<Child>) {
     if step.background {
-        // `exec`: stopping the child stops the server itself.
-        let mut child = shell(&format!("exec {}", step.command))
+        let mut child = shell(&step.command)
+            .process_group(0)
             .stdout(Stdio::piped())
             .stderr(Stdio::inherit())
             .spawn()
@@ -194,7 +253,10 @@ fn run_step(step: &Step, servers: &mut Vec<Child>) {
         });
         let mut got = Vec::new();
         for _ in &step.expected {
-            match rx.recv_timeout(Duration::from_secs(30)) {
+            // A long block's server may be built first (`cargo run
+            // --release`: minutes on 2 cores).
+            let wait = Duration::from_secs(if step.long { 900 } else { 30 });
+            match rx.recv_timeout(wait) {
                 Ok(line) => got.push(line),
                 Err(_) => break,
             }
@@ -255,6 +317,71 @@ fn the_runner_matches_lines_and_wildcards() {
     assert_eq!((s[1].command.as_str(), s[1].exit), ("c", 1));
 }
 
+/// The markdown files whose examples run.
+fn documented_files() -> Vec<String> {
+    let mut files = vec!["README.md".to_owned(), "protocol/PROTOCOL.md".to_owned()];
+    let mut docs: Vec<String> = std::fs::read_dir(root().join("docs"))
+        .expect("docs/")
+        .filter_map(Result::ok)
+        .map(|e| e.path())
+        .filter(|p| p.extension().is_some_and(|x| x == "md"))
+        .map(|p| format!("docs/{}", p.file_name().unwrap().to_string_lossy()))
+        .collect();
+    docs.sort();
+    assert!(!docs.is_empty(), "docs/*.md");
+    files.extend(docs);
+    files
+}
+
+/// Shell blocks that are not `console` blocks, by their first line: each
+/// is a template or the test command, and none can be run as it stands.
+const NOT_RUN: &[(&str, &str)] = &[
+    (
+        "sluice --cluster cluster.toml drill --fault handover --fault-cmd 'sluice --addr {addr} failover'",
+        "a template: a cluster someone else runs, and their fault command",
+    ),
+    (
+        "bash scripts/test.sh",
+        "the test command itself, which CI runs (.ci/run)",
+    ),
+];
+
+/// Every fenced block that looks like a shell session (`sh`, `bash`,
+/// `shell`, or a line starting `$ `) is either a `console` block the runner
+/// runs or one of NOT_RUN.
+#[test]
+fn the_only_blocks_not_run_are_known() {
+    let mut unknown = Vec::new();
+    for file in documented_files() {
+        let text = std::fs::read_to_string(root().join(&file)).expect("the file");
+        let mut lines = text.lines().enumerate();
+        while let Some((n, line)) = lines.next() {
+            let Some(info) = line.trim_end().strip_prefix("```") else {
+                continue;
+            };
+            let body: Vec<&str> = lines
+                .by_ref()
+                .map(|(_, l)| l)
+                .take_while(|l| !l.starts_with("```"))
+                .collect();
+            let runs = info == "console" || info == "console long";
+            let shell =
+                matches!(info, "sh" | "bash" | "shell") || body.iter().any(|l| l.starts_with("$ "));
+            if runs || !shell {
+                continue;
+            }
+            let first = body.iter().find(|l| !l.trim().is_empty()).map(|l| l.trim());
+            if !first.is_some_and(|f| NOT_RUN.iter().any(|(line, _)| *line == f)) {
+                unknown.push(format!("{file}:{}: ```{info} {first:?}", n + 1));
+            }
+        }
+    }
+    assert!(
+        unknown.is_empty(),
+        "blocks the runner does not run (make them `console` blocks, or add them to NOT_RUN with the reason): {unknown:#?}"
+    );
+}
+
 /// README.md's examples.
 #[test]
 fn the_readme_examples_run_as_written() {
@@ -274,16 +401,10 @@ fn the_protocol_and_docs_examples_run_as_written() {
         ran >= 2,
         "only {ran} commands in PROTOCOL.md's console blocks"
     );
-    let mut docs: Vec<String> = std::fs::read_dir(root().join("docs"))
-        .expect("docs/")
-        .filter_map(Result::ok)
-        .map(|e| e.path())
-        .filter(|p| p.extension().is_some_and(|x| x == "md"))
-        .map(|p| format!("docs/{}", p.file_name().unwrap().to_string_lossy()))
-        .collect();
-    docs.sort();
-    assert!(!docs.is_empty(), "docs/*.md");
-    for file in docs {
+    for file in documented_files()
+        .into_iter()
+        .filter(|f| f.starts_with("docs/"))
+    {
         run_file(&file);
     }
 }
