@@ -110,6 +110,11 @@ statuses! {
     /// refunds or resets. The error text names the primary and the epoch;
     /// send the request there.
     NotPrimary = 19, "not primary", FailOver;
+    /// The connection owes more bytes of replies than the server holds for
+    /// one connection (`--reply-bytes-max`): this request, later in a frame
+    /// whose earlier requests' replies reached the bound, was not applied.
+    /// Send fewer large requests (STATS) per frame, and read the replies.
+    ReplyBufferFull = 20, "reply buffer full", Retry;
 }
 
 impl std::fmt::Display for Status {

@@ -35,6 +35,12 @@ pub const SNAPSHOT_INTERVAL_S_DEFAULT: u64 = 60;
 pub const AUTH_TIMEOUT_MS_DEFAULT: u64 = 5_000;
 /// Default `--frame-timeout-ms`.
 pub const FRAME_TIMEOUT_MS_DEFAULT: u64 = 10_000;
+/// Default `--reply-bytes-max`: replies one connection may owe before the
+/// server stops decoding its requests until they are written.
+pub const REPLY_BYTES_MAX_DEFAULT: usize = 1 << 20;
+/// Default `--reply-timeout-ms`: how long a write of replies may stay
+/// blocked (a client that does not read) before the connection is closed.
+pub const REPLY_TIMEOUT_MS_DEFAULT: u64 = 30_000;
 
 /// Default most buckets one shard holds (all kinds together). At the cap,
 /// full buckets are evicted; if none is full, new keys are refused
@@ -178,6 +184,18 @@ pub struct Config {
     /// is closed; 0 (the default) = never (gateways keep connections open).
     #[arg(long, value_name = "MS", default_value_t = 0)]
     pub idle_timeout_ms: u64,
+
+    /// Bytes of replies a connection may owe (encoded and not yet written,
+    /// or held in order behind a request on another shard) before the
+    /// server stops decoding its requests until they are written; requests
+    /// of one frame past it are answered REPLY_BUFFER_FULL.
+    #[arg(long, value_name = "BYTES", default_value_t = REPLY_BYTES_MAX_DEFAULT)]
+    pub reply_bytes_max: usize,
+
+    /// Milliseconds a write of replies may stay blocked (the client does
+    /// not read them) before the connection is closed.
+    #[arg(long, value_name = "MS", default_value_t = REPLY_TIMEOUT_MS_DEFAULT)]
+    pub reply_timeout_ms: u64,
 
     /// Most buckets per shard, all kinds together; 0 = no cap. At the cap,
     /// full buckets are evicted; if none is full, new keys are refused
@@ -346,6 +364,8 @@ struct FileConfig {
     auth_timeout_ms: Option<u64>,
     frame_timeout_ms: Option<u64>,
     idle_timeout_ms: Option<u64>,
+    reply_bytes_max: Option<usize>,
+    reply_timeout_ms: Option<u64>,
     snapshot_dir: Option<PathBuf>,
     heap_bytes_max: Option<usize>,
     log_format: Option<LogFormat>,
@@ -458,6 +478,8 @@ impl Config {
                 auth_timeout_ms,
                 frame_timeout_ms,
                 idle_timeout_ms,
+                reply_bytes_max,
+                reply_timeout_ms,
                 snapshot_interval_s,
                 snapshot_ignore_corrupt,
                 log_format,
@@ -571,6 +593,8 @@ impl Config {
         check("auth-timeout-ms", self.auth_timeout_ms, 1, 600_000)?;
         check("frame-timeout-ms", self.frame_timeout_ms, 1, 3_600_000)?;
         check("idle-timeout-ms", self.idle_timeout_ms, 0, 86_400_000)?;
+        check("reply-bytes-max", self.reply_bytes_max, 1 << 10, 1 << 30)?;
+        check("reply-timeout-ms", self.reply_timeout_ms, 1, 3_600_000)?;
         check("snapshot-interval-s", self.snapshot_interval_s, 0, 86_400)?;
         check("keys-max", self.keys_max, 0, 1 << 32)?;
         check("replica-timeout-ms", self.replica_timeout_ms, 1, 60_000)?;

@@ -110,6 +110,23 @@ impl Protocol for V1 {
             reply,
         }
     }
+
+    fn weight(reply: &Reply) -> usize {
+        use std::mem::size_of;
+        let heap = match reply {
+            Reply::Verdict { .. } => 0,
+            Reply::Other { reply, .. } => match reply {
+                Local::Error(_, text) => text.capacity(),
+                Local::Decide(_) => size_of::<MultiVerdict>(),
+                Local::Role(_) => size_of::<RoleOk>(),
+                Local::Stats { shards, .. } => {
+                    shards.len() * (size_of::<ShardStats>() + message::STATS_RECORD_BYTES)
+                }
+                _ => 0,
+            },
+        };
+        size_of::<Reply>() + heap
+    }
 }
 
 /// A reply decided on this thread that is not a verdict.
@@ -187,6 +204,9 @@ struct Connection {
     framed: bool,
     /// Stop reading; close once every pending reply is written.
     closing: bool,
+    /// Whole frames wait in the read buffer, not decoded: the connection
+    /// owes `reply_bytes_max` or has `inflight_max` requests unanswered.
+    backlog: bool,
     /// Set by a HELLO that binds the connection to another shard, or by a
     /// follower's SUBSCRIBE.
     migrate: Option<Handoff>,
@@ -219,6 +239,7 @@ pub async fn run(core: Rc<ShardCore>, adopt: Adopt) {
         authed,
         framed: hello_request_id.is_some(),
         closing: false,
+        backlog: false,
         migrate: None,
         guard,
     };
@@ -267,6 +288,10 @@ impl Handler for Connection {
         self.decode_buffered(rbuf);
     }
 
+    fn backlog(&self) -> bool {
+        self.backlog
+    }
+
     fn fill(&mut self, reply: BatchReply) {
         let (writer, wbuf, core) = (&mut self.writer, &mut self.wbuf, &self.core);
         self.pipe.fill(reply, |r| encode(core, writer, wbuf, r));
@@ -301,10 +326,28 @@ impl Handler for Connection {
 }
 
 impl Connection {
+    /// Bytes of replies this connection owes: encoded and not yet written,
+    /// or held in order behind a forwarded request.
+    #[inline]
+    fn owed(&self) -> usize {
+        self.wbuf.len() + self.pipe.held_bytes()
+    }
+
     /// Decodes and handles every whole frame in `rbuf`, then sends the
     /// forwarded batches it produced.
     fn decode_buffered(&mut self, rbuf: &mut BytesMut) {
+        let (reply_max, inflight_max) = {
+            let config = &self.core.node.config;
+            (config.reply_bytes_max, config.inflight_max)
+        };
+        self.backlog = false;
         while !self.closing && self.migrate.is_none() {
+            if self.owed() >= reply_max || self.pipe.len() >= inflight_max {
+                // The rest waits in `rbuf` until the replies are written
+                // (the coordinator reads no more meanwhile).
+                self.backlog = true;
+                break;
+            }
             match self.decoder.decode(rbuf) {
                 Ok(Some(frame)) => {
                     self.framed = true;
@@ -350,6 +393,7 @@ impl Connection {
         }
         self.core.sync_epoch();
         let primary = self.core.admits(now_ns);
+        let reply_max = self.core.node.config.reply_bytes_max;
         self.hash_and_prefetch(frame);
         for (i, (h, payload)) in frame.messages().enumerate() {
             if self.closing || self.migrate.is_some() {
@@ -372,6 +416,16 @@ impl Connection {
             }
             if h.op == replication::op::SUBSCRIBE {
                 self.subscribe(h.request_id, payload, frame.len());
+                continue;
+            }
+            if self.owed() >= reply_max {
+                // A frame whose replies outgrow the bound (STATS at many
+                // shards): the rest of it is refused, not held.
+                let text = format!(
+                    "{} bytes of replies owed to this connection; the limit is {reply_max} (--reply-bytes-max)",
+                    self.owed()
+                );
+                self.push(h.request_id, Local::Error(Status::ReplyBufferFull, text));
                 continue;
             }
             match Request::parse(h, payload) {

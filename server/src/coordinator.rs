@@ -66,9 +66,16 @@ pub(crate) trait Handler: Sized {
     /// Once the socket is registered, before the first turn: handles bytes
     /// that came with the socket.
     fn started(&mut self, _rbuf: &mut BytesMut) {}
-    /// Decodes and handles every whole request in `rbuf` (consuming it),
-    /// then sends the forwarded batches that produced.
+    /// Decodes and handles the whole requests in `rbuf` (consuming them),
+    /// then sends the forwarded batches that produced. It stops early,
+    /// leaving requests in `rbuf` and [`Handler::backlog`] set, once the
+    /// connection owes `--reply-bytes-max` or has `--inflight-max`
+    /// requests unanswered.
     fn handle_read(&mut self, rbuf: &mut BytesMut);
+    /// Whether the last [`Handler::handle_read`] left whole requests in
+    /// `rbuf`: the loop reads no more, and hands them over again once the
+    /// replies are written (or forwarded ones come back).
+    fn backlog(&self) -> bool;
     /// Fills the slots an owner's reply answers and encodes the replies
     /// that makes ready, in order.
     fn fill(&mut self, reply: BatchReply);
@@ -171,7 +178,15 @@ async fn serve<H: Handler>(
         }
         let out = h.output();
         if !out.is_empty() {
-            stream.write_all(out).await?;
+            if !write_within(stream, out, ms(config.reply_timeout_ms)).await? {
+                tracing::debug!(
+                    shard = core.id,
+                    bytes = out.len(),
+                    "closing a {} that does not read its replies",
+                    H::NAME
+                );
+                return Ok(None);
+            }
             core.count_io(false, out.len());
             out.clear();
             if out.capacity() > BUFFER_KEEP_BYTES {
@@ -191,7 +206,16 @@ async fn serve<H: Handler>(
             }
             return Ok(None);
         }
-        let can_read = !h.closing() && h.pipe().len() < inflight_max;
+        if h.backlog() && !h.closing() {
+            // Requests held back until the replies were written: on with
+            // them, before reading more. Back to the top if any went.
+            let before = rbuf.len();
+            h.handle_read(rbuf);
+            if rbuf.len() != before {
+                continue;
+            }
+        }
+        let can_read = !h.closing() && !h.backlog() && h.pipe().len() < inflight_max;
         if !can_read {
             // Not reading is ours (back-pressure): a frame cut off in
             // `rbuf` is not the peer's fault; its clock starts again when
@@ -254,6 +278,28 @@ async fn serve<H: Handler>(
                 h.close();
             }
         }
+    }
+}
+
+/// Writes all of `out`: at once if the socket takes it (the common case,
+/// with no timer), else within `timeout`. `false`: the peer did not read
+/// it in time.
+async fn write_within(
+    stream: &mut TcpStream,
+    out: &[u8],
+    timeout: std::time::Duration,
+) -> std::io::Result<bool> {
+    let rest = match stream.try_write(out) {
+        Ok(n) => &out[n..],
+        Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => out,
+        Err(e) => return Err(e),
+    };
+    if rest.is_empty() {
+        return Ok(true);
+    }
+    match tokio::time::timeout(timeout, stream.write_all(rest)).await {
+        Ok(written) => written.map(|()| true),
+        Err(_elapsed) => Ok(false),
     }
 }
 

@@ -35,6 +35,9 @@ pub trait Protocol {
     /// The reply to a forwarded request its owner no longer accepts
     /// (the node is shutting down).
     fn refused(tag: Self::Tag) -> Self::Reply;
+    /// About how many bytes `reply` takes, held and encoded: what a reply
+    /// waiting in order counts against the connection's reply bound.
+    fn weight(reply: &Self::Reply) -> usize;
 }
 
 /// One request's place in the reply order.
@@ -62,6 +65,8 @@ pub struct Pipeline<P: Protocol> {
     replies_rx: Receiver<BatchReply>,
     /// Batches sent and not yet answered.
     batches_out: usize,
+    /// [`Protocol::weight`] of the `Ready` slots in `pending`.
+    held_bytes: usize,
 }
 
 impl<P: Protocol> Pipeline<P> {
@@ -75,6 +80,7 @@ impl<P: Protocol> Pipeline<P> {
             replies_tx,
             replies_rx,
             batches_out: 0,
+            held_bytes: 0,
         }
     }
 
@@ -88,6 +94,13 @@ impl<P: Protocol> Pipeline<P> {
     #[inline]
     pub fn is_empty(&self) -> bool {
         self.pending.is_empty()
+    }
+
+    /// About how many bytes of replies wait behind a forwarded request
+    /// ([`Protocol::weight`]).
+    #[inline]
+    pub fn held_bytes(&self) -> usize {
+        self.held_bytes
     }
 
     /// Whether requests gathered for other shards have not been sent yet.
@@ -135,6 +148,7 @@ impl<P: Protocol> Pipeline<P> {
             !self.pending.is_empty(),
             "a reply with its turn is encoded, not queued"
         );
+        self.held_bytes += P::weight(&reply);
         self.pending.push_back(Slot::Ready(reply));
     }
 
@@ -207,13 +221,16 @@ impl<P: Protocol> Pipeline<P> {
         let Slot::Waiting(tag) = *slot else {
             panic!("reply for sequence {seq} arrived twice");
         };
-        *slot = Slot::Ready(make(tag));
+        let reply = make(tag);
+        self.held_bytes += P::weight(&reply);
+        *slot = Slot::Ready(reply);
     }
 
     /// Hands every ready reply at the head of `pending` to `emit`, in order.
     fn drain_ready(&mut self, mut emit: impl FnMut(&P::Reply)) {
         while let Some(Slot::Ready(reply)) = self.pending.front() {
             emit(reply);
+            self.held_bytes -= P::weight(reply);
             self.pending.pop_front();
             self.head_seq += 1;
         }
@@ -241,6 +258,9 @@ mod tests {
         fn refused(tag: u32) -> String {
             format!("{tag}:refused")
         }
+        fn weight(reply: &String) -> usize {
+            reply.len()
+        }
     }
 
     fn verdict(remaining: u64) -> Outcome {
@@ -263,6 +283,8 @@ mod tests {
         };
         p.forward(1, 1, 42, op.clone());
         assert!(p.ready("2:local".into()).is_none());
+        // Held behind the forward: it counts against the reply bound.
+        assert_eq!(p.held_bytes(), "2:local".len());
         p.forward(1, 3, 43, op);
         assert_eq!(p.len(), 3);
         assert!(p.has_unsent());
@@ -276,6 +298,7 @@ mod tests {
         p.fill(reply, |r| out.push(r.clone()));
         assert_eq!(out, ["1:7", "2:local", "3:8"]);
         assert!(p.is_empty());
+        assert_eq!(p.held_bytes(), 0, "every held reply went out");
         assert!(!p.awaiting());
         assert_eq!(p.ready("4:local".into()).as_deref(), Some("4:local"));
     }

@@ -308,7 +308,7 @@ async fn idle_connections_give_back_the_buffer_a_large_frame_needed() {
     }
     let grown = rss_bytes(server.pid()).saturating_sub(before);
     eprintln!(
-        "64 idle connections after a 1 MiB frame each: +{} KiB",
+        "attack: 64 idle connections after a 1 MiB frame each: server +{} KiB",
         grown >> 10
     );
     assert!(
@@ -320,5 +320,246 @@ async fn idle_connections_give_back_the_buffer_a_large_frame_needed() {
     for (i, raw) in idle.iter_mut().enumerate() {
         raw.send_frame(&[(1, Request::Ping)]).await;
         assert_eq!(raw.next_reply().await, Some((1, Reply::Pong)), "{i}");
+    }
+}
+
+/// docs/SECURITY.md's worst case for one authenticated connection, in
+/// bytes, at the default limits (frame 1 MiB, replies 1 MiB, batch 4,096,
+/// in flight 8,192): the read buffer (a frame and a read chunk), the
+/// replies owed (the bound, one reply past it, a REPLY_BUFFER_FULL for
+/// each request of the frame), the pipeline's slots and a frame's
+/// forwards and key hashes.
+fn worst_case_connection_bytes() -> u64 {
+    let (frame, replies, batch, inflight) = (1u64 << 20, 1u64 << 20, 4_096u64, 8_192u64);
+    let read = frame + (16 << 10);
+    let owed = replies + (64 << 10) + batch * 128;
+    let pipeline = (inflight + batch) * 88 + batch * (80 + 16);
+    read + owed + pipeline
+}
+
+/// `n` STATS requests with ids `first..`, one frame.
+fn stats_frame(first: u32, n: u32) -> Vec<u8> {
+    let requests: Vec<(u32, Request<'_>)> = (first..first + n)
+        .map(|id| {
+            (
+                id,
+                Request::Stats(sluice_protocol::message::Stats { shard_first: 0 }),
+            )
+        })
+        .collect();
+    frame(&requests)
+}
+
+/// A frame whose replies outgrow `--reply-bytes-max` (STATS at 64 shards:
+/// about 3.6 KiB each) gets its replies up to the bound and
+/// REPLY_BUFFER_FULL for the rest, in order; the connection stays usable.
+#[tokio::test]
+async fn replies_past_the_reply_bound_in_one_frame_are_refused_in_order() {
+    let server = Sluiced::start(&["--shards", "64", "--reply-bytes-max", "65536"]);
+    let mut raw = Raw::connect(server.addr).await;
+    raw.send_bytes(&stats_frame(1, 100)).await;
+    let replies = raw.replies(100).await;
+    let ids: Vec<u32> = replies.iter().map(|(id, _)| *id).collect();
+    assert_eq!(ids, (1..=100).collect::<Vec<_>>(), "every id, in order");
+    let ok = replies
+        .iter()
+        .take_while(|(_, r)| matches!(r, Reply::Stats(_)))
+        .count();
+    let reply_bytes = 8 + 8 + 64 * sluice_protocol::message::STATS_RECORD_BYTES;
+    // Replies are decided until the bound is reached: the last one may
+    // cross it.
+    assert_eq!(
+        ok,
+        65_536usize.div_ceil(reply_bytes),
+        "STATS_OK before the bound"
+    );
+    for (id, r) in &replies[ok..] {
+        assert_eq!(
+            r.status(),
+            Some(Status::ReplyBufferFull),
+            "request {id}: {r:?}"
+        );
+    }
+    // Once those are read, the connection is served as before.
+    raw.send_bytes(&stats_frame(101, 5)).await;
+    let again = raw.replies(5).await;
+    assert!(
+        again.iter().all(|(_, r)| matches!(r, Reply::Stats(_))),
+        "{again:?}"
+    );
+    // The edge of the setting: 1 KiB is the least accepted.
+    let out = std::process::Command::new(sluice_tests::support::binary("sluiced"))
+        .args(["--reply-bytes-max", "1023", "--port", "0"])
+        .output()
+        .expect("sluiced runs");
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        !out.status.success() && stderr.contains("reply-bytes-max"),
+        "{out:?}"
+    );
+    let least = Sluiced::start(&["--shards", "1", "--reply-bytes-max", "1024"]);
+    let mut raw = Raw::connect(least.addr).await;
+    raw.send_frame(&[(1, Request::Ping)]).await;
+    assert_eq!(raw.next_reply().await, Some((1, Reply::Pong)));
+}
+
+/// Clients that send and never read cannot grow the server past the
+/// reply bound: ten connections each send frames of 4,000 STATS at 64
+/// shards (14 MiB of replies a frame; without the bound the server
+/// buffered all of a frame's, 140 MiB for the ten) and read nothing. The server owes each at
+/// most `--reply-bytes-max` (1 MiB), stops decoding their requests, and
+/// closes them once a write stays blocked for `--reply-timeout-ms`; a
+/// client that reads is served throughout.
+#[tokio::test]
+async fn clients_that_never_read_are_held_to_the_reply_bound_and_closed() {
+    let server = Sluiced::start(&["--shards", "64", "--reply-timeout-ms", "1000"]);
+    let mut reader = Raw::connect(server.addr).await;
+    reader.send_frame(&[(1, throttle("warm"))]).await;
+    assert!(reader.next_reply().await.is_some());
+    let before = rss_bytes(server.pid());
+    let mut rude = Vec::new();
+    for _ in 0..10 {
+        rude.push(Raw::connect(server.addr).await);
+    }
+    let frames: Vec<Vec<u8>> = (0..10u32)
+        .map(|f| stats_frame(1 + f * 4_000, 4_000))
+        .collect();
+    let sent = send_until_blocked(&mut rude, &frames).await;
+    // The most the server holds while it works through what was sent.
+    let mut peak = 0;
+    let start = Instant::now();
+    while start.elapsed() < Duration::from_millis(800) {
+        peak = peak.max(rss_bytes(server.pid()));
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    let grown = peak.saturating_sub(before);
+    eprintln!(
+        "attack: 10 clients that never read, {sent} frames of 4,000 STATS sent: server +{} KiB (worst case {} KiB)",
+        grown >> 10,
+        (10 * worst_case_connection_bytes()) >> 10
+    );
+    let bound = 10 * worst_case_connection_bytes();
+    assert!(
+        grown < bound,
+        "the server grew by {} MiB for clients that never read, over the worst case of {} MiB",
+        grown >> 20,
+        bound >> 20
+    );
+    // The reader is still served.
+    reader.send_frame(&[(2, Request::Ping)]).await;
+    assert_eq!(reader.next_reply().await, Some((2, Reply::Pong)));
+    // Each rude connection was closed: reading now gets what the kernel
+    // buffered, far fewer replies than requests, then the end.
+    tokio::time::sleep(Duration::from_millis(1_500)).await;
+    for (i, raw) in rude.iter_mut().enumerate() {
+        let mut got = 0;
+        let start = Instant::now();
+        while let Some((_, reply)) = raw.next_reply().await {
+            assert!(
+                matches!(reply, Reply::Stats(_)) || reply.status() == Some(Status::ReplyBufferFull),
+                "{reply:?}"
+            );
+            got += 1;
+            assert!(
+                start.elapsed() < Duration::from_secs(20),
+                "connection {i} still open"
+            );
+        }
+        assert!(
+            got < 40_000,
+            "connection {i} was answered in full ({got} replies)"
+        );
+    }
+}
+
+/// Sends `frames` on each connection in turn, as far as it goes: a write
+/// that stays blocked for 300 ms (the server stopped reading) moves on to
+/// the next connection. Returns how many frames went out in all.
+async fn send_until_blocked(conns: &mut [Raw], frames: &[Vec<u8>]) -> usize {
+    use tokio::io::AsyncWriteExt;
+    let mut sent = 0;
+    for raw in conns.iter_mut() {
+        for f in frames {
+            match tokio::time::timeout(Duration::from_millis(300), raw.stream.write_all(f)).await {
+                Ok(Ok(())) => sent += 1,
+                _ => break,
+            }
+        }
+    }
+    sent
+}
+
+/// The same over RESP, where INFO's reply is about 50 times its request:
+/// ten connections pipeline INFO behind a large command (which grows the
+/// read buffer, so one read brings many INFOs) and never read (with the
+/// bound off, 10 of them grew the server by 84 MiB). Each is owed at most
+/// `--reply-bytes-max`, and closed once a write stays blocked.
+#[tokio::test]
+async fn resp_clients_that_never_read_are_held_to_the_reply_bound() {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let server = Sluiced::start(&[
+        "--shards",
+        "2",
+        "--resp-port",
+        "0",
+        "--reply-timeout-ms",
+        "1000",
+    ]);
+    let resp = server.resp_addr.expect("a RESP listener");
+    let before = rss_bytes(server.pid());
+    // A large command first (an unknown one with a 900 kB argument), so
+    // that the read buffer grows and one read can bring many INFOs.
+    let mut large = b"*2\r\n$4\r\nECHX\r\n$900000\r\n".to_vec();
+    large.extend(std::iter::repeat_n(b'x', 900_000));
+    large.extend_from_slice(b"\r\n");
+    let chunk = "INFO\r\n".repeat(10_000).into_bytes();
+    let mut rude = Vec::new();
+    let mut sent = 0usize;
+    for _ in 0..10 {
+        let mut s = tokio::net::TcpStream::connect(resp).await.unwrap();
+        s.write_all(&large).await.unwrap();
+        // Up to 200,000 INFOs each, as far as the server reads them.
+        for _ in 0..20 {
+            match tokio::time::timeout(Duration::from_millis(300), s.write_all(&chunk)).await {
+                Ok(Ok(())) => sent += 1,
+                _ => break,
+            }
+        }
+        rude.push(s);
+    }
+    let mut peak = 0;
+    let start = Instant::now();
+    while start.elapsed() < Duration::from_millis(800) {
+        peak = peak.max(rss_bytes(server.pid()));
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    let grown = peak.saturating_sub(before);
+    eprintln!(
+        "attack: 10 RESP clients that never read, {sent} chunks of 10,000 INFO sent: server +{} KiB (worst case {} KiB)",
+        grown >> 10,
+        (10 * worst_case_connection_bytes()) >> 10
+    );
+    let bound = 10 * worst_case_connection_bytes();
+    assert!(
+        grown < bound,
+        "the server grew by {} MiB for RESP clients that never read, over the worst case of {} MiB",
+        grown >> 20,
+        bound >> 20
+    );
+    // Each is closed once its write has stayed blocked for a second:
+    // reading then gets what the kernel holds, and the end.
+    tokio::time::sleep(Duration::from_millis(1_500)).await;
+    for (i, s) in rude.iter_mut().enumerate() {
+        let mut buf = vec![0u8; 1 << 16];
+        let end = tokio::time::timeout(Duration::from_secs(20), async {
+            loop {
+                match s.read(&mut buf).await {
+                    Ok(0) | Err(_) => break,
+                    Ok(_) => {}
+                }
+            }
+        })
+        .await;
+        assert!(end.is_ok(), "RESP connection {i} still open");
     }
 }

@@ -142,6 +142,20 @@ pub enum Reply {
 }
 
 impl Reply {
+    /// About how many bytes this reply takes, held and encoded (what a
+    /// reply waiting behind a forwarded CL.THROTTLE counts against the
+    /// connection's reply bound).
+    pub fn weight(&self) -> usize {
+        let heap = match self {
+            Reply::Bulk(b) | Reply::Raw(b) => b.capacity(),
+            Reply::Array(items) => items.iter().map(|i| i.capacity() + 16).sum(),
+            Reply::Map(fields) => fields.len() * 64,
+            Reply::Error(text) => text.capacity(),
+            Reply::Cell(_) | Reply::Simple(_) | Reply::Int(_) | Reply::Null => 0,
+        };
+        std::mem::size_of::<Reply>() + heap
+    }
+
     /// `-NOAUTH`, for a command before AUTH.
     pub fn no_auth() -> Reply {
         Reply::Error("NOAUTH Authentication required.".to_owned())

@@ -53,6 +53,10 @@ impl Protocol for Resp {
     fn refused((): ()) -> Reply {
         Reply::err(Status::ShuttingDown.text())
     }
+
+    fn weight(reply: &Reply) -> usize {
+        reply.weight()
+    }
 }
 
 /// What the command handlers work on: everything but the socket and the
@@ -95,6 +99,9 @@ struct RespConnection {
     /// The node's command size limit, which applies once authenticated
     /// (before, [`PRE_AUTH_FRAME_BYTES_MAX`](crate::connection::PRE_AUTH_FRAME_BYTES_MAX)).
     command_bytes_max: usize,
+    /// Whole commands wait in the read buffer, not parsed: the connection
+    /// owes `reply_bytes_max` or has `inflight_max` commands unanswered.
+    backlog: bool,
     /// The rest.
     session: Session,
 }
@@ -129,6 +136,7 @@ pub async fn run(core: Rc<ShardCore>, adopt: AdoptResp) {
             pre_auth.min(command_bytes_max)
         }),
         command_bytes_max,
+        backlog: false,
         fresh: true,
         session: Session {
             core: core.clone(),
@@ -190,7 +198,18 @@ impl Handler for RespConnection {
             self.session.closing = true;
             self.session.bad_input = true;
         }
+        let (reply_max, inflight_max) = {
+            let config = &self.session.core.node.config;
+            (config.reply_bytes_max, config.inflight_max)
+        };
+        self.backlog = false;
         while !self.session.closing {
+            let s = &self.session;
+            if s.wbuf.len() + s.pipe.held_bytes() >= reply_max || s.pipe.len() >= inflight_max {
+                // The rest waits in `rbuf` until the replies are written.
+                self.backlog = true;
+                break;
+            }
             match self.parser.parse(&rbuf[at..]) {
                 Ok(Some(n)) => {
                     self.fresh = false;
@@ -227,6 +246,10 @@ impl Handler for RespConnection {
 
     fn output(&mut self) -> &mut BytesMut {
         &mut self.session.wbuf
+    }
+
+    fn backlog(&self) -> bool {
+        self.backlog
     }
 
     fn linger_on_close(&self) -> bool {
