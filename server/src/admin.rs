@@ -134,19 +134,22 @@ fn family(out: &mut String, name: &str, kind: &str, help: &str, samples: &[(Stri
     }
 }
 
-/// `sluice_frame_handling_seconds`: how long a shard took to handle each
-/// frame (decode, decide or forward every request in it, encode the
-/// replies), a histogram per shard with buckets 1 µs, 2 µs, ..., 65 ms.
-fn frame_histogram(out: &mut String, node: &Node) {
-    let name = "sluice_frame_handling_seconds";
-    let _ = writeln!(
-        out,
-        "# HELP {name} Time a shard took to handle one frame of requests (decide or forward each, encode the replies)."
-    );
+/// A time histogram per shard, with buckets 1 µs, 2 µs, ..., 65 ms (see
+/// [`crate::shard::frame_time_bucket`]): `counts` and `total_ns` pick the
+/// shard's published counts and their sum.
+fn time_histogram(
+    out: &mut String,
+    node: &Node,
+    name: &str,
+    help: &str,
+    counts: impl Fn(&crate::shard::PublishedStats) -> &[AtomicU64],
+    total_ns: impl Fn(&crate::shard::PublishedStats) -> &AtomicU64,
+) {
+    let _ = writeln!(out, "# HELP {name} {help}");
     let _ = writeln!(out, "# TYPE {name} histogram");
     for (i, p) in node.stats.iter().enumerate() {
         let mut cumulative = 0u64;
-        for (b, n) in p.frame_time.iter().enumerate() {
+        for (b, n) in counts(p).iter().enumerate() {
             cumulative += n.load(Ordering::Relaxed);
             let le = if b + 1 == crate::shard::FRAME_TIME_BUCKETS {
                 "+Inf".to_owned()
@@ -158,7 +161,7 @@ fn frame_histogram(out: &mut String, node: &Node) {
                 "{name}_bucket{{shard=\"{i}\",le=\"{le}\"}} {cumulative}"
             );
         }
-        let sum = p.frame_ns_total.load(Ordering::Relaxed) as f64 / 1e9;
+        let sum = total_ns(p).load(Ordering::Relaxed) as f64 / 1e9;
         let _ = writeln!(out, "{name}_sum{{shard=\"{i}\"}} {sum}");
         let _ = writeln!(out, "{name}_count{{shard=\"{i}\"}} {cumulative}");
     }
@@ -240,7 +243,38 @@ pub fn exposition(state: &AdminState) -> String {
         "Bytes written to client connections (both protocols).",
         &io(&|p| &p.bytes_out),
     );
-    frame_histogram(&mut out, node);
+    // Whole-frame time on the connection's shard, and the owner shard's
+    // time to decide a batch forwarded to it.
+    time_histogram(
+        &mut out,
+        node,
+        "sluice_frame_handling_seconds",
+        "Time a shard took to handle one frame of requests (decide or forward each, encode the replies).",
+        |p| &p.frame_time,
+        |p| &p.frame_ns_total,
+    );
+    time_histogram(
+        &mut out,
+        node,
+        "sluice_forwarded_batch_seconds",
+        "Time a shard took to decide one batch of requests forwarded to it by another shard.",
+        |p| &p.batch_time,
+        |p| &p.batch_ns_total,
+    );
+    family(
+        &mut out,
+        "sluice_forwarded_requests_total",
+        "counter",
+        "Requests a shard decided for connections on other shards (the key was its own).",
+        &io(&|p| &p.forwarded_total),
+    );
+    family(
+        &mut out,
+        "sluice_replication_full_syncs_total",
+        "counter",
+        "Full syncs a shard completed to a follower (one per shard each time a follower subscribes).",
+        &io(&|p| &p.full_syncs_total),
+    );
     let mut errors = Vec::new();
     for status in sluice_protocol::Status::ALL {
         let code = usize::from(status.code()).min(crate::shard::ERROR_CODES - 1);

@@ -181,6 +181,8 @@ fn decide_batch(core: &Rc<ShardCore>, batch: Batch) {
         .map(|it| (it.seq, table.decide(it.key, &it.op, now_ns)))
         .collect();
     drop(table);
+    let ns = core.clock.now_ns().saturating_sub(now_ns);
+    core.count_batch(batch.items.len(), ns);
     core.publish_stats();
     let reply = BatchReply { outcomes };
     match replication_wait(core) {

@@ -152,6 +152,58 @@ async fn metrics_pass_promtool_and_count_the_decisions() {
     );
 }
 
+/// Requests whose key another shard owns are counted there, with the time
+/// that shard took to decide each batch of them.
+#[tokio::test]
+async fn forwarded_requests_are_counted_by_the_shard_that_decides_them() {
+    let server = Sluiced::start(&["--shards", "2", "--admin-port", "0"]);
+    let admin = server.admin_addr.unwrap();
+    let (_, before) = tokio::task::spawn_blocking(move || get(admin, "/metrics"))
+        .await
+        .unwrap();
+    for shard in ["0", "1"] {
+        let series = format!(r#"sluice_forwarded_requests_total{{shard="{shard}"}}"#);
+        assert_eq!(sample(&before, &series), 0.0);
+    }
+    // One connection (on one shard), twenty keys (on both).
+    let mut raw = sluice_tests::raw::Raw::connect(server.addr).await;
+    let keys: Vec<String> = (0..20).map(|i| format!("fwd:{i}")).collect();
+    let policy = Policy::new(10, 1_000_000_000, 10).unwrap();
+    let requests: Vec<(u32, sluice_protocol::message::Request<'_>)> = keys
+        .iter()
+        .enumerate()
+        .map(|(i, k)| {
+            let t = sluice_protocol::message::Throttle {
+                key: k.as_bytes(),
+                policy,
+                cost: 1,
+            };
+            (i as u32 + 1, sluice_protocol::message::Request::Throttle(t))
+        })
+        .collect();
+    raw.send_frame(&requests).await;
+    assert_eq!(raw.replies(20).await.len(), 20);
+    let (_, scrape) = tokio::task::spawn_blocking(move || get(admin, "/metrics"))
+        .await
+        .unwrap();
+    let mut forwarded = 0.0;
+    let mut batches = 0.0;
+    for shard in ["0", "1"] {
+        forwarded += sample(
+            &scrape,
+            &format!(r#"sluice_forwarded_requests_total{{shard="{shard}"}}"#),
+        );
+        batches += sample(
+            &scrape,
+            &format!(r#"sluice_forwarded_batch_seconds_count{{shard="{shard}"}}"#),
+        );
+    }
+    // The other shard's keys: at least one of twenty, never all.
+    assert!((1.0..20.0).contains(&forwarded), "{forwarded}");
+    // One frame: one batch to the other shard.
+    assert_eq!(batches, 1.0);
+}
+
 #[tokio::test]
 async fn health_ready_and_role_follow_the_replication_state() {
     let mut primary = Sluiced::start(&["--shards", "1", "--admin-port", "0"]);
@@ -183,6 +235,12 @@ async fn health_ready_and_role_follow_the_replication_state() {
         assert_eq!(role["role"], "follower");
         assert_eq!(role["state"], "streaming");
         assert_eq!(role["primary"], of.as_str());
+        // The primary counts the full sync it sent (one shard, one).
+        let (_, scrape) = get(p, "/metrics");
+        assert_eq!(
+            sample(&scrape, r#"sluice_replication_full_syncs_total{shard="0"}"#),
+            1.0
+        );
     })
     .await
     .unwrap();

@@ -323,6 +323,8 @@ async fn stream_flow(
                     repl.set_state(ReplState::Streaming);
                 }
                 tracing::info!(shard = core.id, "full sync sent; streaming");
+                core.full_syncs.set(core.full_syncs.get() + 1);
+                core.publish_stats();
             }
         }
         if !full_done {

@@ -395,6 +395,15 @@ pub struct PublishedStats {
     pub frame_ns_total: AtomicU64,
     /// ERROR replies sent (protocol v1), by status code.
     pub errors: [AtomicU64; ERROR_CODES],
+    /// Requests this shard decided for connections on other shards.
+    pub forwarded_total: AtomicU64,
+    /// Forwarded batches decided, by how long deciding took (buckets as
+    /// `frame_time`).
+    pub batch_time: [AtomicU64; FRAME_TIME_BUCKETS],
+    /// Total ns spent deciding forwarded batches.
+    pub batch_ns_total: AtomicU64,
+    /// Full syncs this shard completed to a follower.
+    pub full_syncs_total: AtomicU64,
 }
 
 /// Status codes the error counters have room for (0 unused).
@@ -503,6 +512,10 @@ pub struct ShardCore {
     pub io_bytes: Cell<(u64, u64)>,
     /// The frame-time histogram and total (see [`PublishedStats`]).
     pub frame_time: RefCell<([u64; FRAME_TIME_BUCKETS], u64)>,
+    /// Forwarded batches: (requests decided, by-time counts, total ns).
+    pub batch_time: RefCell<(u64, [u64; FRAME_TIME_BUCKETS], u64)>,
+    /// Full syncs completed to a follower.
+    pub full_syncs: Cell<u64>,
     /// ERROR replies sent, by status code.
     pub errors: RefCell<[u64; ERROR_CODES]>,
 }
@@ -539,6 +552,8 @@ impl ShardCore {
             drained_sent: Cell::new(false),
             io_bytes: Cell::new((0, 0)),
             frame_time: RefCell::new(([0; FRAME_TIME_BUCKETS], 0)),
+            batch_time: RefCell::new((0, [0; FRAME_TIME_BUCKETS], 0)),
+            full_syncs: Cell::new(0),
             errors: RefCell::new([0; ERROR_CODES]),
         }
     }
@@ -660,6 +675,14 @@ impl ShardCore {
         for (slot, &n) in p.errors.iter().zip(self.errors.borrow().iter()) {
             slot.store(n, Ordering::Relaxed);
         }
+        let batches = self.batch_time.borrow();
+        p.forwarded_total.store(batches.0, Ordering::Relaxed);
+        for (slot, &n) in p.batch_time.iter().zip(batches.1.iter()) {
+            slot.store(n, Ordering::Relaxed);
+        }
+        p.batch_ns_total.store(batches.2, Ordering::Relaxed);
+        p.full_syncs_total
+            .store(self.full_syncs.get(), Ordering::Relaxed);
     }
 
     /// Counts one ERROR reply.
@@ -686,6 +709,15 @@ impl ShardCore {
         let mut f = self.frame_time.borrow_mut();
         f.0[frame_time_bucket(ns)] += 1;
         f.1 += ns;
+    }
+
+    /// Counts one forwarded batch of `requests`, decided in `ns`.
+    #[inline]
+    pub fn count_batch(&self, requests: usize, ns: u64) {
+        let mut b = self.batch_time.borrow_mut();
+        b.0 += requests as u64;
+        b.1[frame_time_bucket(ns)] += 1;
+        b.2 += ns;
     }
 
     /// Called by a connection task as it ends.
