@@ -419,11 +419,21 @@ fn read_file(path: &Path) -> Result<FileConfig, LoadError> {
         path: path.to_owned(),
         source,
     })?;
-    let file: FileConfig = toml::from_str(&text).map_err(|e| LoadError::Parse {
+    parse_file(path, &text)
+}
+
+fn parse_file(path: &Path, text: &str) -> Result<FileConfig, LoadError> {
+    toml::from_str(text).map_err(|e| LoadError::Parse {
         path: path.to_owned(),
         message: e.to_string(),
-    })?;
-    Ok(file)
+    })
+}
+
+/// Parses a config file's text and its tiers, as `--config` and RELOAD do
+/// (for the fuzzer: fuzz/fuzz_targets/config.rs).
+pub fn tiers_of_file_text(text: &str) -> Result<crate::tiers::Tiers, LoadError> {
+    let path = Path::new("<text>");
+    file_tiers(path, &parse_file(path, text)?)
 }
 
 fn file_tiers(path: &Path, file: &FileConfig) -> Result<crate::tiers::Tiers, LoadError> {

@@ -136,7 +136,9 @@ pub fn encode(epoch: u64, shard_count: u16, written_ns: u64, parts: Vec<ShardPar
     out
 }
 
-fn checksum(head: &[u8], body: &[u8]) -> u64 {
+/// The header's checksum field: XXH3 of the header's first 56 bytes and
+/// the body (public for the fuzzer, which seals the files it makes up).
+pub fn checksum(head: &[u8], body: &[u8]) -> u64 {
     let mut h = xxhash_rust::xxh3::Xxh3::new();
     h.update(&head[..56]);
     h.update(body);
