@@ -26,7 +26,20 @@ const FRAC_BITS: u32 = 32;
 /// A GCRA bucket: its theoretical arrival time in 96.32 fixed-point
 /// nanoseconds. A bucket whose TAT is not after now is full, which is the
 /// same as no bucket at all, so the store may drop it.
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash, PartialOrd, Ord)]
+#[derive(
+    Clone,
+    Copy,
+    Debug,
+    Default,
+    PartialEq,
+    Eq,
+    Hash,
+    PartialOrd,
+    Ord,
+    bytemuck::Zeroable,
+    bytemuck::Pod,
+)]
+#[repr(C)]
 pub struct Bucket {
     /// Theoretical arrival time, ns << 32.
     pub tat_fp: u128,

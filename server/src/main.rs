@@ -3,7 +3,26 @@
 
 use sluice_server::{Config, Server};
 
+/// A panic anywhere ends the process, after the panic's own message: a
+/// shard thread that died would leave every connection with a request
+/// forwarded to it waiting for an answer that never comes, and a task that
+/// died could hold a shard's state half-changed. The supervisor restarts
+/// the node (from its snapshot), and with replication its follower takes
+/// over meanwhile. Connections see the socket close: outcome unknown, as
+/// after a kill -9.
+fn abort_on_panic() {
+    let report = std::panic::take_hook();
+    std::panic::set_hook(Box::new(move |info| {
+        report(info);
+        eprintln!(
+            "sluiced: a thread panicked: aborting, so that no connection waits on a dead shard"
+        );
+        std::process::abort();
+    }));
+}
+
 fn main() -> std::process::ExitCode {
+    abort_on_panic();
     let config = match Config::load(std::env::args_os()) {
         Ok(c) => c,
         Err(sluice_server::config::LoadError::Args(e)) => e.exit(),

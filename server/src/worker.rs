@@ -171,7 +171,25 @@ async fn sweep_heap_periodically(core: Rc<ShardCore>) {
 
 /// Decides a forwarded batch and sends the outcomes back (in sync
 /// mode, once the follower has what they changed).
+/// Debug builds only: with `SLUICE_FAILPOINT=shard-panic-forwarded`, a
+/// shard panics as it decides a forwarded batch (for the test that a panic
+/// ends the process rather than leaving connections waiting on it).
+#[cfg(debug_assertions)]
+fn failpoint_forwarded_panic(core: &ShardCore) {
+    static ON: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
+    let on = *ON.get_or_init(|| {
+        std::env::var("SLUICE_FAILPOINT").is_ok_and(|v| v == "shard-panic-forwarded")
+    });
+    assert!(
+        !on,
+        "failpoint shard-panic-forwarded: shard {} panics deciding a forwarded batch",
+        core.id
+    );
+}
+
 fn decide_batch(core: &Rc<ShardCore>, batch: Batch) {
+    #[cfg(debug_assertions)]
+    failpoint_forwarded_panic(core);
     core.sync_epoch();
     let now_ns = core.clock.now_ns();
     let mut table = core.table.borrow_mut();

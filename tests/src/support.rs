@@ -117,6 +117,11 @@ impl Sluiced {
 
     /// [`Sluiced::start`] on a given port (0 picks a free one).
     pub fn start_on(port: u16, args: &[&str]) -> Sluiced {
+        Sluiced::start_with(port, &[], args)
+    }
+
+    /// [`Sluiced::start_on`] with environment variables set.
+    pub fn start_with(port: u16, env: &[(&str, &str)], args: &[&str]) -> Sluiced {
         let port = port.to_string();
         let mut child = Command::new(binary("sluiced"))
             .args(["--bind", "127.0.0.1", "--port", &port])
@@ -124,6 +129,7 @@ impl Sluiced {
             .stdout(Stdio::piped())
             .stderr(Stdio::inherit())
             .env("SLUICE_LOG", "warn")
+            .envs(env.iter().copied())
             .spawn()
             .expect("sluiced starts");
         let stdout = child.stdout.take().expect("piped stdout");

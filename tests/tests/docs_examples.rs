@@ -18,7 +18,8 @@
 //! - A ```` ```console long ```` block runs only with `SLUICE_DOCS_LONG=1`:
 //!   builds, installs, benchmarks and drills, which take minutes each
 //!   (`SLUICE_DOCS_LONG=1 cargo nextest run -p sluice-tests --test
-//!   docs_examples`). Its servers stop at the
+//!   docs_examples`: about 30 minutes on 2 cores, mostly compare.sh,
+//!   cargo bench and the 100-round drill). Its servers stop at the
 //!   block's end; it installs under target/docs-long/ (CARGO_INSTALL_ROOT)
 //!   and compare.sh writes its report there (OUT), so the run touches
 //!   neither ~/.cargo/bin nor BENCHMARKS.md.

@@ -563,3 +563,35 @@ async fn resp_clients_that_never_read_are_held_to_the_reply_bound() {
         assert!(end.is_ok(), "RESP connection {i} still open");
     }
 }
+
+/// No half-dead node: a shard that panics (here, deciding a batch another
+/// shard forwarded, by a failpoint of debug builds) takes the process down
+/// with it, so the connection that forwarded the batch sees its socket
+/// close at once instead of waiting forever for the answer.
+#[tokio::test]
+async fn a_panicking_shard_ends_the_process_instead_of_leaving_requests_waiting() {
+    use std::os::unix::process::ExitStatusExt;
+    let server = Sluiced::start_with(
+        0,
+        &[("SLUICE_FAILPOINT", "shard-panic-forwarded")],
+        &["--shards", "2"],
+    );
+    let mut raw = Raw::connect(server.addr).await;
+    // Twenty keys: some are the other shard's, forwarded to it.
+    let keys: Vec<String> = (0..20).map(|i| format!("panic:{i}")).collect();
+    let requests: Vec<(u32, Request<'_>)> = keys
+        .iter()
+        .enumerate()
+        .map(|(i, k)| (i as u32 + 1, throttle(k)))
+        .collect();
+    raw.send_frame(&requests).await;
+    let start = Instant::now();
+    let mut answered = 0;
+    while raw.next_reply().await.is_some() {
+        answered += 1;
+    }
+    assert!(answered < 20, "every request was answered");
+    assert!(start.elapsed() < Duration::from_secs(10));
+    let status = server.wait_for_exit(Duration::from_secs(10));
+    assert_eq!(status.signal(), Some(6), "aborted (SIGABRT): {status:?}");
+}

@@ -24,7 +24,8 @@ use super::{until, Decision, Window};
 use crate::gcra::Verdict;
 
 /// A fixed window's state: which window, and how much of it is spent.
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash, bytemuck::Zeroable, bytemuck::Pod)]
+#[repr(C)]
 pub struct FixedWindowState {
     /// Start of the window the count belongs to, ns since the epoch; a
     /// multiple of `window_ns`.

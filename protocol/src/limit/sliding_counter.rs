@@ -42,7 +42,8 @@ use super::{saturate, until, Decision, Window};
 use crate::gcra::Verdict;
 
 /// A sliding counter's state.
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash, bytemuck::Zeroable, bytemuck::Pod)]
+#[repr(C)]
 pub struct SlidingCounterState {
     /// Start of the aligned window `cur` counts, ns since the epoch; a
     /// multiple of `window_ns`.

@@ -36,22 +36,18 @@ const CAPACITY_MIN: usize = 16;
 const _: () = assert!(LOAD_MAX_PERMILLE * GROWTH_DEN / GROWTH_NUM < LOAD_MAX_PERMILLE);
 
 /// A value the table can hold: small, copyable, and able to say when it is
-/// equivalent to absent.
-///
-/// # Safety
-///
-/// The all-zero bit pattern must be a valid value of the type (plain
-/// integers): tables are allocated zeroed, so that a growth does not write
-/// the whole new array before using it.
-#[allow(unsafe_code)]
-pub unsafe trait Record: Copy + Default {
+/// equivalent to absent. The all-zero bit pattern must be a valid value
+/// (`Zeroable`, derived, so the compiler checks it field by field): tables
+/// are allocated zeroed, so that a growth does not write the whole new
+/// array before using it.
+pub trait Record: Copy + Default + bytemuck::Zeroable {
     /// Whether the record, at `now_ns`, is the same as no record at all.
     fn is_full(&self, now_ns: u64) -> bool;
 }
 
 /// One slot: the key hash (0 = empty) and its record. Aligned to 32 bytes
 /// so that a 32-byte slot (a GCRA bucket) never straddles two cache lines.
-#[derive(Clone, Copy, Debug, Default)]
+#[derive(Clone, Copy, Debug, Default, bytemuck::Zeroable)]
 #[repr(C, align(32))]
 struct Slot<V> {
     key: u128,
@@ -424,25 +420,11 @@ impl<V: Record> BucketMap<V> {
     }
 }
 
-/// `n` empty slots, from zeroed memory: the allocator hands out fresh
-/// pages for a large table without writing them first.
-#[allow(unsafe_code)]
+/// `n` empty slots, from zeroed memory (`alloc_zeroed`, through
+/// bytemuck): the allocator hands out fresh pages for a large table
+/// without writing them first. An all-zero slot is empty (key 0).
 fn zeroed_slots<V: Record>(n: usize) -> Vec<Slot<V>> {
-    let layout = std::alloc::Layout::array::<Slot<V>>(n).expect("a table fits the address space");
-    if layout.size() == 0 {
-        return Vec::new();
-    }
-    // SAFETY: the layout has a non-zero size; a null return is handled; the
-    // memory is zeroed, and an all-zero `Slot<V>` is valid (key 0 = empty,
-    // and `V: Record` promises zero is a valid `V`); the Vec takes ownership
-    // of exactly this allocation, with this layout, length and capacity.
-    unsafe {
-        let ptr = std::alloc::alloc_zeroed(layout).cast::<Slot<V>>();
-        if ptr.is_null() {
-            std::alloc::handle_alloc_error(layout);
-        }
-        Vec::from_raw_parts(ptr, n, n)
-    }
+    bytemuck::allocation::zeroed_vec(n)
 }
 
 /// Asks the CPU to start loading `r`'s cache line. A hint only: it never
@@ -470,12 +452,10 @@ mod tests {
     use std::collections::HashMap;
 
     /// A record that is full once `now` passes its deadline.
-    #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+    #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, bytemuck::Zeroable)]
     struct Until(u64);
 
-    // SAFETY: a u64; zero is valid.
-    #[allow(unsafe_code)]
-    unsafe impl Record for Until {
+    impl Record for Until {
         fn is_full(&self, now_ns: u64) -> bool {
             self.0 <= now_ns
         }

@@ -50,9 +50,8 @@ pub fn lease_id_base(epoch: u64, shard: u16) -> u64 {
 /// How often a shard sweeps its sliding logs and lease lists.
 pub const HEAP_SWEEP_MS: u64 = 1_000;
 
-// SAFETY: a Bucket is one u128; zero is a valid (full) bucket.
-#[allow(unsafe_code)]
-unsafe impl Record for Bucket {
+/// Zero is a valid (full) bucket.
+impl Record for Bucket {
     #[inline]
     fn is_full(&self, now_ns: u64) -> bool {
         Bucket::is_full(self, now_ns)
@@ -61,7 +60,7 @@ unsafe impl Record for Bucket {
 
 /// A window kind's state with the window length it was last used with, so
 /// that a sweep can tell when it has aged out without its policy.
-#[derive(Clone, Copy, Debug, Default)]
+#[derive(Clone, Copy, Debug, Default, bytemuck::Zeroable)]
 pub struct Windowed<S> {
     /// The kind's state.
     state: S,
@@ -78,17 +77,15 @@ impl<S> Windowed<S> {
     }
 }
 
-// SAFETY: u64 fields only; all-zero is a valid (empty) window.
-#[allow(unsafe_code)]
-unsafe impl Record for Windowed<FixedWindowState> {
+/// All-zero is a valid (empty) window.
+impl Record for Windowed<FixedWindowState> {
     fn is_full(&self, now_ns: u64) -> bool {
         self.state.is_full(&self.window(), now_ns)
     }
 }
 
-// SAFETY: u64 fields only; all-zero is a valid (empty) counter.
-#[allow(unsafe_code)]
-unsafe impl Record for Windowed<SlidingCounterState> {
+/// All-zero is a valid (empty) counter.
+impl Record for Windowed<SlidingCounterState> {
     fn is_full(&self, now_ns: u64) -> bool {
         self.state.is_full(&self.window(), now_ns)
     }
