@@ -156,15 +156,15 @@ async fn run(core: Rc<ShardCore>, mut rx: Receiver<ShardMsg>) {
     );
 }
 
-/// Sliding logs and lease lists do not sweep themselves as they go (the
-/// fixed-size tables do): drop the full ones every HEAP_SWEEP_MS. Ends with
-/// the shard's runtime.
+/// Every HEAP_SWEEP_MS: drop the full sliding logs and lease lists, and the
+/// full buckets among a bounded number of slots (`Table::sweep_some`). Ends
+/// with the shard's runtime.
 async fn sweep_heap_periodically(core: Rc<ShardCore>) {
     let mut tick = tokio::time::interval(std::time::Duration::from_millis(table::HEAP_SWEEP_MS));
     tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     loop {
         tick.tick().await;
-        core.table.borrow_mut().sweep_heap(core.clock.now_ns());
+        core.table.borrow_mut().sweep_some(core.clock.now_ns());
         core.publish_stats();
     }
 }

@@ -16,18 +16,31 @@
 //!   `hash * capacity >> 64`), so the table grows by [`GROWTH_NUM`] /
 //!   [`GROWTH_DEN`] and the bytes per bucket stay within a narrow band
 //!   instead of halving at every doubling.
-//! - A sweep cursor: every insert also examines a few slots and drops
-//!   buckets that have refilled (equivalent to absent), so memory follows
-//!   the live keys without a stop-the-world pass; before growing, one full
-//!   sweep runs (its cost is of the same order as the rehash it may avoid).
+//! - Buckets that have refilled (equivalent to absent) stay where they are
+//!   until they have been full for [`SWEEP_IDLE_NS`]: before growing, one
+//!   full sweep drops those (its cost is of the same order as the rehash it
+//!   may avoid, and it runs only when the table has filled by a fifth of
+//!   its capacity since the last), and the shard's periodic tick examines a
+//!   bounded number of slots with the sweep cursor, so memory follows the
+//!   keys in use. A client that stays under its limit visits its bucket in
+//!   place: no removal, no insertion. (An earlier version swept a few slots
+//!   on every insert and dropped every refilled bucket, which removed
+//!   exactly the buckets the next visits inserted again: a third of a
+//!   shard's instructions under the limit went to that churn. Dropping a
+//!   full bucket is always exact, whenever it happens: it equals no
+//!   bucket.)
 
 /// Most slots in use, per mille of capacity, before the table grows.
 pub const LOAD_MAX_PERMILLE: usize = 875;
 /// Growth factor numerator / denominator (x1.3).
 pub const GROWTH_NUM: usize = 13;
 pub const GROWTH_DEN: usize = 10;
-/// Slots the sweep cursor examines per insert.
-pub const SWEEP_SLOTS_PER_INSERT: usize = 4;
+/// Slots the sweep cursor examines per map at each periodic tick (see
+/// `Table::sweep_some`).
+pub const SWEEP_SLOTS_PER_TICK: usize = 16_384;
+/// How long a bucket stays full before a sweep drops it: a key in use
+/// comes back sooner, and keeps its slot.
+pub const SWEEP_IDLE_NS: u64 = 1_000_000_000;
 /// Smallest capacity.
 const CAPACITY_MIN: usize = 16;
 
@@ -290,9 +303,8 @@ impl<V: Record> BucketMap<V> {
             self.slots[i].value = value;
             return;
         }
-        self.sweep_step(now_ns, SWEEP_SLOTS_PER_INSERT);
         if (self.len + 1) * 1000 > self.slots.len() * LOAD_MAX_PERMILLE {
-            self.sweep(now_ns);
+            self.sweep(now_ns.saturating_sub(SWEEP_IDLE_NS));
             if (self.len + 1) * 1000
                 > self.slots.len() * LOAD_MAX_PERMILLE * GROWTH_DEN / GROWTH_NUM
             {
@@ -545,16 +557,46 @@ mod tests {
     #[test]
     fn full_records_are_swept_instead_of_growing() {
         let mut map = BucketMap::<Until>::default();
-        // Each record is full one tick after it is written.
+        // A new key every 10 ms, each full 10 ms after it is written: at
+        // any time about a hundred have been full for less than
+        // SWEEP_IDLE_NS (kept, as keys that may come back), the rest are
+        // dropped instead of growing the table.
+        let tick = 10_000_000u64;
         for t in 0..200_000u64 {
-            map.insert(u128::from(t) * 0x1_0000_0001 + 7, Until(t + 1), t);
+            let key = u128::from(t + 1).wrapping_mul(0x9e37_79b9_7f4a_7c15_f39c_c060_5ced_c834);
+            map.insert(key, Until((t + 1) * tick), t * tick);
         }
         assert!(
             map.capacity() < 1_000,
-            "capacity {} for a handful of live records",
+            "capacity {} for a hundred or so recent records",
             map.capacity()
         );
         assert!(map.swept_total() > 199_000);
+    }
+
+    #[test]
+    fn a_refilled_record_in_use_keeps_its_slot() {
+        // A thousand keys visited in turn, each full again before its next
+        // visit (a client under its limit): once the table holds them all,
+        // visits find them in place, nothing is swept or inserted again.
+        let mut map = BucketMap::<Until>::default();
+        let key =
+            |k: u64| u128::from(k + 1).wrapping_mul(0x9e37_79b9_7f4a_7c15_f39c_c060_5ced_c834);
+        let mut now = 0u64;
+        for round in 0..50u64 {
+            for k in 0..1_000u64 {
+                now += 1_000;
+                if round > 0 {
+                    assert!(
+                        map.get(key(k)).is_some(),
+                        "round {round}: key {k} was dropped"
+                    );
+                }
+                map.insert(key(k), Until(now + 1), now);
+            }
+        }
+        assert_eq!(map.swept_total(), 0);
+        assert_eq!(map.len(), 1_000);
     }
 
     #[test]

@@ -28,7 +28,7 @@ pub use sluice_protocol::message::{LimitVerdict, Mode};
 use sluice_protocol::replication::State;
 use sluice_protocol::{Policy, Status};
 
-use super::bucket_map::{BucketMap, Record};
+use super::bucket_map::{BucketMap, Record, SWEEP_IDLE_NS, SWEEP_SLOTS_PER_TICK};
 use super::{Op, Outcome};
 
 pub use sluice_protocol::message::LIMITS_MAX;
@@ -795,9 +795,19 @@ impl Table {
         self.sweep_heap(now_ns);
     }
 
-    /// Drops every sliding log and lease list that is full at `now_ns` (the
-    /// fixed-size tables sweep themselves a few slots per insert; these do
-    /// not, so a shard task calls this periodically).
+    /// Drops the full buckets among the next [`SWEEP_SLOTS_PER_TICK`] slots
+    /// of each fixed-size map, and every full sliding log and lease list (a
+    /// shard task calls this every [`HEAP_SWEEP_MS`]).
+    pub fn sweep_some(&mut self, now_ns: u64) {
+        // Full since SWEEP_IDLE_NS at least: not a key in use.
+        let idle = now_ns.saturating_sub(SWEEP_IDLE_NS);
+        self.buckets.sweep_step(idle, SWEEP_SLOTS_PER_TICK);
+        self.fixed.sweep_step(idle, SWEEP_SLOTS_PER_TICK);
+        self.counters.sweep_step(idle, SWEEP_SLOTS_PER_TICK);
+        self.sweep_heap(now_ns);
+    }
+
+    /// Drops every sliding log and lease list that is full at `now_ns`.
     pub fn sweep_heap(&mut self, now_ns: u64) {
         let heap = &mut self.heap_bytes;
         self.logs.retain(|_, (log, window_ns)| {
@@ -1154,7 +1164,9 @@ mod tests {
         let p = Policy::new(1000, S, 1).unwrap();
         let mut t = Table::new();
         // 100k distinct keys, each spent once, 1 ms apart: each refills in
-        // 1 ms, so at most a handful are ever not full.
+        // 1 ms, and is dropped once it has been full for SWEEP_IDLE_NS (1 s):
+        // the table holds about the last second's thousand keys, never the
+        // 100k.
         for i in 0..100_000u128 {
             let now = 1_000 * S + (i as u64) * 1_000_000;
             assert!(
@@ -1168,8 +1180,8 @@ mod tests {
                 .allowed
             );
         }
-        assert!(t.len() < 64, "table kept {} buckets", t.len());
-        assert!(t.swept_total() > 99_000);
+        assert!(t.len() < 2_500, "table kept {} buckets", t.len());
+        assert!(t.swept_total() > 97_000);
     }
 
     #[test]

@@ -1,0 +1,37 @@
+#!/usr/bin/env bash
+# Instructions the server executes per decision, by callgrind: repeatable
+# even on a noisy machine, for before/after comparisons of the hot path.
+# Runs `sluiced --shards 1` under callgrind twice, driven by `sluice bench`
+# with N and 2N requests, and prints (Ir(2N) - Ir(N)) / N, so that start
+# and shutdown cancel out.
+# Usage: bash benches/callgrind.sh [SLUICED SLUICE] [-- BENCH ARGS...]
+#   default binaries: target/release/{sluiced,sluice} (build them first);
+#   default bench args: --connections 4 --pipeline 64 --keys 1000 (under the limit).
+set -euo pipefail
+cd "$(dirname "$0")/.."
+SLUICED=${1:-target/release/sluiced}
+SLUICE=${2:-target/release/sluice}
+shift 2 2>/dev/null || shift $#
+[ "${1:-}" = "--" ] && shift
+args=("$@")
+[ ${#args[@]} -gt 0 ] || args=(--connections 4 --pipeline 64 --keys 1000)
+N=${N:-100000}
+WORK=$(mktemp -d /tmp/sluice-callgrind.XXXXXX)
+trap 'rm -rf "$WORK"' EXIT
+run() {
+  local n=$1 out=$WORK/cg.$1
+  valgrind --tool=callgrind --callgrind-out-file="$out" "$SLUICED" --port 0 --shards 1 \
+    >"$WORK/out.$n" 2>"$WORK/err.$n" &
+  local pid=$!
+  for _ in $(seq 600); do [ -s "$WORK/out.$n" ] && break; sleep 0.1; done
+  local addr
+  addr=$(sed -n '1s/^sluiced listening on \([^ ]*\) .*/\1/p' "$WORK/out.$n")
+  "$SLUICE" --addr "$addr" --timeout-ms 60000 bench "${args[@]}" --requests "$n" --duration-s 600 >/dev/null
+  kill -TERM "$pid"
+  wait "$pid" || true
+  # callgrind's total: "summary: N" in the output file.
+  sed -n 's/^summary: \([0-9]*\).*/\1/p' "$out"
+}
+a=$(run "$N")
+b=$(run $((2 * N)))
+echo "$(( (b - a) / N )) instructions per decision ($SLUICED; ${args[*]}; N=$N)"
