@@ -254,9 +254,9 @@ fn run_step(step: &Step, servers: &mut Vec<Child>) {
         });
         let mut got = Vec::new();
         for _ in &step.expected {
-            // A long block's server may be built first (`cargo run
-            // --release`: minutes on 2 cores).
-            let wait = Duration::from_secs(if step.long { 900 } else { 30 });
+            // A server may be built first (`cargo run`: minutes on 2 cores
+            // for a release build, or in a long run, which may come first).
+            let wait = Duration::from_secs(if long_blocks() { 900 } else { 30 });
             match rx.recv_timeout(wait) {
                 Ok(line) => got.push(line),
                 Err(_) => break,
