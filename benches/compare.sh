@@ -223,16 +223,59 @@ echo "== memory: bytes per token-bucket bucket (RSS growth / distinct keys)"
 rss() { awk '/VmRSS/ {print $2}' "/proc/$1/status"; }
 MEM=$WORK/memory.txt
 : >"$MEM"
+# The same fills give the snapshot figures: the write at SIGTERM, the load
+# at the next start, and (10M) decision latency while snapshots are written
+# every 2 s against the same node writing none.
+SNAP=$WORK/snapshot.jsonl
+: >"$SNAP"
+# log_ms NAME MESSAGE: the `ms` field of NAME's JSON log line MESSAGE.
+log_ms() {
+  python3 -c 'import json,sys
+for l in open(sys.argv[1]):
+    try: r = json.loads(l)
+    except ValueError: continue
+    f = r.get("fields", {})
+    if f.get("message") == sys.argv[2]: print(f["ms"], f.get("bytes", 0)); break' "$WORK/$1.err" "$2"
+}
+# stop_wait PID: SIGTERM and wait for the exit (the shutdown snapshot).
+stop_wait() { kill "$1"; while kill -0 "$1" 2>/dev/null; do sleep 0.1; done; }
+latency() {
+  "$SLUICE" --addr "$1" bench --connections 8 --pipeline 1 --keys "$2" --rate 1/h --burst 10 \
+    --duration-s 12 --requests 100000000 --json
+}
 for n in 1000000 10000000; do
   n=$(( n / SCALE ))
-  start_sluiced M --shards 1 --keys-max 0
+  dir=$WORK/snap-$n
+  start_sluiced M --shards 1 --keys-max 0 --snapshot-dir "$dir" --snapshot-interval-s 0 --log-format json
   before=$(rss "$M_PID")
   "$SLUICE" --addr "$M_ADDR" bench --connections 50 --pipeline 64 --keys "$n" --requests "$n" \
     --key-order sequential --rate 1/h --burst 10 --duration-s 120 >/dev/null
   after=$(rss "$M_PID")
   echo "sluice $n $before $after" >>"$MEM"
   echo "   sluice, $n keys: $(( (after - before) * 1024 / n )) bytes per bucket"
-  kill "$M_PID"
+  stop_wait "$M_PID"
+  read -r write_ms bytes < <(log_ms M "snapshot written")
+  start_sluiced M --shards 1 --keys-max 0 --snapshot-dir "$dir" --snapshot-interval-s 0 --log-format json
+  read -r load_ms _ < <(log_ms M "snapshot loaded")
+  echo "   snapshot of $n buckets: $bytes bytes, written in $write_ms ms, loaded in $load_ms ms"
+  quiet="" busy=""
+  if [ "$n" -ge $(( 10000000 / SCALE )) ]; then
+    quiet=$(latency "$M_ADDR" "$n")
+    kill -9 "$M_PID"; wait "$M_PID" 2>/dev/null || true
+    start_sluiced M --shards 1 --keys-max 0 --snapshot-dir "$dir" --snapshot-interval-s 2 --log-format json
+    busy=$(latency "$M_ADDR" "$n")
+    written=$(grep -c '"snapshot written"' "$WORK/M.err" || true)
+    echo "   latency at $n buckets, no snapshot / a snapshot every 2 s ($written written):"
+    echo "     $quiet"
+    echo "     $busy"
+  fi
+  python3 -c 'import json,sys
+q = json.loads(sys.argv[5]) if sys.argv[5] else None
+b = json.loads(sys.argv[6]) if sys.argv[6] else None
+print(json.dumps({"keys": int(sys.argv[1]), "bytes": int(sys.argv[2]), "write_ms": int(sys.argv[3]),
+                  "load_ms": int(sys.argv[4]), "quiet": q, "busy": b, "written": int(sys.argv[7] or 0)}))' \
+    "$n" "$bytes" "$write_ms" "$load_ms" "$quiet" "$busy" "${written:-0}" >>"$SNAP"
+  kill -9 "$M_PID"; wait "$M_PID" 2>/dev/null || true
 done
 n=$(( 1000000 / SCALE ))
 MPORT=$(free_port)
@@ -248,5 +291,5 @@ echo "redis-lua $n $before $after" >>"$MEM"
 echo "   redis + lua, $n keys: $(( (after - before) * 1024 / n )) bytes per bucket"
 
 echo "== writing $OUT"
-python3 "$ROOT/benches/report.py" "$RESULTS" "$OUT" "$SHARDS" "$RSS_KB" "$SCALE" "$MEM" "$DSHARDS" "$WORK"
+python3 "$ROOT/benches/report.py" "$RESULTS" "$OUT" "$SHARDS" "$RSS_KB" "$SCALE" "$MEM" "$DSHARDS" "$WORK" "$SNAP"
 echo "done"

@@ -1,6 +1,6 @@
 """Writes BENCHMARKS.md from one run of benches/compare.sh.
 
-Usage: report.py RESULTS.jsonl OUT.md SHARDS SLUICED_RSS_KB SCALE MEMORY.txt DEFAULT_SHARDS WORKDIR
+Usage: report.py RESULTS.jsonl OUT.md SHARDS SLUICED_RSS_KB SCALE MEMORY.txt DEFAULT_SHARDS WORKDIR SNAPSHOT.jsonl
 Every figure and ratio comes from RESULTS (this run); benches/notes.md (the
 profile and what limits each figure) is appended as written.
 """
@@ -11,7 +11,7 @@ import platform
 import subprocess
 import sys
 
-results_path, out_path, shards, rss_kb, scale, memory_path, default_shards, work = sys.argv[1:9]
+results_path, out_path, shards, rss_kb, scale, memory_path, default_shards, work, snapshot_path = sys.argv[1:10]
 rows = {}
 with open(results_path) as f:
     for line in f:
@@ -206,6 +206,27 @@ with open(memory_path) as f:
         mem.append((who, n, per))
         w(f"| {'Sluice' if who == 'sluice' else 'Redis + Lua (hash per bucket)'} | {n:,} | {before / 1024:.0f} MiB | {after / 1024:.0f} MiB | **{per:.0f}** |")
 w("")
+w("## Snapshots: write, load, and decisions while one is written\n")
+w("The same pre-filled nodes (one shard, every bucket spent): the snapshot written at")
+w("SIGTERM and loaded at the next start (`snapshot written` / `snapshot loaded` log lines),")
+w("then, at the largest size, decision latency (8 connections, one request at a time, random")
+w("keys, 12 s) on a node writing no snapshot and on the same node writing one every 2 s.\n")
+snaps = [json.loads(l) for l in open(snapshot_path) if l.strip()]
+if not snaps:
+    sys.exit("report.py: no snapshot rows: compare.sh did not measure them")
+w("| buckets | file | written in | loaded in |")
+w("|---|---|---|---|")
+for r in snaps:
+    w(f"| {r['keys']:,} | {r['bytes'] / 2**20:.0f} MiB | {r['write_ms']:,} ms | {r['load_ms']:,} ms |")
+w("")
+for r in snaps:
+    if r["quiet"] and r["busy"]:
+        q, b = r["quiet"]["latency_us"], r["busy"]["latency_us"]
+        w(f"| {r['keys']:,} buckets | p50 | p99 | p99.9 | max |")
+        w("|---|---|---|---|---|")
+        w(f"| no snapshot | {fmt_us(q['p50'])} | {fmt_us(q['p99'])} | {fmt_us(q['p999'])} | {fmt_us(q['max'])} |")
+        w(f"| a snapshot every 2 s ({r['written']} written) | {fmt_us(b['p50'])} | {fmt_us(b['p99'])} | {fmt_us(b['p999'])} | {fmt_us(b['max'])} |")
+        w(f"\np99 while snapshots are written / without: **{ratio(b['p99'], q['p99']):.2f}**.\n")
 w("## Targets (from this run)\n")
 w("| target | measured | met |")
 w("|---|---|---|")
