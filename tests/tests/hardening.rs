@@ -337,6 +337,36 @@ fn worst_case_connection_bytes() -> u64 {
     read + owed + pipeline
 }
 
+/// The most `server` grows past `before` (RSS) over 0.8 s while it works
+/// through what `connections` rude clients sent stays under the worst case
+/// for that many connections; prints it as an `attack:` figure.
+async fn assert_peak_within_worst_case(
+    server: &Sluiced,
+    before: u64,
+    connections: u64,
+    what: &str,
+) {
+    let mut peak = 0;
+    let start = Instant::now();
+    while start.elapsed() < Duration::from_millis(800) {
+        peak = peak.max(rss_bytes(server.pid()));
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    let grown = peak.saturating_sub(before);
+    let bound = connections * worst_case_connection_bytes();
+    eprintln!(
+        "attack: {what}: server +{} KiB (worst case {} KiB)",
+        grown >> 10,
+        bound >> 10
+    );
+    assert!(
+        grown < bound,
+        "{what}: the server grew by {} MiB, over the worst case of {} MiB",
+        grown >> 20,
+        bound >> 20
+    );
+}
+
 /// `n` STATS requests with ids `first..`, one frame.
 fn stats_frame(first: u32, n: u32) -> Vec<u8> {
     let requests: Vec<(u32, Request<'_>)> = (first..first + n)
@@ -425,26 +455,8 @@ async fn clients_that_never_read_are_held_to_the_reply_bound_and_closed() {
         .map(|f| stats_frame(1 + f * 4_000, 4_000))
         .collect();
     let sent = send_until_blocked(&mut rude, &frames).await;
-    // The most the server holds while it works through what was sent.
-    let mut peak = 0;
-    let start = Instant::now();
-    while start.elapsed() < Duration::from_millis(800) {
-        peak = peak.max(rss_bytes(server.pid()));
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
-    let grown = peak.saturating_sub(before);
-    eprintln!(
-        "attack: 10 clients that never read, {sent} frames of 4,000 STATS sent: server +{} KiB (worst case {} KiB)",
-        grown >> 10,
-        (10 * worst_case_connection_bytes()) >> 10
-    );
-    let bound = 10 * worst_case_connection_bytes();
-    assert!(
-        grown < bound,
-        "the server grew by {} MiB for clients that never read, over the worst case of {} MiB",
-        grown >> 20,
-        bound >> 20
-    );
+    let what = format!("10 clients that never read, {sent} frames of 4,000 STATS sent");
+    assert_peak_within_worst_case(&server, before, 10, &what).await;
     // The reader is still served.
     reader.send_frame(&[(2, Request::Ping)]).await;
     assert_eq!(reader.next_reply().await, Some((2, Reply::Pong)));
@@ -527,25 +539,8 @@ async fn resp_clients_that_never_read_are_held_to_the_reply_bound() {
         }
         rude.push(s);
     }
-    let mut peak = 0;
-    let start = Instant::now();
-    while start.elapsed() < Duration::from_millis(800) {
-        peak = peak.max(rss_bytes(server.pid()));
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
-    let grown = peak.saturating_sub(before);
-    eprintln!(
-        "attack: 10 RESP clients that never read, {sent} chunks of 10,000 INFO sent: server +{} KiB (worst case {} KiB)",
-        grown >> 10,
-        (10 * worst_case_connection_bytes()) >> 10
-    );
-    let bound = 10 * worst_case_connection_bytes();
-    assert!(
-        grown < bound,
-        "the server grew by {} MiB for RESP clients that never read, over the worst case of {} MiB",
-        grown >> 20,
-        bound >> 20
-    );
+    let what = format!("10 RESP clients that never read, {sent} chunks of 10,000 INFO sent");
+    assert_peak_within_worst_case(&server, before, 10, &what).await;
     // Each is closed once its write has stayed blocked for a second:
     // reading then gets what the kernel holds, and the end.
     tokio::time::sleep(Duration::from_millis(1_500)).await;
