@@ -35,6 +35,9 @@ pub const LOAD_MAX_PERMILLE: usize = 875;
 /// Growth factor numerator / denominator (x1.3).
 pub const GROWTH_NUM: usize = 13;
 pub const GROWTH_DEN: usize = 10;
+/// Slots the sweep cursor examines per insert (dropping buckets idle for
+/// [`SWEEP_IDLE_NS`]).
+pub const SWEEP_SLOTS_PER_INSERT: usize = 4;
 /// Slots the sweep cursor examines per map at each periodic tick (see
 /// `Table::sweep_some`).
 pub const SWEEP_SLOTS_PER_TICK: usize = 16_384;
@@ -308,6 +311,11 @@ impl<V: Record> BucketMap<V> {
             self.slots[i].value = value;
             return;
         }
+        // A few slots per insert: buckets idle for SWEEP_IDLE_NS go as new
+        // keys come, so a table that keys churn through stays well below
+        // its growth threshold (Robin Hood insertion near it costs tens of
+        // probes each), while a bucket in use keeps its slot.
+        self.sweep_step(now_ns.saturating_sub(SWEEP_IDLE_NS), SWEEP_SLOTS_PER_INSERT);
         if (self.len + 1) * 1000 > self.slots.len() * LOAD_MAX_PERMILLE {
             self.sweep(now_ns.saturating_sub(SWEEP_IDLE_NS));
             if (self.len + 1) * 1000
