@@ -235,7 +235,7 @@ for l in open(sys.argv[1]):
     try: r = json.loads(l)
     except ValueError: continue
     f = r.get("fields", {})
-    if f.get("message") == sys.argv[2]: print(f["ms"], f.get("bytes", 0)); break' "$WORK/$1.err" "$2"
+    if f.get("message") == sys.argv[2]: print(f["ms"], f.get("bytes", 0), f.get("collect_ms", "")); break' "$WORK/$1.err" "$2"
 }
 # stop_wait PID: SIGTERM and wait for the exit (the shutdown snapshot).
 stop_wait() { kill "$1"; while kill -0 "$1" 2>/dev/null; do sleep 0.1; done; }
@@ -254,10 +254,10 @@ for n in 1000000 10000000; do
   echo "sluice $n $before $after" >>"$MEM"
   echo "   sluice, $n keys: $(( (after - before) * 1024 / n )) bytes per bucket"
   stop_wait "$M_PID"
-  read -r write_ms bytes < <(log_ms M "snapshot written")
+  read -r write_ms bytes collect_ms < <(log_ms M "snapshot written")
   start_sluiced M --shards 1 --keys-max 0 --snapshot-dir "$dir" --snapshot-interval-s 0 --log-format json
   read -r load_ms _ < <(log_ms M "snapshot loaded")
-  echo "   snapshot of $n buckets: $bytes bytes, written in $write_ms ms, loaded in $load_ms ms"
+  echo "   snapshot of $n buckets: $bytes bytes, written in $write_ms ms (shard walk $collect_ms ms), loaded in $load_ms ms"
   quiet="" busy=""
   if [ "$n" -ge $(( 10000000 / SCALE )) ]; then
     quiet=$(latency "$M_ADDR" "$n")
@@ -273,8 +273,9 @@ for n in 1000000 10000000; do
 q = json.loads(sys.argv[5]) if sys.argv[5] else None
 b = json.loads(sys.argv[6]) if sys.argv[6] else None
 print(json.dumps({"keys": int(sys.argv[1]), "bytes": int(sys.argv[2]), "write_ms": int(sys.argv[3]),
-                  "load_ms": int(sys.argv[4]), "quiet": q, "busy": b, "written": int(sys.argv[7] or 0)}))' \
-    "$n" "$bytes" "$write_ms" "$load_ms" "$quiet" "$busy" "${written:-0}" >>"$SNAP"
+                  "load_ms": int(sys.argv[4]), "quiet": q, "busy": b, "written": int(sys.argv[7] or 0),
+                  "collect_ms": int(sys.argv[8]) if sys.argv[8] else None}))' \
+    "$n" "$bytes" "$write_ms" "$load_ms" "$quiet" "$busy" "${written:-0}" "$collect_ms" >>"$SNAP"
   kill -9 "$M_PID"; wait "$M_PID" 2>/dev/null || true
 done
 n=$(( 1000000 / SCALE ))

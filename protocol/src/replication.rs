@@ -650,13 +650,19 @@ pub fn put_sync(
 ) {
     assert!(SYNC_FIXED_BYTES + records.len() <= SYNC_PAYLOAD_BYTES_MAX);
     w.message(buf, op::SYNC, request_id, |b| {
-        b.put_u64_le(h.seq);
-        b.put_u64_le(h.epoch);
-        b.put_u64_le(h.now_ns);
-        b.put_u8(h.flags);
-        b.put_u32_le(h.count);
+        put_sync_fixed(b, h);
         b.put_slice(records);
     });
+}
+
+/// A SYNC payload's fixed part ([`SYNC_FIXED_BYTES`]), which its records
+/// follow (snapshots store payloads without a frame around them).
+pub fn put_sync_fixed(b: &mut impl BufMut, h: &SyncHeader) {
+    b.put_u64_le(h.seq);
+    b.put_u64_le(h.epoch);
+    b.put_u64_le(h.now_ns);
+    b.put_u8(h.flags);
+    b.put_u32_le(h.count);
 }
 
 /// Why a SYNC did not parse (the flow can't be trusted: the follower drops

@@ -395,28 +395,34 @@ async fn write_snapshot(
             }
         }
     }
+    let collect_ms = started.elapsed().as_millis() as u64;
     let buckets: u64 = parts.iter().map(|p| p.0).sum();
     let written_ns = sluice_protocol::Clock::now_ns(&MonotonicClock::new());
-    let bytes = crate::snapshot::encode(node.epoch(), node.shard_count, written_ns, parts);
-    let (dir, size) = (dir.to_owned(), bytes.len());
-    let wrote =
-        tokio::task::spawn_blocking(move || crate::snapshot::write_atomic(&dir, &bytes)).await;
-    let failed = match wrote {
-        Ok(Ok(())) => None,
-        Ok(Err(e)) => Some(e.to_string()),
-        Err(e) => Some(e.to_string()),
+    let (epoch, shards, dir) = (node.epoch(), node.shard_count, dir.to_owned());
+    // Sealing (a checksum over every chunk) and writing, off the runtime.
+    let wrote = tokio::task::spawn_blocking(move || {
+        let image = crate::snapshot::Image::new(epoch, shards, written_ns, parts);
+        crate::snapshot::write_atomic(&dir, &image).map(|()| image.file_bytes())
+    })
+    .await;
+    let written = match wrote {
+        Ok(w) => w.map_err(|e| e.to_string()),
+        Err(e) => Err(e.to_string()),
     };
-    if let Some(error) = failed {
-        admin
-            .snapshot_failures
-            .fetch_add(1, crate::sync::Ordering::Relaxed);
-        return tracing::warn!(why, %error, "snapshot not written");
-    }
+    let size = match written {
+        Ok(size) => size,
+        Err(error) => {
+            admin
+                .snapshot_failures
+                .fetch_add(1, crate::sync::Ordering::Relaxed);
+            return tracing::warn!(why, %error, "snapshot not written");
+        }
+    };
     let took_us = started.elapsed().as_micros() as u64;
     for (slot, v) in admin
         .snapshot
         .iter()
-        .zip([written_ns, took_us, buckets, size as u64])
+        .zip([written_ns, took_us, buckets, size])
     {
         slot.store(v, crate::sync::Ordering::Relaxed);
     }
@@ -425,6 +431,7 @@ async fn write_snapshot(
         buckets,
         bytes = size,
         ms = took_us / 1_000,
+        collect_ms,
         "snapshot written"
     );
 }

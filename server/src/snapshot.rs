@@ -30,19 +30,24 @@
 //! loads as well. A file that fails any check stops the start, naming the
 //! file and `--snapshot-ignore-corrupt`, like Redis with a bad dump.
 //!
-//! Writing: each shard encodes its buckets a chunk of keys at a time,
-//! yielding to its connections between chunks (a shard is never stalled
-//! for the whole table; the image is then not of one instant, but every
-//! bucket in it is a state it really had). The main thread writes the file
-//! on a blocking thread: a temporary file, fsync, rename over the old one,
-//! fsync of the directory.
+//! Writing: each shard walks its tables' slots in order, a few thousand
+//! slots at a time, encoding what it reads and yielding to its connections
+//! between steps (a shard is never stalled for its table; the image is
+//! then not of one instant, but every bucket in it is a state it really
+//! had). An earlier version listed every key first, in one step: at 10M
+//! buckets that step held the shard for 300 ms. The main thread seals the
+//! file (header and checksum over the shards' chunks where they lie) and a
+//! blocking thread writes it: a temporary file, fsync, rename over the old
+//! one, fsync of the directory.
 
-use std::io::Write as _;
 use std::path::{Path, PathBuf};
 
-use bytes::BytesMut;
-use sluice_protocol::replication::{Record, SyncHeader, SyncReader, SyncWriter};
+use bytes::{BufMut, BytesMut};
+use sluice_protocol::replication::{
+    put_sync_fixed, Record, SyncHeader, SyncReader, SyncWriter, SYNC_FIXED_BYTES,
+};
 
+use crate::shard::table::Walk;
 use crate::shard::ShardCore;
 
 /// The file's first bytes.
@@ -53,8 +58,9 @@ pub const VERSION: u32 = 1;
 pub const HEADER_BYTES: usize = 64;
 /// The file's name in `--snapshot-dir`.
 pub const FILE_NAME: &str = "sluiced.snapshot";
-/// Keys a shard encodes between two yields to its connections.
-pub const KEYS_PER_STEP: usize = 4096;
+/// Slots a shard's walk reads between two yields to its connections
+/// (a few hundred microseconds of work at most; see `collect`).
+pub const SLOTS_PER_STEP: usize = 2048;
 
 /// What one shard contributes: its records' count, and SYNC payload
 /// record parts (count, bytes) as [`SyncWriter::take`] gives them.
@@ -93,46 +99,85 @@ pub fn path(dir: &Path) -> PathBuf {
     dir.join(FILE_NAME)
 }
 
-/// Encodes the node's parts as one file.
-pub fn encode(epoch: u64, shard_count: u16, written_ns: u64, parts: Vec<ShardPart>) -> Vec<u8> {
-    let mut body = BytesMut::new();
-    let (mut chunks, mut records) = (0u64, 0u64);
-    let mut w = sluice_protocol::codec::FrameWriter::new();
-    for (n, payloads) in parts {
-        records += n;
-        for (count, bytes) in payloads {
-            chunks += 1;
-            // A SYNC payload: its fixed part, then the records.
-            let mut one = BytesMut::new();
-            let h = SyncHeader {
-                seq: chunks,
-                epoch,
-                now_ns: written_ns,
-                flags: 0,
-                count,
-            };
-            sluice_protocol::replication::put_sync(&mut w, &mut one, 0, &h, &bytes);
-            w.finish(&mut one);
-            // Keep the payload only (after the frame prefix and header).
-            let payload = &one[sluice_protocol::codec::FRAME_PREFIX_BYTES
-                + sluice_protocol::codec::HEADER_BYTES..];
-            body.extend_from_slice(&(payload.len() as u32).to_le_bytes());
-            body.extend_from_slice(payload);
+/// A file ready to be written: its header and its body's chunks, the
+/// chunks left where the shards encoded them (a 10M-bucket body is a third
+/// of a gigabyte: it is checksummed in place and written out chunk by
+/// chunk, never copied into one buffer).
+#[derive(Debug)]
+pub struct Image {
+    head: [u8; HEADER_BYTES],
+    /// Each chunk: its length and SYNC fixed part, then its records.
+    chunks: Vec<([u8; 4 + SYNC_FIXED_BYTES], BytesMut)>,
+}
+
+impl Image {
+    /// Lays the node's parts out as one file and seals it.
+    pub fn new(epoch: u64, shard_count: u16, written_ns: u64, parts: Vec<ShardPart>) -> Image {
+        let (mut records, mut body_len) = (0u64, 0u64);
+        let mut chunks = Vec::new();
+        for (n, payloads) in parts {
+            records += n;
+            for (count, bytes) in payloads {
+                let h = SyncHeader {
+                    seq: chunks.len() as u64 + 1,
+                    epoch,
+                    now_ns: written_ns,
+                    flags: 0,
+                    count,
+                };
+                let len = SYNC_FIXED_BYTES + bytes.len();
+                let mut fixed = [0u8; 4 + SYNC_FIXED_BYTES];
+                let mut at = &mut fixed[..];
+                at.put_u32_le(len as u32);
+                put_sync_fixed(&mut at, &h);
+                body_len += 4 + len as u64;
+                chunks.push((fixed, bytes));
+            }
         }
+        let mut head = [0u8; HEADER_BYTES];
+        let mut at = &mut head[..];
+        at.put_slice(&MAGIC);
+        at.put_u32_le(VERSION);
+        at.put_u16_le(shard_count);
+        at.put_u16_le(0);
+        at.put_u64_le(epoch);
+        at.put_u64_le(written_ns);
+        at.put_u64_le(chunks.len() as u64);
+        at.put_u64_le(records);
+        at.put_u64_le(body_len);
+        let mut h = xxhash_rust::xxh3::Xxh3::new();
+        h.update(&head[..56]);
+        for (fixed, bytes) in &chunks {
+            h.update(fixed);
+            h.update(bytes);
+        }
+        head[56..].copy_from_slice(&h.digest().to_le_bytes());
+        Image { head, chunks }
     }
-    let mut out = Vec::with_capacity(HEADER_BYTES + body.len());
-    out.extend_from_slice(&MAGIC);
-    out.extend_from_slice(&VERSION.to_le_bytes());
-    out.extend_from_slice(&shard_count.to_le_bytes());
-    out.extend_from_slice(&0u16.to_le_bytes());
-    out.extend_from_slice(&epoch.to_le_bytes());
-    out.extend_from_slice(&written_ns.to_le_bytes());
-    out.extend_from_slice(&chunks.to_le_bytes());
-    out.extend_from_slice(&records.to_le_bytes());
-    out.extend_from_slice(&(body.len() as u64).to_le_bytes());
-    let sum = checksum(&out, &body);
-    out.extend_from_slice(&sum.to_le_bytes());
-    out.extend_from_slice(&body);
+
+    /// Bytes in the file.
+    pub fn file_bytes(&self) -> u64 {
+        let body: usize = self.chunks.iter().map(|(f, b)| f.len() + b.len()).sum();
+        (HEADER_BYTES + body) as u64
+    }
+
+    /// Writes the file to `w`.
+    pub fn write_to(&self, w: &mut impl std::io::Write) -> std::io::Result<()> {
+        w.write_all(&self.head)?;
+        for (fixed, bytes) in &self.chunks {
+            w.write_all(fixed)?;
+            w.write_all(bytes)?;
+        }
+        Ok(())
+    }
+}
+
+/// Encodes the node's parts as one file, in memory (tests and tools; the
+/// daemon writes an [`Image`] straight to its file).
+pub fn encode(epoch: u64, shard_count: u16, written_ns: u64, parts: Vec<ShardPart>) -> Vec<u8> {
+    let image = Image::new(epoch, shard_count, written_ns, parts);
+    let mut out = Vec::with_capacity(image.file_bytes() as usize);
+    image.write_to(&mut out).expect("a Vec takes every write");
     out
 }
 
@@ -216,40 +261,65 @@ pub fn decode(bytes: &[u8]) -> Result<Loaded, SnapshotError> {
     })
 }
 
-/// Writes `bytes` as `dir`'s snapshot, atomically: a temporary file,
+/// Writes `image` as `dir`'s snapshot, atomically: a temporary file,
 /// fsync, rename, fsync of the directory.
-pub fn write_atomic(dir: &Path, bytes: &[u8]) -> std::io::Result<()> {
+pub fn write_atomic(dir: &Path, image: &Image) -> std::io::Result<()> {
     std::fs::create_dir_all(dir)?;
     let tmp = dir.join(format!("{FILE_NAME}.tmp"));
     {
-        let mut f = std::fs::File::create(&tmp)?;
-        f.write_all(bytes)?;
-        f.sync_all()?;
+        let mut f = std::io::BufWriter::with_capacity(1 << 20, std::fs::File::create(&tmp)?);
+        image.write_to(&mut f)?;
+        f.into_inner().map_err(|e| e.into_error())?.sync_all()?;
     }
     std::fs::rename(&tmp, path(dir))?;
     std::fs::File::open(dir)?.sync_all()
 }
 
-/// One shard's part: its buckets, encoded [`KEYS_PER_STEP`] keys at a
-/// time, yielding between steps.
+/// One shard's part: its buckets, read by a walk over the tables' slots
+/// ([`Walk::Snapshot`], in slot order) [`SLOTS_PER_STEP`] slots at a time,
+/// yielding to the shard's connections between steps. Records the table
+/// moves behind the walk's cursor are read again, so no bucket that exists
+/// throughout is missed; a growth restarts the walk (a bucket may then be
+/// in the file twice, the later being the later state, which is what a
+/// load keeps).
 pub async fn collect(core: &ShardCore) -> ShardPart {
-    let keys = core.table.borrow().keys();
+    struct Stop<'a>(&'a ShardCore);
+    impl Drop for Stop<'_> {
+        fn drop(&mut self) {
+            self.0.table.borrow_mut().export_stop(Walk::Snapshot);
+        }
+    }
+    core.table
+        .borrow_mut()
+        .export_start(Walk::Snapshot, SLOTS_PER_STEP);
+    let _stop = Stop(core);
+    let mut heap_keys = None;
+    let (mut out, mut moved) = (Vec::new(), Vec::new());
     let mut w = SyncWriter::new();
     let mut n = 0u64;
-    for step in keys.chunks(KEYS_PER_STEP) {
-        {
-            let table = core.table.borrow();
-            for &(key, kind) in step {
-                // Gone since the list was made: nothing to keep.
+    loop {
+        let done = {
+            let mut table = core.table.borrow_mut();
+            let keys = heap_keys.get_or_insert_with(|| table.heap_keys());
+            let done = table.export_step(Walk::Snapshot, SLOTS_PER_STEP, keys, &mut out);
+            table.export_moved(Walk::Snapshot, &mut moved);
+            for (key, kind) in moved.drain(..) {
+                // Gone since it moved: nothing to keep.
                 if let Some(state) = table.export(kind, key) {
-                    w.push(kind, key, Some(&state));
-                    n += 1;
+                    out.push((key, kind, Some(state)));
                 }
             }
+            done
+        };
+        for (key, kind, state) in out.drain(..) {
+            w.push(kind, key, state.as_ref());
+            n += 1;
+        }
+        if done {
+            return (n, w.take());
         }
         tokio::task::yield_now().await;
     }
-    (n, w.take())
 }
 
 #[cfg(all(test, not(sluice_loom)))]

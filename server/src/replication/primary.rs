@@ -32,6 +32,7 @@ use tokio::sync::{watch, Notify};
 use tokio_util::codec::Decoder;
 
 use super::{ASYNC_DRAIN_MS, FULL_SYNC_SLOTS_PER_STEP, HEARTBEAT_MS};
+use crate::shard::table::Walk;
 use crate::shard::ShardCore;
 use crate::sync::Ordering;
 
@@ -130,7 +131,7 @@ fn detach(core: &ShardCore) {
     drop(flow);
     let mut table = core.table.borrow_mut();
     table.untrack_changes();
-    table.export_stop();
+    table.export_stop(Walk::Sync);
     let attached = core.node.repl.flows_attached.fetch_sub(1, Ordering::AcqRel) - 1;
     if attached == 0 && core.node.repl.is_primary() {
         core.node.repl.set_state(ReplState::Alone);
@@ -178,7 +179,7 @@ pub async fn serve_flow(
     }
     core.table
         .borrow_mut()
-        .export_start(FULL_SYNC_SLOTS_PER_STEP);
+        .export_start(Walk::Sync, FULL_SYNC_SLOTS_PER_STEP);
     let repl = &core.node.repl;
     repl.flows_attached.fetch_add(1, Ordering::AcqRel);
     repl.set_follower(sub.addr.clone());
@@ -247,7 +248,8 @@ async fn stream_flow(
             if !full_done {
                 let keys = heap_keys.get_or_insert_with(|| table.heap_keys());
                 full.clear();
-                finishing = table.export_step(FULL_SYNC_SLOTS_PER_STEP, keys, &mut full);
+                finishing =
+                    table.export_step(Walk::Sync, FULL_SYNC_SLOTS_PER_STEP, keys, &mut full);
                 for (key, kind, state) in &full {
                     sw.push(*kind, *key, state.as_ref());
                 }
@@ -312,7 +314,7 @@ async fn stream_flow(
         buf.clear();
         if finishing {
             full_done = true;
-            core.table.borrow_mut().export_stop();
+            core.table.borrow_mut().export_stop(Walk::Sync);
             let mut flow = core.flow.borrow_mut();
             if flow.generation == generation {
                 flow.streaming = true;

@@ -20,9 +20,10 @@
 //!   until they have been full for [`SWEEP_IDLE_NS`]: before growing, one
 //!   full sweep drops those (its cost is of the same order as the rehash it
 //!   may avoid, and it runs only when the table has filled by a fifth of
-//!   its capacity since the last), and the shard's periodic tick examines a
-//!   bounded number of slots with the sweep cursor, so memory follows the
-//!   keys in use. A client that stays under its limit visits its bucket in
+//!   its capacity since the last), and the sweep cursor examines a few
+//!   slots at every insert ([`SWEEP_SLOTS_PER_INSERT`]) and a bounded
+//!   number at the shard's periodic tick, so memory follows the keys in
+//!   use. A client that stays under its limit visits its bucket in
 //!   place: no removal, no insertion. (An earlier version swept a few slots
 //!   on every insert and dropped every refilled bucket, which removed
 //!   exactly the buckets the next visits inserted again: a third of a
@@ -81,33 +82,52 @@ pub struct BucketMap<V> {
     cursor: usize,
     /// Records dropped because they had refilled.
     swept_total: u64,
-    /// A full sync reading the slots in order, if one is in progress.
-    export: Option<Export>,
+    /// The walks in progress, by [`Walk`].
+    export: [Option<Export>; 2],
     /// Slots insertion has stepped over (tests: the work a load does).
     #[cfg(test)]
     probes: u64,
 }
 
-/// A walk over the slots for a full sync, while the table keeps changing.
+/// Which walk over the slots: a follower's full sync, or a snapshot. Both
+/// may run at once, each with its own cursor and its own moved keys.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Walk {
+    /// A full sync to a follower: interleaved passes (see [`Export`]).
+    Sync = 0,
+    /// A snapshot: the slots in order, the cheapest read there is.
+    Snapshot = 1,
+}
+
+/// A walk over the slots (a full sync or a snapshot), while the table
+/// keeps changing.
 ///
-/// The walk reads the slots in `steps` interleaved passes (pass `r` reads
-/// the slots whose index is `r` modulo `steps`), so that every step's
+/// A full sync reads the slots in `steps` interleaved passes (pass `r`
+/// reads the slots whose index is `r` modulo `steps`), so that every step's
 /// records are spread over the whole hash range: a follower inserting them
 /// into a table still small never sees a run of neighbouring hashes (which
-/// would pile into one probe cluster and make each insert quadratic).
+/// would pile into one probe cluster and make each insert quadratic). A
+/// snapshot reads them in order: sequential reads the prefetcher keeps
+/// ahead of, several times cheaper than strided ones at millions of slots,
+/// and its loader reserves room for every record before it inserts one.
 ///
 /// Robin Hood moves records that did not change: backward-shift deletion
 /// pulls a record one slot back, insertion pushes residents forward (and
 /// round the end to slot 0). A record moved from a slot not yet read to one
 /// already read would be missed, so every record written to a slot already
-/// read is noted in `moved` for the sync to send; growth starts the walk
-/// again.
+/// read is noted in `moved` for the walker to read again; growth starts the
+/// walk again (the walker sees some records twice, the later read being
+/// the later state).
 #[derive(Debug, Default)]
 struct Export {
-    /// Passes in all: a power of two.
+    /// Passes in all: a power of two (1 for a walk in order).
     steps: usize,
-    /// Passes done: slot `i` has been read iff `i % steps < step`.
+    /// Passes done (interleaved walk).
     step: usize,
+    /// The next slot to read (walk in order).
+    next: usize,
+    /// Whether the walk is in slot order.
+    in_order: bool,
     /// Slots a step reads, about (sets `steps` at the start and after
     /// growth).
     slots_per_step: usize,
@@ -116,15 +136,20 @@ struct Export {
 }
 
 impl Export {
-    fn new(len: usize, slots_per_step: usize) -> Export {
-        let steps = len
-            .div_ceil(slots_per_step.max(1))
-            .max(1)
-            .next_power_of_two();
+    fn new(len: usize, slots_per_step: usize, in_order: bool) -> Export {
+        let steps = if in_order {
+            1
+        } else {
+            len.div_ceil(slots_per_step.max(1))
+                .max(1)
+                .next_power_of_two()
+        };
         Export {
             steps,
             step: 0,
-            slots_per_step,
+            next: 0,
+            in_order,
+            slots_per_step: slots_per_step.max(1),
             moved: Vec::new(),
         }
     }
@@ -132,7 +157,11 @@ impl Export {
     /// Whether slot `index` has been read.
     #[inline]
     fn read(&self, index: usize) -> bool {
-        index & (self.steps - 1) < self.step
+        if self.in_order {
+            index < self.next
+        } else {
+            index & (self.steps - 1) < self.step
+        }
     }
 }
 
@@ -158,30 +187,41 @@ impl<V: Record> BucketMap<V> {
             len: 0,
             cursor: 0,
             swept_total: 0,
-            export: None,
+            export: [None, None],
             #[cfg(test)]
             probes: 0,
         }
     }
 
-    /// Starts (or restarts) a full-sync walk from slot 0.
-    pub fn export_start(&mut self, slots_per_step: usize) {
-        self.export = Some(Export::new(self.slots.len(), slots_per_step));
+    /// Starts (or restarts) a walk from slot 0.
+    pub fn export_start(&mut self, walk: Walk, slots_per_step: usize) {
+        let in_order = walk == Walk::Snapshot;
+        self.export[walk as usize] = Some(Export::new(self.slots.len(), slots_per_step, in_order));
     }
 
-    /// Ends the walk.
-    pub fn export_stop(&mut self) {
-        self.export = None;
+    /// Ends a walk.
+    pub fn export_stop(&mut self, walk: Walk) {
+        self.export[walk as usize] = None;
     }
 
-    /// The next step of the walk: about `slots_per_step` slots (one pass)
-    /// into `out`. `true` when the walk has read every slot; what moves
-    /// after that is still noted until [`BucketMap::export_stop`]. Call
+    /// The next step of a walk: about `slots_per_step` slots into `out`.
+    /// `true` when the walk has read every slot; what moves after that is
+    /// still noted until [`BucketMap::export_stop`]. Call
     /// [`BucketMap::export_moved`] too, every time.
-    pub fn export_step(&mut self, out: &mut Vec<(u128, V)>) -> bool {
-        let Some(e) = &mut self.export else {
+    pub fn export_step(&mut self, walk: Walk, out: &mut Vec<(u128, V)>) -> bool {
+        let Some(e) = &mut self.export[walk as usize] else {
             return true;
         };
+        if e.in_order {
+            let end = (e.next + e.slots_per_step).min(self.slots.len());
+            for slot in &self.slots[e.next..end] {
+                if slot.key != 0 {
+                    out.push((slot.key, slot.value));
+                }
+            }
+            e.next = end;
+            return e.next >= self.slots.len();
+        }
         if e.step >= e.steps {
             return true;
         }
@@ -194,18 +234,18 @@ impl<V: Record> BucketMap<V> {
         e.step >= e.steps
     }
 
-    /// Keys the walk would otherwise miss (moved below its cursor); the
-    /// caller sends their current state.
-    pub fn export_moved(&mut self, out: &mut Vec<u128>) {
-        if let Some(e) = &mut self.export {
+    /// Keys a walk would otherwise miss (moved below its cursor); the
+    /// caller reads their current state.
+    pub fn export_moved(&mut self, walk: Walk, out: &mut Vec<u128>) {
+        if let Some(e) = &mut self.export[walk as usize] {
             out.append(&mut e.moved);
         }
     }
 
-    /// Notes a record written at `index` for the walk (see [`Export`]).
+    /// Notes a record written at `index` for the walks (see [`Export`]).
     #[inline]
     fn note_write(&mut self, index: usize) {
-        if let Some(e) = &mut self.export {
+        for e in self.export.iter_mut().flatten() {
             if e.read(index) {
                 e.moved.push(self.slots[index].key);
             }
@@ -429,9 +469,9 @@ impl<V: Record> BucketMap<V> {
     fn resize(&mut self, capacity: usize) {
         let old = std::mem::replace(&mut self.slots, zeroed_slots(capacity));
         self.cursor = 0;
-        if let Some(e) = &mut self.export {
+        for e in self.export.iter_mut().flatten() {
             // Every record moves: read them all again.
-            *e = Export::new(capacity, e.slots_per_step);
+            *e = Export::new(capacity, e.slots_per_step, e.in_order);
         }
         for slot in old {
             if slot.key != 0 {
@@ -478,7 +518,7 @@ fn prefetch_read<T>(r: &T) {
 mod tests {
     use super::*;
     use proptest::prelude::*;
-    use std::collections::HashMap;
+    use std::collections::{HashMap, HashSet};
 
     /// A record that is full once `now` passes its deadline.
     #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, bytemuck::Zeroable)]
@@ -543,6 +583,62 @@ mod tests {
                 prop_assert!(map.len() * 1000 <= map.capacity() * LOAD_MAX_PERMILLE);
             }
             prop_assert_eq!(map.iter().count(), model.len());
+        }
+
+        /// A walk of either kind, with the keys it is told moved, has seen
+        /// every key the map holds when the walk ends, whatever the map did
+        /// meanwhile (inserts that shift residents round the end, removals
+        /// that pull them back, sweeps, growth); both walks at once. (After
+        /// its end a walk owes nothing: a full sync sends later writes as
+        /// changes, a snapshot is of the buckets up to its end.)
+        #[test]
+        fn walks_miss_no_key(seq in ops(), every in 1usize..8, per_step in 1usize..64) {
+            let mut map = BucketMap::<Until>::default();
+            let mut now = 0u64;
+            // Something to walk over before the walks start.
+            for k in 0..200u16 {
+                map.insert(key(k), Until(u64::MAX), now);
+            }
+            let walks = [Walk::Sync, Walk::Snapshot];
+            for w in walks {
+                map.export_start(w, per_step);
+            }
+            let mut seen: [HashSet<u128>; 2] = Default::default();
+            let mut done = [false; 2];
+            let mut ops = seq.into_iter();
+            let mut i = 0usize;
+            while !done.iter().all(|d| *d) {
+                // A few operations (none once they run out), then a step of
+                // each walk not done.
+                for (op, tick) in ops.by_ref().take(every) {
+                    now += tick;
+                    match op {
+                        Op::Insert(k, v) => map.insert(key(k), Until(now + v), now),
+                        Op::Remove(k) => {
+                            map.remove(key(k));
+                        }
+                        Op::Sweep => map.sweep(now),
+                        Op::Step(n) => map.sweep_step(now, usize::from(n)),
+                    }
+                }
+                for (w, walk) in walks.into_iter().enumerate() {
+                    if done[w] {
+                        continue;
+                    }
+                    let mut out = Vec::new();
+                    done[w] = map.export_step(walk, &mut out);
+                    let mut moved = Vec::new();
+                    map.export_moved(walk, &mut moved);
+                    seen[w].extend(out.iter().map(|(k, _)| *k).chain(moved));
+                    if done[w] {
+                        for (k, _) in map.iter() {
+                            prop_assert!(seen[w].contains(&k), "{:?} walk missed key {:#x}", walk, k);
+                        }
+                    }
+                }
+                i += 1;
+                prop_assert!(i < 1_000_000, "the walks never end");
+            }
         }
     }
 

@@ -28,6 +28,7 @@ pub use sluice_protocol::message::{LimitVerdict, Mode};
 use sluice_protocol::replication::State;
 use sluice_protocol::{Policy, Status};
 
+pub use super::bucket_map::Walk;
 use super::bucket_map::{BucketMap, Record, SWEEP_IDLE_NS, SWEEP_SLOTS_PER_TICK};
 use super::{Op, Outcome};
 
@@ -297,23 +298,42 @@ impl Table {
         self.changes.is_some()
     }
 
-    /// Starts a full sync: changes are recorded from now on, and each
-    /// fixed-size table starts a walk over its slots.
-    pub fn export_start(&mut self, slots_per_step: usize) {
-        self.track_changes();
-        self.buckets.export_start(slots_per_step);
-        self.fixed.export_start(slots_per_step);
-        self.counters.export_start(slots_per_step);
+    /// Starts a walk over every bucket (a full sync: changes are recorded
+    /// from now on too); each fixed-size table starts a walk over its
+    /// slots.
+    pub fn export_start(&mut self, walk: Walk, slots_per_step: usize) {
+        if walk == Walk::Sync {
+            self.track_changes();
+        }
+        self.buckets.export_start(walk, slots_per_step);
+        self.fixed.export_start(walk, slots_per_step);
+        self.counters.export_start(walk, slots_per_step);
     }
 
-    /// Ends the walks (the full sync is done or abandoned).
-    pub fn export_stop(&mut self) {
-        self.buckets.export_stop();
-        self.fixed.export_stop();
-        self.counters.export_stop();
+    /// Ends a walk (done or abandoned).
+    pub fn export_stop(&mut self, walk: Walk) {
+        self.buckets.export_stop(walk);
+        self.fixed.export_stop(walk);
+        self.counters.export_stop(walk);
     }
 
-    /// The sliding logs' and lease lists' keys, for a full sync (these
+    /// The keys a walk would miss, moved by the table below its cursors
+    /// since the last call (see `BucketMap`): the walker reads them again.
+    /// A full sync gets them through [`Table::take_changes`] instead.
+    pub fn export_moved(&mut self, walk: Walk, out: &mut Vec<(u128, Kind)>) {
+        let mut moved = Vec::new();
+        for (map, kind) in [
+            (&mut self.buckets as &mut dyn ExportMoved, Kind::TokenBucket),
+            (&mut self.fixed, Kind::FixedWindow),
+            (&mut self.counters, Kind::SlidingCounter),
+        ] {
+            moved.clear();
+            map.moved(walk, &mut moved);
+            out.extend(moved.iter().map(|&k| (k, kind)));
+        }
+    }
+
+    /// The sliding logs' and lease lists' keys, for a walk (these
     /// tables are small next to the fixed-size ones, so they are listed
     /// at once; each key's state is read when it is sent).
     pub fn heap_keys(&self) -> Vec<(u128, Kind)> {
@@ -322,17 +342,18 @@ impl Table {
         logs.chain(leases).collect()
     }
 
-    /// One step of a full sync: up to `slots` slots of the first walk not
-    /// done, or as many keys of `heap_keys`, with their states, into `out`.
+    /// One step of a walk: up to `slots` slots of the first map not done,
+    /// or as many keys of `heap_keys`, with their states, into `out`.
     /// `true` once everything has been read.
     pub fn export_step(
         &mut self,
+        walk: Walk,
         slots: usize,
         heap_keys: &mut Vec<(u128, Kind)>,
         out: &mut Vec<(u128, Kind, Option<State>)>,
     ) -> bool {
         let mut fixed = Vec::new();
-        if !self.buckets.export_step(&mut fixed) {
+        if !self.buckets.export_step(walk, &mut fixed) {
             out.extend(
                 fixed
                     .iter()
@@ -346,7 +367,7 @@ impl Table {
                 .map(|&(k, b)| (k, Kind::TokenBucket, Some(State::TokenBucket(b)))),
         );
         let mut windows = Vec::new();
-        let done = self.fixed.export_step(&mut windows);
+        let done = self.fixed.export_step(walk, &mut windows);
         out.extend(windows.iter().map(|&(k, w)| {
             let state = State::FixedWindow {
                 window_ns: w.window_ns,
@@ -358,7 +379,7 @@ impl Table {
             return false;
         }
         let mut counters = Vec::new();
-        let done = self.counters.export_step(&mut counters);
+        let done = self.counters.export_step(walk, &mut counters);
         out.extend(counters.iter().map(|&(k, w)| {
             let state = State::SlidingCounter {
                 window_ns: w.window_ns,
@@ -394,7 +415,7 @@ impl Table {
             (&mut self.counters, Kind::SlidingCounter),
         ] {
             moved.clear();
-            map_moved.moved(&mut moved);
+            map_moved.moved(Walk::Sync, &mut moved);
             changes.extend(moved.iter().map(|&k| (k, (kind, Snap::Read))));
         }
         let taken: Vec<(u128, (Kind, Snap))> = changes.drain().collect();
@@ -1108,12 +1129,12 @@ enum Snap {
 
 /// A fixed-size table's keys moved below its full-sync walk.
 trait ExportMoved {
-    fn moved(&mut self, out: &mut Vec<u128>);
+    fn moved(&mut self, walk: Walk, out: &mut Vec<u128>);
 }
 
 impl<V: Record> ExportMoved for BucketMap<V> {
-    fn moved(&mut self, out: &mut Vec<u128>) {
-        self.export_moved(out);
+    fn moved(&mut self, walk: Walk, out: &mut Vec<u128>) {
+        self.export_moved(walk, out);
     }
 }
 
