@@ -57,6 +57,9 @@ pub mod op {
 /// a bucket whose state is larger (a long sliding log, many leases) is sent
 /// as several records flagged [`RECORD_MORE`].
 pub const SYNC_PAYLOAD_BYTES_MAX: usize = 60 << 10;
+/// Bytes a [`SyncWriter`] reserves when it starts a payload: all a payload
+/// may hold.
+const OPEN_BYTES_FIRST: usize = SYNC_PAYLOAD_BYTES_MAX - SYNC_FIXED_BYTES;
 /// Bytes of a SYNC's fixed part.
 pub const SYNC_FIXED_BYTES: usize = 8 + 8 + 8 + 1 + 4;
 /// Flag on a SYNC: the full sync of this flow is complete with it; what
@@ -521,6 +524,11 @@ impl SyncWriter {
             self.done.push((self.open_count, full));
             self.open_count = 0;
         }
+        if self.open.capacity() == 0 {
+            // The whole payload at once: growing by doublings copied each
+            // payload about twice over (only what is written is touched).
+            self.open.reserve(OPEN_BYTES_FIRST);
+        }
         self.open_count += 1;
         &mut self.open
     }
@@ -536,10 +544,13 @@ impl SyncWriter {
         debug_assert_eq!(state.kind(), kind);
         match state {
             State::TokenBucket(bucket) => {
-                let b = self.room(RECORD_HEAD_BYTES + 16);
-                b.put_u8(kind as u8);
-                b.put_u128_le(key);
-                b.put_u128_le(bucket.tat_fp);
+                // The hot record (every decision of a client under its
+                // limit writes one): assembled whole, copied once.
+                let mut r = [0u8; RECORD_HEAD_BYTES + 16];
+                r[0] = kind as u8;
+                r[1..17].copy_from_slice(&key.to_le_bytes());
+                r[17..].copy_from_slice(&bucket.tat_fp.to_le_bytes());
+                self.room(r.len()).put_slice(&r);
             }
             State::FixedWindow { window_ns, state } => {
                 let b = self.room(RECORD_HEAD_BYTES + 24);

@@ -228,7 +228,6 @@ async fn stream_flow(
     let mut heap_keys: Option<Vec<(u128, Kind)>> = None;
     let mut writer = FrameWriter::new();
     let mut buf = BytesMut::new();
-    let mut changes = Vec::new();
     let mut full = Vec::new();
     let wake = core.flow.borrow().wake.clone();
     let heartbeat = Duration::from_millis(HEARTBEAT_MS);
@@ -240,11 +239,7 @@ async fn stream_flow(
         let mut finishing = false;
         {
             let mut table = core.table.borrow_mut();
-            changes.clear();
-            table.take_changes(&mut changes);
-            for (key, kind, state) in &changes {
-                sw.push(*kind, *key, state.as_ref());
-            }
+            table.drain_changes(|key, kind, state| sw.push(kind, key, state.as_ref()));
             if !full_done {
                 let keys = heap_keys.get_or_insert_with(|| table.heap_keys());
                 full.clear();

@@ -293,6 +293,16 @@ impl Table {
         }
     }
 
+    /// [`Table::changed`] for a token bucket whose new state the caller
+    /// holds (`None`: removed): the hot path's write, without looking the
+    /// slot up again.
+    #[inline]
+    fn changed_bucket(&mut self, bucket: u128, state: Option<Bucket>) {
+        if let Some(c) = &mut self.changes {
+            c.insert(bucket, (Kind::TokenBucket, Snap::Bucket(state)));
+        }
+    }
+
     /// Whether changes are being recorded.
     pub fn tracking(&self) -> bool {
         self.changes.is_some()
@@ -405,6 +415,15 @@ impl Table {
     /// sync's walk would miss (moved by the table, see `BucketMap`) are
     /// included.
     pub fn take_changes(&mut self, out: &mut Vec<(u128, Kind, Option<State>)>) {
+        out.reserve(self.changes.as_ref().map_or(0, HashMap::len));
+        self.drain_changes(|bucket, kind, state| out.push((bucket, kind, state)));
+    }
+
+    /// [`Table::take_changes`], handing each bucket to `each` as it is
+    /// taken (the primary's drain encodes them straight into its SYNC
+    /// records, with no list in between).
+    #[inline]
+    pub fn drain_changes(&mut self, mut each: impl FnMut(u128, Kind, Option<State>)) {
         let Some(changes) = self.changes.as_mut() else {
             return;
         };
@@ -418,9 +437,10 @@ impl Table {
             map_moved.moved(Walk::Sync, &mut moved);
             changes.extend(moved.iter().map(|&k| (k, (kind, Snap::Read))));
         }
-        let taken: Vec<(u128, (Kind, Snap))> = changes.drain().collect();
-        out.reserve(taken.len());
-        for (bucket, (kind, snap)) in taken {
+        // Taken out while it drains (a `Read` reads the tables), then put
+        // back with its capacity: no copy of the set, no allocation.
+        let mut taken = std::mem::take(changes);
+        for (bucket, (kind, snap)) in taken.drain() {
             let state = match snap {
                 Snap::Bucket(b) => b.map(State::TokenBucket),
                 Snap::Fixed(w) => w.map(|w| State::FixedWindow {
@@ -433,8 +453,9 @@ impl Table {
                 }),
                 Snap::Read => self.export(kind, bucket),
             };
-            out.push((bucket, kind, state));
+            each(bucket, kind, state);
         }
+        self.changes = Some(taken);
     }
 
     /// A bucket's state, as replication and snapshots carry it.
@@ -699,18 +720,19 @@ impl Table {
         cost: u64,
         now_ns: u64,
     ) -> Result<Verdict, Status> {
+        // The state written, if any (`Some(None)`: the bucket removed).
         let (verdict, wrote) = match self.buckets.get_mut(key) {
             Some(b) => {
                 let d = gcra::throttle(Some(*b), policy, cost, now_ns);
                 match d.bucket {
                     Some(nb) => {
-                        let wrote = nb != *b;
+                        let wrote = (nb != *b).then_some(Some(nb));
                         *b = nb;
                         (d.verdict, wrote)
                     }
                     None => {
                         self.buckets.remove(key);
-                        (d.verdict, true)
+                        (d.verdict, Some(None))
                     }
                 }
             }
@@ -720,11 +742,11 @@ impl Table {
                     self.make_room(1, now_ns)?;
                     self.buckets.insert(key, nb, now_ns);
                 }
-                (d.verdict, d.bucket.is_some())
+                (d.verdict, d.bucket.map(Some))
             }
         };
-        if wrote {
-            self.changed(Kind::TokenBucket, key);
+        if let Some(state) = wrote {
+            self.changed_bucket(key, state);
         }
         self.count(verdict.allowed);
         self.count_kind(Kind::TokenBucket, verdict.allowed);
