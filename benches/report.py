@@ -230,7 +230,7 @@ for r in snaps:
         w(f"| a snapshot every 2 s ({r['written']} written) | {bo:,.0f} | {fmt_us(b['p50'])} | {fmt_us(b['p99'])} | {fmt_us(b['p999'])} | {fmt_us(b['max'])} |")
         w(f"\nWhile snapshots are written / without: p99 **{ratio(b['p99'], q['p99']):.2f}**, "
           f"max **{ratio(b['max'], q['max']):.2f}**, decisions per second **{ratio(bo, qo):.2f}**. "
-          "A snapshot every 2 s of 10M buckets keeps one is being written about half the time; on "
+          "With a snapshot every 2 s of 10M buckets, one is being written about half the time; on "
           "this 2-core machine the walk and the file write share the cores with the shard and the "
           "load generator, which is what the throughput ratio shows. A stall would show in max.\n")
 w("## Targets (from this run)\n")
