@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Side-by-side comparison, one command: builds release binaries, installs
-# redis-server if it is missing, starts Redis and Sluice on loopback, drives
-# both with the same generator (`sluice bench`) and the same settings, adds
+# redis-server if it is missing, starts Redis, Sluice and the loopback
+# floor (benches/src/bin/sluice-floor.rs) on loopback, drives them with the
+# same generator (`sluice bench`) and the same settings, adds
 # redis-benchmark against Redis PING (the protocol floor) and against
 # Sluice's RESP CL.THROTTLE, stops everything it started, and writes
 # BENCHMARKS.md with ops/s, p50, p99 and ratios to Redis + Lua from THIS run.
@@ -25,9 +26,10 @@ cleanup() {
 trap cleanup EXIT
 
 echo "== build (release)"
-cargo build --release --quiet -p sluice-server -p sluice-cli --bins
+cargo build --release --quiet -p sluice-server -p sluice-cli -p sluice-benches --bins
 SLUICED=$ROOT/target/release/sluiced
 SLUICE=$ROOT/target/release/sluice
+FLOOR=$ROOT/target/release/sluice-floor
 
 if ! command -v redis-server >/dev/null || ! command -v redis-benchmark >/dev/null; then
   echo "== installing redis-server and redis-tools"
@@ -68,6 +70,15 @@ start_sluiced() {
   printf -v "${name}_RESP" '%s' "$resp"
   printf -v "${name}_PID" '%s' "$pid"
 }
+# The loopback floor (benches/src/bin/sluice-floor.rs): protocol v1 and a
+# GCRA decision on a small cache-resident table, nothing else; driven by
+# the same generator with the same settings, for Sluice / floor ratios.
+"$FLOOR" --port 0 >"$WORK/floor.out" 2>"$WORK/floor.err" &
+FLOOR_PID=$!
+PIDS+=($FLOOR_PID)
+for _ in $(seq 100); do [ -s "$WORK/floor.out" ] && break; sleep 0.1; done
+FLOOR_ADDR=$(sed -n '1s/^sluice-floor listening on \(.*\)$/\1/p' "$WORK/floor.out")
+[ -n "$FLOOR_ADDR" ] || { echo "sluice-floor did not start"; cat "$WORK/floor.err"; exit 1; }
 # The generator takes one of the cores, so the main runs give sluiced the
 # other one (--shards 1): more shard threads than free cores makes the
 # kernel time-slice them, which shows up as p99. The default (one shard per
@@ -133,11 +144,29 @@ for cp in "50 1" "50 16" "50 64" "1 1"; do
   run "sluice c$c p$p" sluice "$c" "$p" 100000 "$base"
   [ "$c $p" = "50 64" ] && cpu_row "sluice c50 p64" $(( base / SCALE )) primary $(( $(cpu_ticks "$S_PID") - t0 ))
   run "redis-lua c$c p$p" redis-lua "$c" "$p" 100000 $(( base / 8 ))
+  t0=$(cpu_ticks "$FLOOR_PID")
+  ADDR=$FLOOR_ADDR run "floor c$c p$p" sluice "$c" "$p" 100000 "$base"
+  [ "$c $p" = "50 64" ] && cpu_row "floor c50 p64" $(( base / SCALE )) server $(( $(cpu_ticks "$FLOOR_PID") - t0 ))
 done
 
 echo "== the default shard count ($DSHARDS, one per core) with the generator on the same cores"
 ADDR=$D_ADDR run "sluice-default c50 p64" sluice 50 64 100000 4000000
 ADDR=$D_ADDR run "sluice-default c50 p1" sluice 50 1 100000 400000
+
+echo "== workloads at 50 x 1, 16 and 64: one shard, the default shard count, the floor"
+# under: clients far below their limits (1000/s, 100k keys: every bucket
+# has refilled when it is visited again, the usual state in production);
+# spent: the main rows' 10/s, burst 100.
+for wl in "under --rate 1000/s" "spent --rate 10/s --burst 100"; do
+  set -- $wl
+  wname=$1; shift
+  for p in 1 16 64; do
+    n=$(( p == 1 ? 400000 : 4000000 ))
+    LIMIT_ARGS="$*" run "$wname sluice p$p" sluice 50 "$p" 100000 "$n"
+    LIMIT_ARGS="$*" ADDR=$D_ADDR run "$wname sluice-default p$p" sluice 50 "$p" 100000 "$n"
+    LIMIT_ARGS="$*" ADDR=$FLOOR_ADDR run "$wname floor p$p" sluice 50 "$p" 100000 "$n"
+  done
+done
 
 echo "== redis-benchmark: Redis PING (protocol floor) and Sluice RESP CL.THROTTLE"
 rb "redis PING c50 p64" "$RPORT" 50 64 4000000 -t ping
@@ -191,6 +220,12 @@ LIMIT_ARGS="--rate 1/h --burst 100" run "sluice 1k keys" sluice 50 64 1000 40000
 "$SLUICE" --addr "$SADDR" bench --connections 50 --pipeline 64 --keys 10000000 --requests $(( 20000000 / SCALE )) \
   --duration-s 60 --rate 1/h --burst 100 --json >/dev/null
 LIMIT_ARGS="--rate 1/h --burst 100" run "sluice 10M keys" sluice 50 64 10000000 4000000
+LIMIT_ARGS="--rate 1/h --burst 100" run "10M sluice p16" sluice 50 16 10000000 4000000
+LIMIT_ARGS="--rate 1/h --burst 100" run "10M sluice p1" sluice 50 1 10000000 400000
+for p in 1 16 64; do
+  LIMIT_ARGS="--rate 1/h --burst 100" ADDR=$FLOOR_ADDR run "10M floor p$p" sluice 50 "$p" 10000000 \
+    $(( p == 1 ? 400000 : 4000000 ))
+done
 RSS_KB=$(ps -o rss= -p "$S_PID" | tr -d ' ')
 
 echo "== full sync of the 10M-key table to a new follower, while the primary answers"

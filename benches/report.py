@@ -19,6 +19,13 @@ with open(results_path) as f:
         if line:
             r = json.loads(line)
             rows[r["name"]] = r
+# CPU time per decision of the processes named (compare.sh's cpu_row).
+cpu_path = os.path.join(work, "cpu.jsonl")
+cpu = {}
+if os.path.exists(cpu_path):
+    for line in open(cpu_path):
+        r = json.loads(line)
+        cpu[r["name"]] = r["cpu_us_per_decision"]
 
 
 def get(name):
@@ -72,6 +79,50 @@ for c, p in [(50, 1), (50, 16), (50, 64), (1, 1)]:
       f"| {fmt_ops(r['ops_per_s'])} | {fmt_us(r['latency_us']['p50'])} | {fmt_us(r['latency_us']['p99'])} "
       f"| **{ratio(s['ops_per_s'], r['ops_per_s']):.1f}x** | {ratio(s['latency_us']['p99'], r['latency_us']['p99']):.2f} |")
 w("")
+w("## The loopback floor\n")
+w("`sluice-floor` (benches/src/bin/sluice-floor.rs): one thread that speaks just enough protocol v1")
+w("(HELLO, THROTTLE and its reply, the same frame decoder, request parser and encoders) and decides")
+w("with the real GCRA function on a 4,096-bucket array that stays in cache, driven by the same")
+w("generator with the same settings in this run. What it leaves out (shards, a key table that grows,")
+w("auth, limits, metrics, replication) is what the ratio measures; the generator shares the cores")
+w("with both.\n")
+w("| connections x pipeline | floor ops/s | p50 | p99 | Sluice ops/s | Sluice / floor |")
+w("|---|---|---|---|---|---|")
+floor_ratio = {}
+for c, p in [(50, 1), (50, 16), (50, 64), (1, 1)]:
+    s, f = get(f"sluice c{c} p{p}"), get(f"floor c{c} p{p}")
+    if not f:
+        sys.exit(f"report.py: no floor row for {c} x {p}: compare.sh did not measure it")
+    if not s:
+        continue
+    floor_ratio[(c, p)] = ratio(s["ops_per_s"], f["ops_per_s"])
+    w(f"| {c} x {p} | {fmt_ops(f['ops_per_s'])} | {fmt_us(f['latency_us']['p50'])} | {fmt_us(f['latency_us']['p99'])} "
+      f"| {fmt_ops(s['ops_per_s'])} | **{floor_ratio[(c, p)]:.2f}** |")
+w("")
+fc, sc = cpu.get("floor c50 p64"), cpu.get("sluice c50 p64")
+if fc and sc:
+    w("The generator is the bottleneck for the floor as much as for Sluice here, so the server's own CPU")
+    w(f"time per decision (from /proc, 50 x 64) says more: the floor {fc['server'] * 1000:.0f} ns, Sluice "
+      f"{sc['primary'] * 1000:.0f} ns: floor / Sluice **{ratio(fc['server'], sc['primary']):.2f}**.\n")
+w("### Workloads, one shard and the default shard count, against the floor\n")
+w("50 connections, 100k keys. *Under the limit*: 1000/s, every bucket refilled when it is visited")
+w("again (the usual state of a production client). *Spent*: 10/s, burst 100, as in the main rows.")
+w(f"*10M keys*: the keyspace section's pre-filled 10M buckets (1/h, burst 100; one shard only). Default")
+w(f"shard count: {default_shards}, one per core, sharing the two cores with the generator.\n")
+w("| workload | pipeline | floor ops/s | Sluice (1 shard) ops/s | / floor | Sluice (default shards) ops/s | / floor |")
+w("|---|---|---|---|---|---|---|")
+workload_ratio = {}
+for wname, label in [("under", "under the limit"), ("spent", "spent"), ("10M", "10M keys")]:
+    for p in [1, 16, 64]:
+        f = get(f"{wname} floor p{p}")
+        s1 = get(f"{wname} sluice p{p}") or (get("sluice 10M keys") if (wname, p) == ("10M", 64) else None)
+        if not f or not s1:
+            sys.exit(f"report.py: no {wname} row at pipeline {p}: compare.sh did not measure it")
+        sd = get(f"{wname} sluice-default p{p}")
+        workload_ratio[(wname, p)] = ratio(s1["ops_per_s"], f["ops_per_s"])
+        dcells = f"{fmt_ops(sd['ops_per_s'])} | {ratio(sd['ops_per_s'], f['ops_per_s']):.2f}" if sd else "- | -"
+        w(f"| {label} | {p} | {fmt_ops(f['ops_per_s'])} | {fmt_ops(s1['ops_per_s'])} | **{workload_ratio[(wname, p)]:.2f}** | {dcells} |")
+w("")
 d64, d1 = get("sluice-default c50 p64"), get("sluice-default c50 p1")
 if d64 and d1:
     w(f"Default shard count ({default_shards}, one per core) on the same machine, generator sharing the cores:\n")
@@ -111,12 +162,6 @@ for mode in ["sync", "async"]:
         w(f"| {mode} | {c} x {p} | {fmt_ops(r['ops_per_s'])} | {fmt_us(r['latency_us']['p50'])} | {fmt_us(r['latency_us']['p99'])} "
           f"| **{x:.2f}** | {fmt_us(r['latency_us']['p50'] - base['latency_us']['p50'])} |")
 w("")
-cpu_path = os.path.join(work, "cpu.jsonl")
-cpu = {}
-if os.path.exists(cpu_path):
-    for line in open(cpu_path):
-        r = json.loads(line)
-        cpu[r["name"]] = r["cpu_us_per_decision"]
 if cpu.get("sluice c50 p64"):
     base_cpu = cpu["sluice c50 p64"]["primary"]
     w("On two cores the generator, the primary and the follower compete for CPU, so")
@@ -276,6 +321,11 @@ if ("sync", 1) in repl_ratio and one:
 for who, n, per in mem:
     if who == "sluice":
         target(f"bytes per token bucket at {n:,} keys <= 48", f"{per:.0f}", per <= 48)
+for wname, label in [("under", "under the limit"), ("spent", "spent")]:
+    for p, want in [(64, 0.75), (16, 0.85), (1, 0.9)]:
+        if (wname, p) in workload_ratio:
+            x = workload_ratio[(wname, p)]
+            target(f"one shard, {label}, 50 x {p}: >= {want} of the loopback floor", f"{x:.2f}", x >= want)
 w("")
 notes = os.path.join(os.path.dirname(os.path.abspath(__file__)), "notes.md")
 if os.path.exists(notes):

@@ -16,7 +16,8 @@ const START_TIMEOUT: Duration = Duration::from_secs(30);
 /// How long a server may take to exit after SIGTERM.
 const STOP_TIMEOUT: Duration = Duration::from_secs(15);
 
-/// The path of the workspace binary `name` (`sluiced` or `sluice`). The
+/// The path of the workspace binary `name` (`sluiced`, `sluice` or
+/// `sluice-floor`). The
 /// binaries are built first, once per test process, with the test's own
 /// profile, so a test never runs a stale server; `SLUICE_BIN_DIR` skips the
 /// build and names a directory that holds them (CI builds once).
@@ -31,6 +32,8 @@ pub fn binary(name: &str) -> PathBuf {
             "sluice-server",
             "-p",
             "sluice-cli",
+            "-p",
+            "sluice-benches",
             "--bins",
             "--features",
             "sluice-server/etcd",

@@ -117,3 +117,64 @@ fn human_output_and_sequential_keys() {
         "redis-lua runs the token-bucket script only"
     );
 }
+
+#[test]
+fn the_loopback_floor_answers_the_bench_with_real_decisions() {
+    // benches/compare.sh measures Sluice against `sluice-floor`; its rows
+    // are only worth something if the floor decides for real. Burst 1,
+    // no refill within the run: each of the 500 keys admits once at most
+    // (keys that share one of its buckets, fewer), never 3000 times.
+    let mut floor = std::process::Command::new(binary("sluice-floor"))
+        .stdout(std::process::Stdio::piped())
+        .spawn()
+        .expect("sluice-floor starts");
+    let mut line = String::new();
+    std::io::BufRead::read_line(
+        &mut std::io::BufReader::new(floor.stdout.take().unwrap()),
+        &mut line,
+    )
+    .unwrap();
+    let addr = line
+        .trim()
+        .strip_prefix("sluice-floor listening on ")
+        .unwrap_or_else(|| panic!("first line: {line:?}"))
+        .to_owned();
+    let out = std::process::Command::new(binary("sluice"))
+        .args([
+            "--addr",
+            &addr,
+            "bench",
+            "--connections",
+            "4",
+            "--pipeline",
+            "16",
+        ])
+        .args([
+            "--requests",
+            "3000",
+            "--keys",
+            "500",
+            "--rate",
+            "1/h",
+            "--burst",
+            "1",
+            "--json",
+        ])
+        .output()
+        .expect("sluice runs");
+    let _ = floor.kill();
+    let _ = floor.wait();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let v: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(v["errors"], 0, "{v}");
+    let (allowed, denied) = (
+        v["allowed"].as_u64().unwrap(),
+        v["denied"].as_u64().unwrap(),
+    );
+    assert_eq!(allowed + denied, 3000, "{v}");
+    assert!((1..=500).contains(&allowed), "{allowed} admitted: {v}");
+}
