@@ -58,7 +58,8 @@ start_sluiced() {
   "$SLUICED" --port 0 --resp-port 0 "$@" >"$WORK/$name.out" 2>"$WORK/$name.err" &
   local pid=$!
   PIDS+=($pid)
-  for _ in $(seq 100); do
+  # Up to a minute: a node loading a 10M-bucket snapshot takes seconds.
+  for _ in $(seq 600); do
     [ "$(wc -l <"$WORK/$name.out")" -ge 2 ] && break
     sleep 0.1
   done

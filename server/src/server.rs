@@ -329,7 +329,22 @@ fn load_snapshot(node: &Node, dir: &std::path::Path) -> Result<(), StartError> {
         }
     };
     let started = Instant::now();
-    let loaded = match crate::snapshot::decode(&bytes) {
+    // Each record goes to the shard that owns its bucket now, as it is
+    // read (none is used unless the whole file checks).
+    let count = node.shard_count;
+    let mut per_shard: Vec<Vec<_>> = (0..count).map(|_| Vec::new()).collect();
+    let hint = crate::snapshot::records_hint(&bytes);
+    for v in &mut per_shard {
+        // Hashes spread evenly: a little over an even part each.
+        v.reserve_exact(hint / usize::from(count) + hint / (usize::from(count) * 64) + 16);
+    }
+    let mut records = 0usize;
+    let decoded = crate::snapshot::decode_with(&bytes, |r| {
+        records += 1;
+        per_shard[usize::from(sluice_protocol::routing::shard_of(r.key, count))].push(r);
+    });
+    drop(bytes);
+    let loaded = match decoded {
         Ok(l) => l,
         Err(e) if node.config.snapshot_ignore_corrupt => {
             tracing::warn!(path = %path.display(), error = %e, "snapshot unusable: starting empty (--snapshot-ignore-corrupt)");
@@ -343,12 +358,6 @@ fn load_snapshot(node: &Node, dir: &std::path::Path) -> Result<(), StartError> {
         }
     };
     node.repl.observe_epoch(loaded.epoch);
-    let count = node.shard_count;
-    let mut per_shard: Vec<Vec<_>> = (0..count).map(|_| Vec::new()).collect();
-    let records = loaded.records.len();
-    for r in loaded.records {
-        per_shard[usize::from(sluice_protocol::routing::shard_of(r.key, count))].push(r);
-    }
     let (done_tx, done_rx) = crate::sync::mpsc::channel();
     for (tx, records) in node.shards.iter().zip(per_shard) {
         let _ = tx.send(ShardMsg::Load(records, done_tx.clone()));

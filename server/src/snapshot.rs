@@ -197,6 +197,28 @@ fn u64_at(b: &[u8], at: usize) -> u64 {
 /// Checks a whole file and returns its records; nothing is used unless
 /// everything checks.
 pub fn decode(bytes: &[u8]) -> Result<Loaded, SnapshotError> {
+    let mut records = Vec::with_capacity(records_hint(bytes));
+    let head = decode_with(bytes, |r| records.push(r))?;
+    Ok(Loaded { records, ..head })
+}
+
+/// How many records the file says it holds, unchecked, capped by what its
+/// size could hold (a record is at least its 17-byte head): room to
+/// reserve before [`decode_with`], nothing to trust.
+pub fn records_hint(bytes: &[u8]) -> usize {
+    if bytes.len() < HEADER_BYTES {
+        return 0;
+    }
+    let said = usize::try_from(u64_at(bytes, 40)).unwrap_or(usize::MAX);
+    said.min((bytes.len() - HEADER_BYTES) / sluice_protocol::replication::RECORD_HEAD_BYTES)
+}
+
+/// [`decode`], handing each record to `each` as it is read instead of
+/// collecting them (the daemon sorts them by shard as they come: one copy
+/// of a 10M-bucket snapshot's records, not two). The records `each` was
+/// given are only to be used if this returns `Ok`; the returned `records`
+/// is empty.
+pub fn decode_with(bytes: &[u8], mut each: impl FnMut(Record)) -> Result<Loaded, SnapshotError> {
     if bytes.len() < 8 || bytes[..8] != MAGIC {
         return Err(SnapshotError::Magic);
     }
@@ -229,7 +251,7 @@ pub fn decode(bytes: &[u8]) -> Result<Loaded, SnapshotError> {
     }
     let bad = |why: String| SnapshotError::Records(why);
     let mut reader = SyncReader::new();
-    let mut records = Vec::new();
+    let mut records = 0u64;
     let mut rest = body;
     for _ in 0..chunks {
         if rest.len() < 4 {
@@ -240,24 +262,26 @@ pub fn decode(bytes: &[u8]) -> Result<Loaded, SnapshotError> {
             return Err(bad("a chunk runs past the end".into()));
         };
         reader
-            .parse(payload, |r| records.push(r))
+            .parse(payload, |r| {
+                records += 1;
+                each(r);
+            })
             .map_err(|e| bad(e.to_string()))?;
         rest = &rest[4 + len..];
     }
     if !rest.is_empty() || reader.in_part() {
         return Err(bad("bytes after the last chunk, or a record cut off".into()));
     }
-    if records.len() as u64 != records_said {
+    if records != records_said {
         return Err(bad(format!(
-            "{} records, the header says {records_said}",
-            records.len()
+            "{records} records, the header says {records_said}"
         )));
     }
     Ok(Loaded {
         epoch,
         shard_count,
         written_ns,
-        records,
+        records: Vec::new(),
     })
 }
 
