@@ -270,6 +270,13 @@ pub fn exposition(state: &AdminState) -> String {
     );
     family(
         &mut out,
+        "sluice_reply_bytes_owed",
+        "gauge",
+        "Bytes of replies the shard's connections owe (not yet written); each shard holds at most its part of --reply-bytes-node-max.",
+        &io(&|p| &p.reply_bytes_owed),
+    );
+    family(
+        &mut out,
         "sluice_replication_full_syncs_total",
         "counter",
         "Full syncs a shard completed to a follower (one per shard each time a follower subscribes).",

@@ -41,6 +41,8 @@ pub const REPLY_BYTES_MAX_DEFAULT: usize = 1 << 20;
 /// Default `--reply-timeout-ms`: how long a write of replies may stay
 /// blocked (a client that does not read) before the connection is closed.
 pub const REPLY_TIMEOUT_MS_DEFAULT: u64 = 30_000;
+/// Default `--reply-bytes-node-max`: 256 MiB.
+pub const REPLY_BYTES_NODE_MAX_DEFAULT: usize = 256 << 20;
 
 /// Default most buckets one shard holds (all kinds together). At the cap,
 /// full buckets are evicted; if none is full, new keys are refused
@@ -191,6 +193,15 @@ pub struct Config {
     /// of one frame past it are answered REPLY_BUFFER_FULL.
     #[arg(long, value_name = "BYTES", default_value_t = REPLY_BYTES_MAX_DEFAULT)]
     pub reply_bytes_max: usize,
+
+    /// Bytes of replies all connections may owe together, each shard
+    /// holding its equal part: a connection that finds its shard at its
+    /// part stops being decoded, as at --reply-bytes-max, until other
+    /// connections' replies are written (clients that never read are closed
+    /// after --reply-timeout-ms). Below --reply-bytes-max x shards, it is
+    /// also what one connection may owe.
+    #[arg(long, value_name = "BYTES", default_value_t = REPLY_BYTES_NODE_MAX_DEFAULT)]
+    pub reply_bytes_node_max: usize,
 
     /// Milliseconds a write of replies may stay blocked (the client does
     /// not read them) before the connection is closed.
@@ -365,6 +376,7 @@ struct FileConfig {
     frame_timeout_ms: Option<u64>,
     idle_timeout_ms: Option<u64>,
     reply_bytes_max: Option<usize>,
+    reply_bytes_node_max: Option<usize>,
     reply_timeout_ms: Option<u64>,
     snapshot_dir: Option<PathBuf>,
     heap_bytes_max: Option<usize>,
@@ -489,6 +501,7 @@ impl Config {
                 frame_timeout_ms,
                 idle_timeout_ms,
                 reply_bytes_max,
+                reply_bytes_node_max,
                 reply_timeout_ms,
                 snapshot_interval_s,
                 snapshot_ignore_corrupt,
@@ -604,6 +617,12 @@ impl Config {
         check("frame-timeout-ms", self.frame_timeout_ms, 1, 3_600_000)?;
         check("idle-timeout-ms", self.idle_timeout_ms, 0, 86_400_000)?;
         check("reply-bytes-max", self.reply_bytes_max, 1 << 10, 1 << 30)?;
+        check(
+            "reply-bytes-node-max",
+            self.reply_bytes_node_max,
+            1 << 10,
+            1 << 40,
+        )?;
         check("reply-timeout-ms", self.reply_timeout_ms, 1, 3_600_000)?;
         check("snapshot-interval-s", self.snapshot_interval_s, 0, 86_400)?;
         check("keys-max", self.keys_max, 0, 1 << 32)?;

@@ -34,7 +34,7 @@ use sluice_protocol::{Clock, Status, PROTOCOL_VERSION};
 use tokio::net::TcpStream;
 use tokio_util::codec::Decoder;
 
-use crate::coordinator::{self, constant_time_eq, Handler, READ_CHUNK_BYTES};
+use crate::coordinator::{self, constant_time_eq, Handler, ReplyShare, READ_CHUNK_BYTES};
 use crate::pipeline::{Pipeline, Protocol};
 use crate::shard::{
     Adopt, BatchReply, ConnectionGuard, MultiVerdict, Op, Outcome, ShardCore, ShardMsg,
@@ -212,6 +212,8 @@ struct Connection {
     migrate: Option<Handoff>,
     /// Keeps the node's connection count while the connection lives.
     guard: ConnectionGuard,
+    /// Its part of the shard's reply bytes owed.
+    share: ReplyShare,
 }
 
 /// Serves one connection until it closes (or moves to another shard, or
@@ -242,6 +244,7 @@ pub async fn run(core: Rc<ShardCore>, adopt: Adopt) {
         backlog: false,
         migrate: None,
         guard,
+        share: ReplyShare::new(core.clone()),
     };
     if let Some(request_id) = hello_request_id {
         let hello = conn.hello_ok(Some(core.id));
@@ -290,6 +293,11 @@ impl Handler for Connection {
 
     fn backlog(&self) -> bool {
         self.backlog
+    }
+
+    fn settle_replies(&mut self) {
+        let owed = self.owed();
+        self.share.settle(owed);
     }
 
     fn fill(&mut self, reply: BatchReply) {
@@ -342,9 +350,11 @@ impl Connection {
         };
         self.backlog = false;
         while !self.closing && self.migrate.is_none() {
-            if self.owed() >= reply_max || self.pipe.len() >= inflight_max {
+            if self.share.full(self.owed(), reply_max) || self.pipe.len() >= inflight_max {
                 // The rest waits in `rbuf` until the replies are written
-                // (the coordinator reads no more meanwhile).
+                // (this connection's, or at the shard's share of
+                // --reply-bytes-node-max others'; the coordinator reads no
+                // more meanwhile).
                 self.backlog = true;
                 break;
             }

@@ -17,6 +17,7 @@
 //! bytes to read (not while `inflight_max` requests are unanswered, which
 //! pushes back on the peer through TCP), Drain.
 
+use std::cell::Cell;
 use std::future::Future;
 use std::net::TcpStream as StdTcpStream;
 use std::rc::Rc;
@@ -82,6 +83,9 @@ pub(crate) trait Handler: Sized {
     /// The encoded replies, ready to write (the loop clears them once
     /// written).
     fn output(&mut self) -> &mut BytesMut;
+    /// Brings the shard's count of reply bytes owed up to date with this
+    /// connection's ([`ReplyShare::settle`]).
+    fn settle_replies(&mut self);
     /// Once the replies are written: whether the socket moves on.
     fn take_handoff(&mut self) -> Option<Self::Handoff> {
         None
@@ -106,6 +110,102 @@ pub(crate) trait Handler: Sized {
         rbuf: BytesMut,
         handoff: Self::Handoff,
     ) -> impl Future<Output = ()>;
+}
+
+/// The reply bytes a shard's connections owe together (written nowhere
+/// yet, or held behind forwarded requests), against the shard's share of
+/// `--reply-bytes-node-max`: the node-wide bound on what clients that do
+/// not read can make it hold. Each connection keeps its own part in a
+/// [`ReplyShare`]; a connection that finds the shard at its share stops
+/// decoding (as at its own `--reply-bytes-max`) until others' replies are
+/// written, and is woken then.
+#[derive(Debug)]
+pub struct ShardReplies {
+    /// Bytes owed, all connections together (as they last settled).
+    owed: Cell<usize>,
+    /// The shard's share of `--reply-bytes-node-max`.
+    share: usize,
+    /// Whether a connection stopped at the share and waits for `freed`.
+    blocked: Cell<bool>,
+    /// Told when the shard falls back under its share.
+    freed: tokio::sync::Notify,
+}
+
+impl ShardReplies {
+    pub fn new(share: usize) -> ShardReplies {
+        ShardReplies {
+            owed: Cell::new(0),
+            share,
+            blocked: Cell::new(false),
+            freed: tokio::sync::Notify::new(),
+        }
+    }
+
+    /// Bytes owed by all the shard's connections together.
+    pub fn owed(&self) -> usize {
+        self.owed.get()
+    }
+
+    /// Resolves when the shard falls back under its share, after a
+    /// connection stopped at it.
+    fn freed(&self) -> tokio::sync::futures::Notified<'_> {
+        self.freed.notified()
+    }
+}
+
+/// One connection's part of its shard's [`ShardReplies`]; gives it back
+/// when dropped (the connection closed or moved to another shard).
+#[derive(Debug)]
+pub(crate) struct ReplyShare {
+    core: Rc<ShardCore>,
+    /// What this connection last added to the shard's total.
+    settled: usize,
+}
+
+impl ReplyShare {
+    pub(crate) fn new(core: Rc<ShardCore>) -> ReplyShare {
+        ReplyShare { core, settled: 0 }
+    }
+
+    /// Whether a connection that owes `owed` must stop decoding: it owes
+    /// `--reply-bytes-max`, or with the rest of its shard's connections the
+    /// shard's share of `--reply-bytes-node-max`.
+    #[inline]
+    pub(crate) fn full(&self, owed: usize, reply_max: usize) -> bool {
+        if owed >= reply_max {
+            return true;
+        }
+        let r = &self.core.replies;
+        let full = r.owed.get() - self.settled + owed >= r.share;
+        if full {
+            r.blocked.set(true);
+        }
+        full
+    }
+
+    /// Brings the shard's total up to date with what the connection owes
+    /// now; wakes the connections that stopped at the share once it is
+    /// back under.
+    #[inline]
+    pub(crate) fn settle(&mut self, owed: usize) {
+        if owed == self.settled {
+            return;
+        }
+        let r = &self.core.replies;
+        let total = r.owed.get() - self.settled + owed;
+        r.owed.set(total);
+        self.settled = owed;
+        if r.blocked.get() && total < r.share {
+            r.blocked.set(false);
+            r.freed.notify_waiters();
+        }
+    }
+}
+
+impl Drop for ReplyShare {
+    fn drop(&mut self) {
+        self.settle(0);
+    }
 }
 
 /// Serves one connection until it closes, or until the handler takes the
@@ -166,6 +266,9 @@ async fn serve<H: Handler>(
     let mut grown = false;
     let idle_on = config.idle_timeout_ms > 0;
     loop {
+        // What the last turn's decoding and filling added to what the
+        // connection owes, counted on its shard.
+        h.settle_replies();
         if let Some(need) = replication_wait(&core) {
             // Sync mode: these replies reflect changes the follower must
             // have first.
@@ -192,6 +295,7 @@ async fn serve<H: Handler>(
             if out.capacity() > BUFFER_KEEP_BYTES {
                 *out = BytesMut::with_capacity(READ_CHUNK_BYTES);
             }
+            h.settle_replies();
         }
         if let Some(handoff) = h.take_handoff() {
             return Ok(Some(handoff));
@@ -261,6 +365,9 @@ async fn serve<H: Handler>(
                 }
             }
             _ = draining.changed(), if !h.closing() => {}
+            // Stopped at the shard's share of --reply-bytes-node-max: on
+            // once other connections' replies are written.
+            () = core.replies.freed(), if h.backlog() && !h.closing() => {}
             () = &mut evicted, if !h.authed() && !h.closing() => {
                 tracing::debug!(shard = core.id, "closing a {} that had not authenticated: a newer one needs its place", H::NAME);
                 h.close();

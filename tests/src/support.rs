@@ -372,3 +372,36 @@ pub fn specs(specs: &[&str]) -> Vec<sluice_protocol::Limit> {
         .map(|s| s.parse().unwrap_or_else(|e| panic!("{s}: {e}")))
         .collect()
 }
+
+/// `GET path` over HTTP/1.0 (the admin port): (status code, body).
+pub fn http_get(addr: SocketAddr, path: &str) -> (u16, String) {
+    let mut s = std::net::TcpStream::connect(addr).expect("the admin port answers");
+    s.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
+    std::io::Write::write_fmt(
+        &mut s,
+        format_args!("GET {path} HTTP/1.0\r\nHost: sluice\r\n\r\n"),
+    )
+    .unwrap();
+    let mut reply = String::new();
+    std::io::Read::read_to_string(&mut s, &mut reply).unwrap();
+    let code = reply
+        .split_whitespace()
+        .nth(1)
+        .and_then(|c| c.parse().ok())
+        .unwrap_or_else(|| panic!("no status line: {reply:?}"));
+    let body = reply
+        .split("\r\n\r\n")
+        .nth(1)
+        .unwrap_or_default()
+        .to_owned();
+    (code, body)
+}
+
+/// The value of the sample `name{labels}` (or `name` alone) in a scrape.
+pub fn metric_sample(scrape: &str, series: &str) -> f64 {
+    scrape
+        .lines()
+        .find_map(|l| l.strip_prefix(series).and_then(|v| v.strip_prefix(' ')))
+        .and_then(|v| v.parse().ok())
+        .unwrap_or_else(|| panic!("no sample {series} in:\n{scrape}"))
+}

@@ -3,42 +3,12 @@
 //! follow the decisions made; /health; /ready of a primary, of a follower
 //! in sync and of one that has lost its primary; /role as JSON.
 
-use std::io::{Read, Write};
-use std::net::SocketAddr;
+use std::io::Write;
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
 use sluice_protocol::Policy;
-use sluice_tests::support::Sluiced;
-
-/// `GET path` over HTTP/1.0: (status code, body).
-fn get(addr: SocketAddr, path: &str) -> (u16, String) {
-    let mut s = std::net::TcpStream::connect(addr).expect("the admin port answers");
-    s.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
-    write!(s, "GET {path} HTTP/1.0\r\nHost: sluice\r\n\r\n").unwrap();
-    let mut reply = String::new();
-    s.read_to_string(&mut reply).unwrap();
-    let code = reply
-        .split_whitespace()
-        .nth(1)
-        .and_then(|c| c.parse().ok())
-        .unwrap_or_else(|| panic!("no status line: {reply:?}"));
-    let body = reply
-        .split("\r\n\r\n")
-        .nth(1)
-        .unwrap_or_default()
-        .to_owned();
-    (code, body)
-}
-
-/// The value of the sample `name{labels}` (or `name` alone) in a scrape.
-fn sample(scrape: &str, series: &str) -> f64 {
-    scrape
-        .lines()
-        .find_map(|l| l.strip_prefix(series).and_then(|v| v.strip_prefix(' ')))
-        .and_then(|v| v.parse().ok())
-        .unwrap_or_else(|| panic!("no sample {series} in:\n{scrape}"))
-}
+use sluice_tests::support::{http_get as get, metric_sample as sample, Sluiced};
 
 #[tokio::test]
 async fn metrics_pass_promtool_and_count_the_decisions() {

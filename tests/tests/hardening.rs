@@ -590,3 +590,108 @@ async fn a_panicking_shard_ends_the_process_instead_of_leaving_requests_waiting(
     let status = server.wait_for_exit(Duration::from_secs(10));
     assert_eq!(status.signal(), Some(6), "aborted (SIGABRT): {status:?}");
 }
+
+/// `--reply-bytes-node-max` bounds what clients that never read make the
+/// node hold together, where `--reply-bytes-max` bounds each: on one shard
+/// with a 512 KiB node bound, three rude connections (a frame of 4,000
+/// STATS each, 288 kB of replies that their full socket buffers leave
+/// owed) fill the shard's part, never more than one connection's bound past it
+/// (`sluice_reply_bytes_owed`), and a polite client's PING then waits, not
+/// decoded, until the rude ones are gone; it is answered once they are.
+/// Under the default bound (256 MiB) the same PING, sent when the rude ones
+/// owe as much, is answered at once: the wait is the bound's doing.
+#[tokio::test]
+async fn clients_that_never_read_hold_at_most_the_node_reply_bound_together() {
+    use sluice_tests::support::{http_get, metric_sample};
+    const SHARE: f64 = 524_288.0;
+    for node_max in [Some("524288"), None] {
+        let mut args = vec![
+            "--shards",
+            "1",
+            "--reply-timeout-ms",
+            "60000",
+            "--admin-port",
+            "0",
+        ];
+        if let Some(max) = node_max {
+            args.extend(["--reply-bytes-node-max", max]);
+        }
+        let server = Sluiced::start(&args);
+        let admin = server.admin_addr.expect("an admin port");
+        let mut polite = Raw::connect(server.addr).await;
+        polite.send_frame(&[(1, Request::Ping)]).await;
+        assert_eq!(polite.next_reply().await, Some((1, Reply::Pong)));
+        let mut rude = Vec::new();
+        for _ in 0..3 {
+            rude.push(Raw::connect(server.addr).await);
+        }
+        // Far more replies than loopback's socket buffers take (here about
+        // 36 MB a connection): 250 frames of 4,000 STATS, 72 MB of replies
+        // each at one shard.
+        let frames: Vec<Vec<u8>> = (0..250u32)
+            .map(|f| stats_frame(1 + f * 4_000, 4_000))
+            .collect();
+        send_until_blocked(&mut rude, &frames).await;
+        // Until the shard owes the rude ones the node bound (published at
+        // least once a second), and never much more.
+        let (mut owed, start) = (0.0, Instant::now());
+        while owed < SHARE {
+            assert!(
+                start.elapsed() < Duration::from_secs(20),
+                "the rude clients never came to owe 512 KiB ({owed} bytes)"
+            );
+            tokio::time::sleep(Duration::from_millis(50)).await;
+            owed = metric_sample(
+                &http_get(admin, "/metrics").1,
+                "sluice_reply_bytes_owed{shard=\"0\"}",
+            );
+        }
+        if node_max.is_some() {
+            // One frame's replies past the share at most: one connection's
+            // bound (1 MiB, a 64 KiB reply across it, and REPLY_BUFFER_FULL
+            // for the rest of a 4,096-request frame).
+            let most = SHARE + 1_048_576.0 + 65_536.0 + 4_096.0 * 128.0;
+            assert!(owed <= most, "the shard owes {owed} bytes, over {most}");
+            println!(
+                "attack: 3 clients that never read, node bound 512 KiB on one shard: the shard owes {:.0} KiB, a polite PING waits until they are gone",
+                owed / 1024.0
+            );
+        }
+        polite.send_frame(&[(2, Request::Ping)]).await;
+        let answered =
+            tokio::time::timeout(Duration::from_millis(1_000), polite.next_reply()).await;
+        match node_max {
+            Some(max) => {
+                assert!(
+                    answered.is_err(),
+                    "at the node bound ({max}) the PING was answered: {answered:?}"
+                );
+                drop(rude);
+                let after = tokio::time::timeout(Duration::from_secs(10), polite.next_reply())
+                    .await
+                    .expect("the PING is answered once the rude clients are gone");
+                assert_eq!(after, Some((2, Reply::Pong)));
+            }
+            None => assert_eq!(
+                answered.expect("answered at once under the default bound"),
+                Some((2, Reply::Pong))
+            ),
+        }
+    }
+    // The edges of the setting: 1 KiB is the least accepted, 1 TiB the most.
+    for bad in ["1023", "1099511627777"] {
+        let out = std::process::Command::new(sluice_tests::support::binary("sluiced"))
+            .args(["--reply-bytes-node-max", bad, "--port", "0"])
+            .output()
+            .expect("sluiced runs");
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        assert!(
+            !out.status.success() && stderr.contains("reply-bytes-node-max"),
+            "{bad}: {out:?}"
+        );
+    }
+    let least = Sluiced::start(&["--shards", "1", "--reply-bytes-node-max", "1024"]);
+    let mut raw = Raw::connect(least.addr).await;
+    raw.send_frame(&[(1, Request::Ping)]).await;
+    assert_eq!(raw.next_reply().await, Some((1, Reply::Pong)));
+}

@@ -28,7 +28,7 @@ use tokio::net::TcpStream;
 
 use super::command::{self, Command, CommandProbe, Field, Reply};
 use super::parser::{Args, Parser};
-use crate::coordinator::{self, constant_time_eq, Handler, READ_CHUNK_BYTES};
+use crate::coordinator::{self, constant_time_eq, Handler, ReplyShare, READ_CHUNK_BYTES};
 use crate::pipeline::{Pipeline, Protocol};
 use crate::shard::{AdoptResp, BatchReply, ConnectionGuard, Op, Outcome, ShardCore};
 
@@ -85,6 +85,8 @@ struct Session {
     bad_input: bool,
     /// Keeps the node's connection count while the connection lives.
     guard: ConnectionGuard,
+    /// Its part of the shard's reply bytes owed.
+    share: ReplyShare,
 }
 
 /// The state of one RESP connection task, but for the socket and the bytes
@@ -149,6 +151,7 @@ pub async fn run(core: Rc<ShardCore>, adopt: AdoptResp) {
             closing: false,
             bad_input: false,
             guard,
+            share: ReplyShare::new(core.clone()),
         },
     };
     coordinator::run(stream, BytesMut::with_capacity(READ_CHUNK_BYTES), conn).await;
@@ -205,7 +208,9 @@ impl Handler for RespConnection {
         self.backlog = false;
         while !self.session.closing {
             let s = &self.session;
-            if s.wbuf.len() + s.pipe.held_bytes() >= reply_max || s.pipe.len() >= inflight_max {
+            if s.share.full(s.wbuf.len() + s.pipe.held_bytes(), reply_max)
+                || s.pipe.len() >= inflight_max
+            {
                 // The rest waits in `rbuf` until the replies are written.
                 self.backlog = true;
                 break;
@@ -250,6 +255,11 @@ impl Handler for RespConnection {
 
     fn backlog(&self) -> bool {
         self.backlog
+    }
+
+    fn settle_replies(&mut self) {
+        let s = &mut self.session;
+        s.share.settle(s.wbuf.len() + s.pipe.held_bytes());
     }
 
     fn linger_on_close(&self) -> bool {

@@ -404,6 +404,9 @@ pub struct PublishedStats {
     pub batch_ns_total: AtomicU64,
     /// Full syncs this shard completed to a follower.
     pub full_syncs_total: AtomicU64,
+    /// Reply bytes the shard's connections owe together (as last
+    /// published: at least once a second).
+    pub reply_bytes_owed: AtomicU64,
 }
 
 /// Status codes the error counters have room for (0 unused).
@@ -518,6 +521,9 @@ pub struct ShardCore {
     pub full_syncs: Cell<u64>,
     /// ERROR replies sent, by status code.
     pub errors: RefCell<[u64; ERROR_CODES]>,
+    /// Reply bytes this shard's connections owe together, and the shard's
+    /// share of `--reply-bytes-node-max` (see `coordinator::ReplyShare`).
+    pub replies: crate::coordinator::ShardReplies,
 }
 
 impl ShardCore {
@@ -537,6 +543,7 @@ impl ShardCore {
         let mut table = Table::with_cap(node.config.keys_max, base);
         table.set_heap_bytes_max(node.config.heap_bytes_max);
         let lease_epoch = Cell::new(node.epoch());
+        let reply_share = node.config.reply_bytes_node_max / usize::from(node.shard_count.max(1));
         ShardCore {
             id,
             tiers,
@@ -555,6 +562,7 @@ impl ShardCore {
             batch_time: RefCell::new((0, [0; FRAME_TIME_BUCKETS], 0)),
             full_syncs: Cell::new(0),
             errors: RefCell::new([0; ERROR_CODES]),
+            replies: crate::coordinator::ShardReplies::new(reply_share),
         }
     }
 
@@ -683,6 +691,8 @@ impl ShardCore {
         p.batch_ns_total.store(batches.2, Ordering::Relaxed);
         p.full_syncs_total
             .store(self.full_syncs.get(), Ordering::Relaxed);
+        p.reply_bytes_owed
+            .store(self.replies.owed() as u64, Ordering::Relaxed);
     }
 
     /// Counts one ERROR reply.
