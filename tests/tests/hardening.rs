@@ -418,17 +418,25 @@ async fn replies_past_the_reply_bound_in_one_frame_are_refused_in_order() {
         "{again:?}"
     );
     // The edge of the setting: 1 KiB is the least accepted.
-    let out = std::process::Command::new(sluice_tests::support::binary("sluiced"))
-        .args(["--reply-bytes-max", "1023", "--port", "0"])
-        .output()
-        .expect("sluiced runs");
-    let stderr = String::from_utf8_lossy(&out.stderr);
-    assert!(
-        !out.status.success() && stderr.contains("reply-bytes-max"),
-        "{out:?}"
-    );
-    let least = Sluiced::start(&["--shards", "1", "--reply-bytes-max", "1024"]);
-    let mut raw = Raw::connect(least.addr).await;
+    assert_setting_edges("--reply-bytes-max", &["1023"], "1024").await;
+}
+
+/// `flag` set to any of `refused` stops sluiced at start with an error
+/// naming it; set to `least` it serves.
+async fn assert_setting_edges(flag: &str, refused: &[&str], least: &str) {
+    for bad in refused {
+        let out = std::process::Command::new(sluice_tests::support::binary("sluiced"))
+            .args([flag, bad, "--port", "0"])
+            .output()
+            .expect("sluiced runs");
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        assert!(
+            !out.status.success() && stderr.contains(flag.trim_start_matches('-')),
+            "{flag} {bad}: {out:?}"
+        );
+    }
+    let server = Sluiced::start(&["--shards", "1", flag, least]);
+    let mut raw = Raw::connect(server.addr).await;
     raw.send_frame(&[(1, Request::Ping)]).await;
     assert_eq!(raw.next_reply().await, Some((1, Reply::Pong)));
 }
@@ -679,19 +687,5 @@ async fn clients_that_never_read_hold_at_most_the_node_reply_bound_together() {
         }
     }
     // The edges of the setting: 1 KiB is the least accepted, 1 TiB the most.
-    for bad in ["1023", "1099511627777"] {
-        let out = std::process::Command::new(sluice_tests::support::binary("sluiced"))
-            .args(["--reply-bytes-node-max", bad, "--port", "0"])
-            .output()
-            .expect("sluiced runs");
-        let stderr = String::from_utf8_lossy(&out.stderr);
-        assert!(
-            !out.status.success() && stderr.contains("reply-bytes-node-max"),
-            "{bad}: {out:?}"
-        );
-    }
-    let least = Sluiced::start(&["--shards", "1", "--reply-bytes-node-max", "1024"]);
-    let mut raw = Raw::connect(least.addr).await;
-    raw.send_frame(&[(1, Request::Ping)]).await;
-    assert_eq!(raw.next_reply().await, Some((1, Reply::Pong)));
+    assert_setting_edges("--reply-bytes-node-max", &["1023", "1099511627777"], "1024").await;
 }

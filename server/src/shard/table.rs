@@ -329,7 +329,7 @@ impl Table {
 
     /// The keys a walk would miss, moved by the table below its cursors
     /// since the last call (see `BucketMap`): the walker reads them again.
-    /// A full sync gets them through [`Table::take_changes`] instead.
+    /// A full sync's come through [`Table::take_changes`] (with the writes).
     pub fn export_moved(&mut self, walk: Walk, out: &mut Vec<(u128, Kind)>) {
         let mut moved = Vec::new();
         for (map, kind) in [
@@ -424,19 +424,15 @@ impl Table {
     /// records, with no list in between).
     #[inline]
     pub fn drain_changes(&mut self, mut each: impl FnMut(u128, Kind, Option<State>)) {
+        if self.changes.is_none() {
+            return;
+        }
+        let mut moved = Vec::new();
+        self.export_moved(Walk::Sync, &mut moved);
         let Some(changes) = self.changes.as_mut() else {
             return;
         };
-        let mut moved = Vec::new();
-        for (map_moved, kind) in [
-            (&mut self.buckets as &mut dyn ExportMoved, Kind::TokenBucket),
-            (&mut self.fixed, Kind::FixedWindow),
-            (&mut self.counters, Kind::SlidingCounter),
-        ] {
-            moved.clear();
-            map_moved.moved(Walk::Sync, &mut moved);
-            changes.extend(moved.iter().map(|&k| (k, (kind, Snap::Read))));
-        }
+        changes.extend(moved.into_iter().map(|(k, kind)| (k, (kind, Snap::Read))));
         // Taken out while it drains (a `Read` reads the tables), then put
         // back with its capacity: no copy of the set, no allocation.
         let mut taken = std::mem::take(changes);
