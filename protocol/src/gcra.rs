@@ -105,11 +105,30 @@ fn ceil_ns(fp: u128) -> u64 {
     u64::try_from(ns).unwrap_or(u64::MAX)
 }
 
-/// The emission interval of one unit, fixed point, rounded up.
+/// The emission interval of one unit, fixed point, rounded up:
+/// `ceil((period << 32) / count)`. With `period = q x count + r`, that is
+/// `(q << 32) + ceil((r << 32) / count)` exactly, and for a count under
+/// 2^32 (every practical limit) both parts are 64-bit divisions: no
+/// 128-bit division (`__udivti3`, a call and a loop) on every decision.
 #[inline]
 fn emission_fp(policy: &Policy) -> u128 {
-    let count = u128::from(policy.count);
-    to_fp(policy.period_ns).div_ceil(count)
+    let (period, count) = (policy.period_ns, policy.count);
+    if count >> 32 == 0 {
+        let (q, r) = (period / count, period % count);
+        (u128::from(q) << FRAC_BITS) + u128::from((r << FRAC_BITS).div_ceil(count))
+    } else {
+        to_fp(period).div_ceil(u128::from(count))
+    }
+}
+
+/// `n / d` (the whole units in a span), with a 64-bit division when both
+/// fit, as they do but for the largest bursts.
+#[inline]
+fn units_in(n: u128, d: u128) -> u128 {
+    match (u64::try_from(n), u64::try_from(d)) {
+        (Ok(n), Ok(d)) => u128::from(n / d),
+        _ => n / d,
+    }
 }
 
 /// Spends `cost` units from `bucket` (absent = full) at `now_ns`.
@@ -133,7 +152,7 @@ pub fn throttle(bucket: Option<Bucket>, policy: &Policy, cost: u64, now_ns: u64)
         let verdict = Verdict {
             allowed: true,
             limit: policy.burst,
-            remaining: to_units((tau - horizon) / i),
+            remaining: to_units(units_in(tau - horizon, i)),
             retry_after_ns: 0,
             reset_after_ns: ceil_ns(horizon),
         };
@@ -144,7 +163,7 @@ pub fn throttle(bucket: Option<Bucket>, policy: &Policy, cost: u64, now_ns: u64)
         let verdict = Verdict {
             allowed: false,
             limit: policy.burst,
-            remaining: to_units(tau.saturating_sub(spent) / i),
+            remaining: to_units(units_in(tau.saturating_sub(spent), i)),
             retry_after_ns: ceil_ns(horizon - tau),
             reset_after_ns: ceil_ns(spent),
         };
@@ -346,6 +365,23 @@ mod tests {
 
     proptest! {
         #![proptest_config(ProptestConfig::with_cases(256))]
+
+        /// The 64-bit paths give exactly what the 128-bit arithmetic
+        /// does, for every policy the validator admits and every span.
+        #[test]
+        fn the_64_bit_divisions_are_exact(
+            count in prop_oneof![1u64..=1_000, 1u64..=u64::from(u32::MAX), 1u64..=crate::policy::COUNT_MAX],
+            period_ns in crate::policy::PERIOD_NS_MIN..=crate::policy::PERIOD_NS_MAX,
+            n in any::<u128>(),
+            d in 1u128..,
+            small in any::<u64>(),
+        ) {
+            let p = Policy { count, period_ns, burst: 1 };
+            prop_assert_eq!(emission_fp(&p), to_fp(period_ns).div_ceil(u128::from(count)));
+            prop_assert_eq!(units_in(n, d), n / d);
+            let (a, b) = (u128::from(small), u128::from(small / 3 + 1));
+            prop_assert_eq!(units_in(a, b), a / b);
+        }
 
         /// Admitted units in any window of length T never exceed
         /// burst + rate x T (windows measured on the times actually seen,
