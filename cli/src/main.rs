@@ -20,6 +20,28 @@ use sluice_protocol::message::{DecideOk, LeaseTarget, Limits, Mode, LIMITS_MAX};
 use sluice_protocol::policy::Rate;
 use sluice_protocol::{Kind, Limit, Policy};
 
+/// `println!` for the commands' output: when the reader has stopped
+/// (`sluice stats | head`), the process ends quietly with status 0, where
+/// `println!` panics (Rust ignores SIGPIPE, so the write fails instead).
+macro_rules! outln {
+    ($($t:tt)*) => {
+        say(format_args!($($t)*))
+    };
+}
+
+/// Writes one line of output (see [`outln!`]).
+fn say(line: std::fmt::Arguments<'_>) {
+    use std::io::Write;
+    let mut out = std::io::stdout().lock();
+    if let Err(e) = out.write_fmt(line).and_then(|()| out.write_all(b"\n")) {
+        if e.kind() == std::io::ErrorKind::BrokenPipe {
+            std::process::exit(0);
+        }
+        eprintln!("sluice: cannot write the output: {e}");
+        std::process::exit(2);
+    }
+}
+
 /// What `sluice --help` says after the commands.
 const AFTER_HELP: &str = "\
 Examples:
@@ -412,12 +434,12 @@ async fn run_cluster(mut cli: Cli, path: std::path::PathBuf) -> Result<ExitCode,
             let (group, node) = cluster.locate(key.as_bytes()).await;
             let node = node.unwrap_or_default();
             if r.json {
-                println!(
+                outln!(
                     "{}",
                     serde_json::json!({"key": key, "group": group, "node": node})
                 );
             } else {
-                println!(
+                outln!(
                     "{key} group={group} node={}",
                     if node.is_empty() { "-" } else { &node }
                 );
@@ -452,11 +474,11 @@ async fn run_cluster(mut cli: Cli, path: std::path::PathBuf) -> Result<ExitCode,
     let mut code = ExitCode::SUCCESS;
     for (group, node) in cluster.primaries().await {
         let Some(node) = node else {
-            println!("group {group}: no primary answers");
+            outln!("group {group}: no primary answers");
             code = ExitCode::from(2);
             continue;
         };
-        println!("group {group} at {node}:");
+        outln!("group {group} at {node}:");
         let one = Cli {
             addr: node,
             timeout_ms: cli.timeout_ms,
@@ -504,7 +526,7 @@ async fn run(cli: Cli) -> Result<ExitCode, Error> {
         Command::Ping => {
             let rtt = client.ping().await?;
             let h = client.hello();
-            println!(
+            outln!(
                 "PONG from {} in {:.3} ms (node {:016x}, {} shards, epoch {})",
                 cli.addr,
                 rtt.as_secs_f64() * 1e3,
@@ -538,34 +560,34 @@ async fn run(cli: Cli) -> Result<ExitCode, Error> {
             if a.json {
                 let mut v = report::stats_json(&stats);
                 v["replication"] = report::role_json(&role);
-                println!("{v}");
+                outln!("{v}");
             } else {
-                println!("{}", report::stats_text(&stats));
-                println!("replication: {}", report::role_text(&role));
+                outln!("{}", report::stats_text(&stats));
+                outln!("replication: {}", report::role_text(&role));
             }
             Ok(ExitCode::SUCCESS)
         }
         Command::Reload(a) => {
             let tier_count = client.reload().await?;
             if a.json {
-                println!("{}", serde_json::json!({ "tier_count": tier_count }));
+                outln!("{}", serde_json::json!({ "tier_count": tier_count }));
             } else {
-                println!("reloaded: {tier_count} tiers");
+                outln!("reloaded: {tier_count} tiers");
             }
             Ok(ExitCode::SUCCESS)
         }
         Command::Role(a) => {
             let role = client.role().await?;
             if a.json {
-                println!("{}", report::role_json(&role));
+                outln!("{}", report::role_json(&role));
             } else {
-                println!("{}", report::role_text(&role));
+                outln!("{}", report::role_text(&role));
             }
             Ok(ExitCode::SUCCESS)
         }
         Command::Promote => {
             let epoch = client.promote().await?;
-            println!("{}", report::promote_text(epoch));
+            outln!("{}", report::promote_text(epoch));
             Ok(ExitCode::SUCCESS)
         }
         Command::Failover(a) => {
@@ -573,9 +595,9 @@ async fn run(cli: Cli) -> Result<ExitCode, Error> {
             let unavailable_ms = ok.unavailable_us as f64 / 1_000.0;
             if a.json {
                 let v = serde_json::json!({"epoch": ok.epoch, "unavailable_ms": unavailable_ms});
-                println!("{v}");
+                outln!("{v}");
             } else {
-                println!(
+                outln!(
                     "failover: epoch={} unavailable_ms={unavailable_ms:.3}",
                     ok.epoch
                 );
@@ -676,12 +698,12 @@ async fn bench(
                 redis().await?
             };
             if b.json {
-                println!(
+                outln!(
                     "{}",
                     serde_json::to_string(&report).expect("a report serializes")
                 );
             } else {
-                println!("{report}");
+                outln!("{report}");
             }
         }
         BenchTarget::Both => {
@@ -691,9 +713,9 @@ async fn bench(
             let p99_ratio = s.latency_us.p99 / r.latency_us.p99;
             if b.json {
                 let both = serde_json::json!({"sluice": s, "redis_lua": r, "ops_ratio": ratio, "p99_ratio": p99_ratio});
-                println!("{both}");
+                outln!("{both}");
             } else {
-                println!("{s}\n{r}\nSluice / Redis + Lua: {ratio:.1}x ops/s, p99 {p99_ratio:.2}x");
+                outln!("{s}\n{r}\nSluice / Redis + Lua: {ratio:.1}x ops/s, p99 {p99_ratio:.2}x");
             }
         }
     }
@@ -729,9 +751,9 @@ async fn decide(client: &Client, d: Decide, peek: bool) -> Result<ExitCode, Erro
         client.throttle(d.key.as_bytes(), policy, d.cost).await?
     };
     if d.json {
-        println!("{}", verdict_json(&v));
+        outln!("{}", verdict_json(&v));
     } else {
-        println!("{}", report::verdict_line(&v));
+        outln!("{}", report::verdict_line(&v));
     }
     Ok(allowed_code(v.allowed))
 }
@@ -765,9 +787,9 @@ async fn lease(client: &Client, a: LeaseArgs, renew: bool) -> Result<ExitCode, E
         client.release(key, target, a.lease).await?
     };
     if a.json {
-        println!("{}", report::lease_json(&ok));
+        outln!("{}", report::lease_json(&ok));
     } else {
-        println!("{}", report::lease_text(&ok, renew));
+        outln!("{}", report::lease_text(&ok, renew));
     }
     Ok(ExitCode::SUCCESS)
 }
@@ -836,9 +858,9 @@ fn lease_target(limits: &LimitsArgs, index: Option<u8>) -> Result<LeaseTarget<'_
 
 fn print_decide(ok: &DecideOk, json: bool) {
     if json {
-        println!("{}", report::decide_json(ok));
+        outln!("{}", report::decide_json(ok));
     } else {
-        println!("{}", report::decide_text(ok));
+        outln!("{}", report::decide_text(ok));
     }
 }
 

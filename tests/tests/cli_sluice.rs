@@ -121,3 +121,22 @@ fn unreachable_server_is_a_clear_error() {
         .unwrap()
         .contains("cannot connect"));
 }
+
+#[test]
+fn output_into_a_closed_pipe_ends_quietly() {
+    // `sluice stats | head -1`: the reader is gone before sluice writes.
+    // Rust ignores SIGPIPE, so println! used to panic (status 101 and a
+    // backtrace); the output now ends quietly, with status 0.
+    let server = Sluiced::start(&["--shards", "4"]);
+    let mut child = Command::new(binary("sluice"))
+        .args(["--addr", &server.addr.to_string(), "stats"])
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .expect("sluice runs");
+    drop(child.stdout.take());
+    let out = child.wait_with_output().expect("sluice ends");
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success(), "{:?}: {stderr}", out.status);
+    assert!(!stderr.contains("panicked"), "{stderr}");
+}
