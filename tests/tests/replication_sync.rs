@@ -176,6 +176,61 @@ async fn follower_that_falls_behind_resyncs() {
     converge(&p, &f, &keys).await;
 }
 
+/// Async mode: no reply waits for an ack, so a paused follower is noticed
+/// by the flow's write, which blocks once the socket buffers are full; it
+/// ends after FLOW_WRITE_TIMEOUT_MS (10 s) and the primary serves alone
+/// (before, it stayed "streaming" and kept every bucket changed since in its
+/// change set). Resumed, the follower resyncs.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_paused_follower_is_dropped_by_an_async_primary() {
+    let (primary, follower) = start_pair(
+        &["--shards", "1", "--replication", "async"],
+        &["--shards", "1"],
+    )
+    .await;
+    follower.signal("STOP");
+    let paused = Instant::now();
+    // Sliding logs of up to 1,000 entries on 50 keys: every drain carries
+    // each changed key's whole log (16 bytes an entry), far more than the
+    // socket buffers between the two hold, from a few thousand requests.
+    let load = std::process::Command::new(sluice_tests::support::binary("sluice"))
+        .args([
+            "--addr",
+            &primary.addr.to_string(),
+            "bench",
+            "--connections",
+            "4",
+        ])
+        .args(["--pipeline", "16", "--keys", "50", "--requests", "40000"])
+        .args([
+            "--kind",
+            "sliding-log",
+            "--rate",
+            "1000/h",
+            "--duration-s",
+            "60",
+        ])
+        .output()
+        .expect("sluice bench runs");
+    assert!(
+        load.status.success(),
+        "{}",
+        String::from_utf8_lossy(&load.stderr)
+    );
+    let r = wait_role(primary.addr, Duration::from_secs(40), |r| {
+        r.state == sluice_client::ReplState::Alone
+    })
+    .await;
+    assert_eq!(r.follower, "", "the primary says it is alone");
+    assert!(
+        paused.elapsed() >= Duration::from_secs(10),
+        "dropped after {:?}, before the write timeout",
+        paused.elapsed()
+    );
+    follower.signal("CONT");
+    wait_role(follower.addr, Duration::from_secs(60), repl::streaming).await;
+}
+
 /// Sends one inline RESP command and reads what comes back within a moment.
 async fn resp(addr: std::net::SocketAddr, command: &str) -> String {
     use tokio::io::{AsyncReadExt, AsyncWriteExt};

@@ -39,6 +39,12 @@ pub const ASYNC_DRAIN_MS: u64 = 1;
 /// yields to the shard's other work (so a large table's full sync never
 /// stalls the shard for long).
 pub const FULL_SYNC_SLOTS_PER_STEP: usize = 8_192;
+/// A flow whose write to its follower stays blocked this long (the
+/// follower stopped reading: paused, or its host gone without a reset)
+/// ends, and the shard serves alone until the follower resyncs. Without
+/// it, in async mode (where no reply waits for an ack) the primary would
+/// keep every bucket changed since in its change set.
+pub const FLOW_WRITE_TIMEOUT_MS: u64 = 10_000;
 /// A follower that lost its primary waits this long before trying again.
 pub const RECONNECT_MS: u64 = 200;
 /// How often a primary with `--peer` asks its peer's role (and how long

@@ -31,7 +31,7 @@ use tokio::net::TcpStream;
 use tokio::sync::{watch, Notify};
 use tokio_util::codec::Decoder;
 
-use super::{ASYNC_DRAIN_MS, FULL_SYNC_SLOTS_PER_STEP, HEARTBEAT_MS};
+use super::{ASYNC_DRAIN_MS, FLOW_WRITE_TIMEOUT_MS, FULL_SYNC_SLOTS_PER_STEP, HEARTBEAT_MS};
 use crate::shard::table::Walk;
 use crate::shard::ShardCore;
 use crate::sync::Ordering;
@@ -305,7 +305,16 @@ async fn stream_flow(
             // it may take over): no more admitting alone.
             core.node.repl.solo.store(0, Ordering::Release);
         }
-        wr.write_all(&buf).await?;
+        let write = wr.write_all(&buf);
+        match tokio::time::timeout(Duration::from_millis(FLOW_WRITE_TIMEOUT_MS), write).await {
+            Ok(written) => written?,
+            Err(_) => {
+                return Err(std::io::Error::new(
+                    std::io::ErrorKind::TimedOut,
+                    format!("the follower took no bytes for {FLOW_WRITE_TIMEOUT_MS} ms"),
+                ))
+            }
+        }
         buf.clear();
         if finishing {
             full_done = true;
