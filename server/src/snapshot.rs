@@ -69,7 +69,7 @@ pub const HEADER_BYTES: usize = 64;
 pub const FILE_NAME: &str = "sluiced.snapshot";
 /// Slots a shard's walk reads between two yields to its connections
 /// (a few hundred microseconds of work at most; see `collect`).
-pub const SLOTS_PER_STEP: usize = 2048;
+pub const SLOTS_PER_STEP: usize = 512;
 
 /// What one shard contributes: its records' count, and SYNC payload
 /// record parts (count, bytes) as [`SyncWriter::take`] gives them.
