@@ -14,6 +14,7 @@
 //! steps of shutdown.
 
 pub mod bucket_map;
+mod changes;
 pub mod table;
 
 use std::cell::{Cell, RefCell};

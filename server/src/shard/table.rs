@@ -30,6 +30,7 @@ use sluice_protocol::{Policy, Status};
 
 pub use super::bucket_map::Walk;
 use super::bucket_map::{BucketMap, Record, SWEEP_IDLE_NS, SWEEP_SLOTS_PER_TICK};
+use super::changes::ChangeLog;
 use super::{Op, Outcome};
 
 pub use sluice_protocol::message::LIMITS_MAX;
@@ -215,11 +216,10 @@ pub struct Table {
     pub counters_total: Counters,
     /// Buckets written since replication last took them: the one write
     /// hook (see [`Table::changed`]). `None` while no follower is attached,
-    /// so a node without one tracks nothing.
-    /// Keyed by the bucket key alone (kind in the value): bucket keys of
-    /// different kinds differ (`protocol::identity` mixes the kind in), and
-    /// hashing one `u128` is the cheapest insert on this path.
-    changes: Option<HashMap<u128, (Kind, Snap), FoldState>>,
+    /// so a node without one tracks nothing. Keyed by the bucket key alone
+    /// (kind in the value): bucket keys of different kinds differ
+    /// (`protocol::identity` mixes the kind in).
+    changes: Option<ChangeLog<(Kind, Snap)>>,
 }
 
 impl Table {
@@ -254,7 +254,7 @@ impl Table {
 
     /// Starts recording every written bucket (a follower attached).
     pub fn track_changes(&mut self) {
-        self.changes.get_or_insert_with(HashMap::default);
+        self.changes.get_or_insert_with(ChangeLog::default);
     }
 
     /// Stops recording (no follower any more) and forgets what was recorded.
@@ -289,7 +289,7 @@ impl Table {
             Kind::SlidingLog | Kind::Concurrency => Snap::Read,
         };
         if let Some(c) = &mut self.changes {
-            c.insert(bucket, (kind, snap));
+            c.record(bucket, (kind, snap));
         }
     }
 
@@ -299,7 +299,7 @@ impl Table {
     #[inline]
     fn changed_bucket(&mut self, bucket: u128, state: Option<Bucket>) {
         if let Some(c) = &mut self.changes {
-            c.insert(bucket, (Kind::TokenBucket, Snap::Bucket(state)));
+            c.record(bucket, (Kind::TokenBucket, Snap::Bucket(state)));
         }
     }
 
@@ -410,12 +410,14 @@ impl Table {
     }
 
     /// Takes the buckets written since the last call, each with its state
-    /// now (`None`: gone), into `out`. Many writes to one bucket are one
-    /// entry: this is where a hot key's decisions coalesce. Records a full
+    /// now (`None`: gone), into `out`, in write order: a bucket may come
+    /// more than once, its latest state last (see `changes`). A hot key's
+    /// many writes are one entry: this is where its decisions coalesce.
+    /// Records a full
     /// sync's walk would miss (moved by the table, see `BucketMap`) are
     /// included.
     pub fn take_changes(&mut self, out: &mut Vec<(u128, Kind, Option<State>)>) {
-        out.reserve(self.changes.as_ref().map_or(0, HashMap::len));
+        out.reserve(self.changes.as_ref().map_or(0, ChangeLog::len));
         self.drain_changes(|bucket, kind, state| out.push((bucket, kind, state)));
     }
 
@@ -432,11 +434,13 @@ impl Table {
         let Some(changes) = self.changes.as_mut() else {
             return;
         };
-        changes.extend(moved.into_iter().map(|(k, kind)| (k, (kind, Snap::Read))));
-        // Taken out while it drains (a `Read` reads the tables), then put
-        // back with its capacity: no copy of the set, no allocation.
-        let mut taken = std::mem::take(changes);
-        for (bucket, (kind, snap)) in taken.drain() {
+        for (k, kind) in moved {
+            changes.record(k, (kind, Snap::Read));
+        }
+        // Taken out while it drains (a `Read` reads the tables), then given
+        // back for its allocation.
+        let mut taken = changes.take();
+        for &(bucket, (kind, snap)) in &taken {
             let state = match snap {
                 Snap::Bucket(b) => b.map(State::TokenBucket),
                 Snap::Fixed(w) => w.map(|w| State::FixedWindow {
@@ -451,7 +455,10 @@ impl Table {
             };
             each(bucket, kind, state);
         }
-        self.changes = Some(taken);
+        taken.clear();
+        if let Some(c) = self.changes.as_mut() {
+            c.restore(taken);
+        }
     }
 
     /// A bucket's state, as replication and snapshots carry it.
@@ -1145,6 +1152,9 @@ enum Snap {
     Read,
 }
 
+// A change log entry's size, as docs/SECURITY.md counts it.
+const _: () = assert!(std::mem::size_of::<(u128, (Kind, Snap))>() == 80);
+
 /// A fixed-size table's keys moved below its full-sync walk.
 trait ExportMoved {
     fn moved(&mut self, walk: Walk, out: &mut Vec<u128>);
@@ -1595,7 +1605,8 @@ mod tests {
                 for (i, &(bucket, kind)) in universe.iter().enumerate() {
                     let after = effective(&t, kind, bucket, now);
                     if after != before[i] {
-                        let got = taken.iter().find(|(b, k, _)| *b == bucket && *k == kind);
+                        // In write order, a bucket's latest state last.
+                        let got = taken.iter().rev().find(|(b, k, _)| *b == bucket && *k == kind);
                         proptest::prop_assert!(got.is_some(), "op {op}: {kind:?} {bucket:#x} changed unrecorded");
                         let shipped = got.unwrap().2.clone().filter(|s| !full(s, now));
                         proptest::prop_assert_eq!(shipped, after);
