@@ -490,6 +490,81 @@ fn kind_from_code(code: u8) -> Option<Kind> {
     }
 }
 
+/// Bytes of a fixed-size kind's record with its state, head included
+/// (`None`: the kind's records vary in size).
+const fn fixed_record_len(kind: Kind) -> Option<usize> {
+    match kind {
+        Kind::TokenBucket => Some(RECORD_HEAD_BYTES + 16),
+        Kind::FixedWindow => Some(RECORD_HEAD_BYTES + 24),
+        Kind::SlidingCounter => Some(RECORD_HEAD_BYTES + 32),
+        Kind::SlidingLog | Kind::Concurrency => None,
+    }
+}
+
+/// The largest fixed-size record.
+const FIXED_RECORD_BYTES_MAX: usize = RECORD_HEAD_BYTES + 32;
+
+/// A fixed-size record (a token bucket, fixed window or sliding counter,
+/// or an absent bucket of any kind), encoded: what
+/// [`SyncWriter::push_fixed`] appends and
+/// [`SyncWriter::overwrite_fixed`] writes over an older one.
+#[derive(Clone, Copy, Debug)]
+pub struct FixedRecord {
+    bytes: [u8; FIXED_RECORD_BYTES_MAX],
+    len: usize,
+}
+
+impl FixedRecord {
+    /// `key`'s record with `state` (`None`: absent); `None` for a sliding
+    /// log's or lease list's state, whose records vary in size.
+    #[inline]
+    pub fn new(kind: Kind, key: u128, state: Option<&State>) -> Option<FixedRecord> {
+        let mut r = [0u8; FIXED_RECORD_BYTES_MAX];
+        r[1..17].copy_from_slice(&key.to_le_bytes());
+        let len = match state {
+            None => {
+                r[0] = kind as u8 | RECORD_ABSENT;
+                return Some(FixedRecord {
+                    bytes: r,
+                    len: RECORD_HEAD_BYTES,
+                });
+            }
+            Some(State::TokenBucket(b)) => {
+                r[17..33].copy_from_slice(&b.tat_fp.to_le_bytes());
+                RECORD_HEAD_BYTES + 16
+            }
+            Some(State::FixedWindow { window_ns, state }) => {
+                r[17..25].copy_from_slice(&window_ns.to_le_bytes());
+                r[25..33].copy_from_slice(&state.window_start_ns.to_le_bytes());
+                r[33..41].copy_from_slice(&state.count.to_le_bytes());
+                RECORD_HEAD_BYTES + 24
+            }
+            Some(State::SlidingCounter { window_ns, state }) => {
+                r[17..25].copy_from_slice(&window_ns.to_le_bytes());
+                r[25..33].copy_from_slice(&state.window_start_ns.to_le_bytes());
+                r[33..41].copy_from_slice(&state.prev.to_le_bytes());
+                r[41..49].copy_from_slice(&state.cur.to_le_bytes());
+                RECORD_HEAD_BYTES + 32
+            }
+            Some(State::SlidingLog { .. }) | Some(State::Concurrency(_)) => return None,
+        };
+        r[0] = kind as u8;
+        Some(FixedRecord { bytes: r, len })
+    }
+
+    /// Its bytes.
+    #[inline]
+    pub fn as_bytes(&self) -> &[u8] {
+        // One length per kind, each a constant copy once inlined.
+        match self.len {
+            33 => &self.bytes[..33],
+            17 => &self.bytes[..17],
+            41 => &self.bytes[..41],
+            _ => &self.bytes[..self.len],
+        }
+    }
+}
+
 /// Encodes records into SYNC payloads of at most
 /// [`SYNC_PAYLOAD_BYTES_MAX`] bytes each.
 #[derive(Debug, Default)]
@@ -518,6 +593,7 @@ impl SyncWriter {
         self.done.iter().map(|(_, b)| b.len()).sum::<usize>() + self.open.len()
     }
 
+    #[inline]
     fn room(&mut self, need: usize) -> &mut BytesMut {
         if SYNC_FIXED_BYTES + self.open.len() + need > SYNC_PAYLOAD_BYTES_MAX {
             let full = std::mem::take(&mut self.open);
@@ -535,55 +611,132 @@ impl SyncWriter {
 
     /// Adds one bucket's change.
     pub fn push(&mut self, kind: Kind, key: u128, state: Option<&State>) {
-        let Some(state) = state else {
-            let b = self.room(RECORD_HEAD_BYTES);
-            b.put_u8(kind as u8 | RECORD_ABSENT);
-            b.put_u128_le(key);
+        debug_assert!(state.map_or(true, |s| s.kind() == kind));
+        // Fixed-size (every decision of a client under its limit writes
+        // one): assembled whole, copied once.
+        if let Some(r) = FixedRecord::new(kind, key, state) {
+            self.push_fixed(&r);
             return;
-        };
-        debug_assert_eq!(state.kind(), kind);
+        }
         match state {
-            State::TokenBucket(bucket) => {
-                // The hot record (every decision of a client under its
-                // limit writes one): assembled whole, copied once.
-                let mut r = [0u8; RECORD_HEAD_BYTES + 16];
-                r[0] = kind as u8;
-                r[1..17].copy_from_slice(&key.to_le_bytes());
-                r[17..].copy_from_slice(&bucket.tat_fp.to_le_bytes());
-                self.room(r.len()).put_slice(&r);
-            }
-            State::FixedWindow { window_ns, state } => {
-                let b = self.room(RECORD_HEAD_BYTES + 24);
-                b.put_u8(kind as u8);
-                b.put_u128_le(key);
-                b.put_u64_le(*window_ns);
-                b.put_u64_le(state.window_start_ns);
-                b.put_u64_le(state.count);
-            }
-            State::SlidingCounter { window_ns, state } => {
-                let b = self.room(RECORD_HEAD_BYTES + 32);
-                b.put_u8(kind as u8);
-                b.put_u128_le(key);
-                b.put_u64_le(*window_ns);
-                b.put_u64_le(state.window_start_ns);
-                b.put_u64_le(state.prev);
-                b.put_u64_le(state.cur);
-            }
-            State::SlidingLog { window_ns, log } => {
+            Some(State::SlidingLog { window_ns, log }) => {
                 let runs: Vec<(u64, u64)> = log.runs().collect();
                 self.push_parts(kind, key, *window_ns, &runs, 16, |b, &(at, units)| {
                     b.put_u64_le(at);
                     b.put_u64_le(units);
                 });
             }
-            State::Concurrency(c) => {
+            Some(State::Concurrency(c)) => {
                 self.push_parts(kind, key, 0, c.leases(), 24, |b, l| {
                     b.put_u64_le(l.id);
                     b.put_u64_le(l.expires_ns);
                     b.put_u64_le(l.units);
                 });
             }
+            _ => {}
         }
+    }
+
+    /// Decodes the records added so far, as a follower reads them, in
+    /// order (consumes the writer; for tests and tools).
+    pub fn into_records(mut self) -> Result<Vec<Record>, SyncError> {
+        let mut out = Vec::new();
+        let mut reader = SyncReader::new();
+        for (count, records) in self.take() {
+            let mut p = BytesMut::with_capacity(SYNC_FIXED_BYTES + records.len());
+            let h = SyncHeader {
+                seq: 1,
+                epoch: 1,
+                now_ns: 0,
+                flags: 0,
+                count,
+            };
+            put_sync_fixed(&mut p, &h);
+            p.put_slice(&records);
+            reader.parse(&p, |r| out.push(r))?;
+        }
+        Ok(out)
+    }
+
+    /// Adds `other`'s records after this writer's (its payloads after
+    /// this one's; a payload of each is not merged).
+    pub fn append(&mut self, mut other: SyncWriter) {
+        if other.is_empty() {
+            return;
+        }
+        if self.is_empty() {
+            *self = other;
+            return;
+        }
+        let mut done = self.take();
+        done.extend(other.take());
+        self.done = done;
+    }
+
+    /// Appends a fixed-size record, returning where it is for
+    /// [`SyncWriter::overwrite_fixed`] (`None`: past the 65,536th payload,
+    /// where a place no longer fits a `u32`).
+    #[inline]
+    pub fn push_fixed(&mut self, r: &FixedRecord) -> Option<u32> {
+        let bytes = r.as_bytes();
+        let b = self.room(bytes.len());
+        let offset = b.len();
+        b.extend_from_slice(bytes);
+        let payload = self.done.len();
+        // Offsets stay below SYNC_PAYLOAD_BYTES_MAX < 2^16.
+        (payload < 1 << 16).then_some(((payload as u32) << 16) | offset as u32)
+    }
+
+    /// Writes `r` over the record [`SyncWriter::push_fixed`] placed at
+    /// `at`, if that record is of the same kind and key, and as long (a
+    /// bucket gone, or come back, is pushed anew instead). Whether it did.
+    #[inline]
+    pub fn overwrite_fixed(&mut self, at: u32, r: &FixedRecord) -> bool {
+        let (payload, offset) = ((at >> 16) as usize, (at & 0xffff) as usize);
+        let buf = match payload.cmp(&self.done.len()) {
+            std::cmp::Ordering::Less => &mut self.done[payload].1,
+            std::cmp::Ordering::Equal => &mut self.open,
+            std::cmp::Ordering::Greater => return false,
+        };
+        let bytes = r.as_bytes();
+        let Some(old) = buf.get_mut(offset..offset + bytes.len()) else {
+            return false;
+        };
+        let head = |b: &[u8]| -> Option<(u8, u128)> {
+            Some((b[0], u128::from_le_bytes(b.get(1..17)?.try_into().ok()?)))
+        };
+        if head(old).is_none() || head(old) != head(bytes) {
+            return false;
+        }
+        old.copy_from_slice(bytes);
+        true
+    }
+
+    /// The kind and key of every record added, in order, when all are
+    /// fixed-size (as [`SyncWriter::push_fixed`] adds them): `None` at the
+    /// first that is not.
+    pub fn fixed_keys(&self) -> Option<Vec<(Kind, u128)>> {
+        let mut out = Vec::new();
+        for p in self
+            .done
+            .iter()
+            .map(|(_, b)| b)
+            .chain(std::iter::once(&self.open))
+        {
+            let mut r = Reader(p);
+            while let Some(code) = r.u8() {
+                let kind = kind_from_code(code & !RECORD_ABSENT)?;
+                let key = r.u128()?;
+                let body = if code & RECORD_ABSENT != 0 {
+                    0
+                } else {
+                    fixed_record_len(kind)? - RECORD_HEAD_BYTES
+                };
+                r.bytes(body)?;
+                out.push((kind, key));
+            }
+        }
+        Some(out)
     }
 
     /// A variable-length state as one or more parts: kind (with

@@ -239,7 +239,7 @@ async fn stream_flow(
         let mut finishing = false;
         {
             let mut table = core.table.borrow_mut();
-            table.drain_changes(|key, kind, state| sw.push(kind, key, state.as_ref()));
+            table.drain_changes(&mut sw);
             if !full_done {
                 let keys = heap_keys.get_or_insert_with(|| table.heap_keys());
                 full.clear();

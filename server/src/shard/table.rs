@@ -25,12 +25,12 @@ use sluice_protocol::limit::sliding_counter::{self, SlidingCounterState};
 use sluice_protocol::limit::sliding_log::{self, SlidingLogState};
 use sluice_protocol::limit::{Concurrency, Decision, Kind, Limit, Window};
 pub use sluice_protocol::message::{LimitVerdict, Mode};
-use sluice_protocol::replication::State;
+use sluice_protocol::replication::{State, SyncWriter};
 use sluice_protocol::{Policy, Status};
 
 pub use super::bucket_map::Walk;
 use super::bucket_map::{BucketMap, Record, SWEEP_IDLE_NS, SWEEP_SLOTS_PER_TICK};
-use super::changes::ChangeLog;
+use super::changes::Changes;
 use super::{Op, Outcome};
 
 pub use sluice_protocol::message::LIMITS_MAX;
@@ -219,7 +219,7 @@ pub struct Table {
     /// so a node without one tracks nothing. Keyed by the bucket key alone
     /// (kind in the value): bucket keys of different kinds differ
     /// (`protocol::identity` mixes the kind in).
-    changes: Option<ChangeLog<(Kind, Snap)>>,
+    changes: Option<Changes>,
 }
 
 impl Table {
@@ -254,7 +254,7 @@ impl Table {
 
     /// Starts recording every written bucket (a follower attached).
     pub fn track_changes(&mut self) {
-        self.changes.get_or_insert_with(ChangeLog::default);
+        self.changes.get_or_insert_with(Changes::default);
     }
 
     /// Stops recording (no follower any more) and forgets what was recorded.
@@ -279,17 +279,29 @@ impl Table {
     /// follower too (same state, same clock basis), whose own sweeps drop it.
     #[inline]
     fn changed(&mut self, kind: Kind, bucket: u128) {
-        if self.changes.is_none() {
+        let Some(c) = &mut self.changes else {
             return;
-        }
-        let snap = match kind {
-            Kind::TokenBucket => Snap::Bucket(self.buckets.get(bucket).copied()),
-            Kind::FixedWindow => Snap::Fixed(self.fixed.get(bucket).copied()),
-            Kind::SlidingCounter => Snap::Counter(self.counters.get(bucket).copied()),
-            Kind::SlidingLog | Kind::Concurrency => Snap::Read,
         };
-        if let Some(c) = &mut self.changes {
-            c.record(bucket, (kind, snap));
+        match kind {
+            Kind::TokenBucket => {
+                let state = self.buckets.get(bucket).map(|b| State::TokenBucket(*b));
+                c.fixed(kind, bucket, state.as_ref());
+            }
+            Kind::FixedWindow => {
+                let state = self.fixed.get(bucket).map(|w| State::FixedWindow {
+                    window_ns: w.window_ns,
+                    state: w.state,
+                });
+                c.fixed(kind, bucket, state.as_ref());
+            }
+            Kind::SlidingCounter => {
+                let state = self.counters.get(bucket).map(|w| State::SlidingCounter {
+                    window_ns: w.window_ns,
+                    state: w.state,
+                });
+                c.fixed(kind, bucket, state.as_ref());
+            }
+            Kind::SlidingLog | Kind::Concurrency => c.read(bucket, kind),
         }
     }
 
@@ -299,7 +311,11 @@ impl Table {
     #[inline]
     fn changed_bucket(&mut self, bucket: u128, state: Option<Bucket>) {
         if let Some(c) = &mut self.changes {
-            c.record(bucket, (Kind::TokenBucket, Snap::Bucket(state)));
+            c.fixed(
+                Kind::TokenBucket,
+                bucket,
+                state.map(State::TokenBucket).as_ref(),
+            );
         }
     }
 
@@ -410,22 +426,26 @@ impl Table {
     }
 
     /// Takes the buckets written since the last call, each with its state
-    /// now (`None`: gone), into `out`, in write order: a bucket may come
-    /// more than once, its latest state last (see `changes`). A hot key's
-    /// many writes are one entry: this is where its decisions coalesce.
-    /// Records a full
-    /// sync's walk would miss (moved by the table, see `BucketMap`) are
-    /// included.
+    /// now (`None`: gone), in write order: a bucket may come more than
+    /// once, its latest state last (see `changes`). A hot key's many
+    /// writes are one entry: this is where its decisions coalesce. Records
+    /// a full sync's walk would miss (moved by the table, see `BucketMap`)
+    /// are included. Decodes what [`Table::drain_changes`] encodes.
+    #[cfg(test)]
     pub fn take_changes(&mut self, out: &mut Vec<(u128, Kind, Option<State>)>) {
-        out.reserve(self.changes.as_ref().map_or(0, ChangeLog::len));
-        self.drain_changes(|bucket, kind, state| out.push((bucket, kind, state)));
+        let mut sw = SyncWriter::new();
+        self.drain_changes(&mut sw);
+        let records = sw.into_records().expect("the drain's records decode");
+        out.extend(records.into_iter().map(|r| (r.key, r.kind, r.state)));
     }
 
-    /// [`Table::take_changes`], handing each bucket to `each` as it is
-    /// taken (the primary's drain encodes them straight into its SYNC
-    /// records, with no list in between).
+    /// Encodes the buckets written since the last drain into `sw`, after
+    /// what it holds, each with its latest state last (see
+    /// [`Table::take_changes`]): the fixed-size ones as they were encoded
+    /// at the write, then those read now (logs, lease lists, and the
+    /// records a full sync's walk would miss).
     #[inline]
-    pub fn drain_changes(&mut self, mut each: impl FnMut(u128, Kind, Option<State>)) {
+    pub fn drain_changes(&mut self, sw: &mut SyncWriter) {
         if self.changes.is_none() {
             return;
         }
@@ -434,30 +454,18 @@ impl Table {
         let Some(changes) = self.changes.as_mut() else {
             return;
         };
-        for (k, kind) in moved {
-            changes.record(k, (kind, Snap::Read));
+        for (key, kind) in moved {
+            changes.read(key, kind);
         }
-        // Taken out while it drains (a `Read` reads the tables), then given
-        // back for its allocation.
-        let mut taken = changes.take();
-        for &(bucket, (kind, snap)) in &taken {
-            let state = match snap {
-                Snap::Bucket(b) => b.map(State::TokenBucket),
-                Snap::Fixed(w) => w.map(|w| State::FixedWindow {
-                    window_ns: w.window_ns,
-                    state: w.state,
-                }),
-                Snap::Counter(w) => w.map(|w| State::SlidingCounter {
-                    window_ns: w.window_ns,
-                    state: w.state,
-                }),
-                Snap::Read => self.export(kind, bucket),
-            };
-            each(bucket, kind, state);
+        sw.append(changes.take_encoded());
+        // Taken out while it drains (reading the tables), then given back
+        // for its allocation.
+        let reads = changes.take_reads();
+        for &(key, kind) in &reads {
+            sw.push(kind, key, self.export(kind, key).as_ref());
         }
-        taken.clear();
         if let Some(c) = self.changes.as_mut() {
-            c.restore(taken);
+            c.restore_reads(reads);
         }
     }
 
@@ -1138,23 +1146,6 @@ impl Table {
     }
 }
 
-/// What the change set keeps of a written bucket (see [`Table::changed`]).
-#[derive(Clone, Copy, Debug)]
-enum Snap {
-    /// A token bucket as the write left it (`None`: gone).
-    Bucket(Option<Bucket>),
-    /// A fixed window as the write left it.
-    Fixed(Option<Windowed<FixedWindowState>>),
-    /// A sliding counter as the write left it.
-    Counter(Option<Windowed<SlidingCounterState>>),
-    /// Read the state at the drain (logs, leases, records a full sync's
-    /// walk would miss).
-    Read,
-}
-
-// A change log entry's size, as docs/SECURITY.md counts it.
-const _: () = assert!(std::mem::size_of::<(u128, (Kind, Snap))>() == 80);
-
 /// A fixed-size table's keys moved below its full-sync walk.
 trait ExportMoved {
     fn moved(&mut self, walk: Walk, out: &mut Vec<u128>);
@@ -1536,8 +1527,13 @@ mod tests {
         }
     }
 
+    /// A bucket's state as the follower would get it (not full, in the
+    /// wire's representation: a log's runs are renumbered by the trip).
     fn effective(t: &Table, kind: Kind, bucket: u128, now_ns: u64) -> Option<State> {
-        t.export(kind, bucket).filter(|s| !full(s, now_ns))
+        let state = t.export(kind, bucket).filter(|s| !full(s, now_ns))?;
+        let mut sw = SyncWriter::new();
+        sw.push(kind, bucket, Some(&state));
+        sw.into_records().unwrap().pop().and_then(|r| r.state)
     }
 
     const KINDS: [Kind; 5] = [
