@@ -199,6 +199,17 @@ impl Decoder for FrameDecoder {
     }
 }
 
+/// A message header (flags 0) for a payload of `payload_len` bytes, for
+/// [`FrameWriter::message_whole`].
+#[inline]
+pub fn message_header(op: u8, request_id: u32, payload_len: u16) -> [u8; HEADER_BYTES] {
+    let mut h = [0u8; HEADER_BYTES];
+    h[0] = op;
+    h[2..4].copy_from_slice(&payload_len.to_le_bytes());
+    h[4..8].copy_from_slice(&request_id.to_le_bytes());
+    h
+}
+
 /// Builds frames into a buffer: messages are appended to the open frame,
 /// and a new frame is started once the open one passes
 /// [`WRITER_FRAME_BYTES_SOFT`].
@@ -225,15 +236,7 @@ impl FrameWriter {
         request_id: u32,
         payload: impl FnOnce(&mut BytesMut),
     ) {
-        let start = match self.open {
-            Some(start) if buf.len() - start < WRITER_FRAME_BYTES_SOFT => start,
-            Some(start) => {
-                Self::close_at(buf, start);
-                Self::open_at(buf)
-            }
-            None => Self::open_at(buf),
-        };
-        self.open = Some(start);
+        self.frame_for_message(buf);
         let header_at = buf.len();
         buf.put_u8(op);
         buf.put_u8(0);
@@ -243,6 +246,35 @@ impl FrameWriter {
         let payload_len = buf.len() - header_at - HEADER_BYTES;
         let payload_len = u16::try_from(payload_len).expect("payload fits a u16 length");
         buf[header_at + 2..header_at + 4].copy_from_slice(&payload_len.to_le_bytes());
+    }
+
+    /// Appends one whole message assembled by the caller: `m` is a header
+    /// ([`message_header`]) and its payload. The hot replies build theirs
+    /// on the stack and are copied once, where one `put` per field checks
+    /// the buffer's room each time.
+    #[inline]
+    pub fn message_whole(&mut self, buf: &mut BytesMut, m: &[u8]) {
+        debug_assert!(
+            m.len() >= HEADER_BYTES
+                && usize::from(u16::from_le_bytes([m[2], m[3]])) == m.len() - HEADER_BYTES
+        );
+        self.frame_for_message(buf);
+        buf.extend_from_slice(m);
+    }
+
+    /// Opens a frame for the next message, closing the open one first once
+    /// it has passed [`WRITER_FRAME_BYTES_SOFT`].
+    #[inline]
+    fn frame_for_message(&mut self, buf: &mut BytesMut) {
+        let start = match self.open {
+            Some(start) if buf.len() - start < WRITER_FRAME_BYTES_SOFT => start,
+            Some(start) => {
+                Self::close_at(buf, start);
+                Self::open_at(buf)
+            }
+            None => Self::open_at(buf),
+        };
+        self.open = Some(start);
     }
 
     /// Closes the open frame, if any; call before handing `buf` to I/O.

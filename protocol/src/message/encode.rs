@@ -7,7 +7,7 @@ use super::consts::{
 };
 use super::op;
 use super::reply::{summarize, HelloOk, LeaseOk, LimitVerdict, ShardStats};
-use crate::codec::FrameWriter;
+use crate::codec::{message_header, FrameWriter, HEADER_BYTES};
 use crate::gcra::Verdict;
 use crate::status::Status;
 
@@ -39,13 +39,21 @@ pub fn put_verdict(
     v: &Verdict,
 ) {
     let op = if peek { op::PEEK_OK } else { op::THROTTLE_OK };
-    w.message(buf, op, request_id, |b| {
-        b.put_u64_le(u64::from(v.allowed));
-        b.put_u64_le(v.limit);
-        b.put_u64_le(v.remaining);
-        b.put_u64_le(v.retry_after_ns);
-        b.put_u64_le(v.reset_after_ns);
-    });
+    // The reply to every decision: assembled whole, copied once.
+    const PAYLOAD: usize = 40;
+    let mut m = [0u8; HEADER_BYTES + PAYLOAD];
+    m[..HEADER_BYTES].copy_from_slice(&message_header(op, request_id, PAYLOAD as u16));
+    let fields = [
+        u64::from(v.allowed),
+        v.limit,
+        v.remaining,
+        v.retry_after_ns,
+        v.reset_after_ns,
+    ];
+    for (at, field) in m[HEADER_BYTES..].chunks_exact_mut(8).zip(fields) {
+        at.copy_from_slice(&field.to_le_bytes());
+    }
+    w.message_whole(buf, &m);
 }
 
 /// Appends a DECIDE_OK for `verdicts` (one per limit, in order,
@@ -64,17 +72,28 @@ pub fn put_decide_ok(
         "a DECIDE has 1..=LIMITS_MAX limits"
     );
     let (allowed, denied_index, retry_after_ns) = summarize(verdicts);
-    w.message(buf, op::DECIDE_OK, request_id, |b| {
-        b.put_u8(u8::from(allowed));
-        b.put_u8(denied_index.unwrap_or(DENIED_NONE));
-        b.put_u8(verdicts.len() as u8);
-        b.put_bytes(0, 5);
-        b.put_u64_le(retry_after_ns);
-        for v in verdicts {
-            put_verdict_record(b, v);
-        }
-    });
+    // Assembled whole on the stack, copied once.
+    let mut m = [0u8; HEADER_BYTES + DECIDE_FIXED_BYTES + LIMITS_MAX * VERDICT_RECORD_BYTES];
+    let len = DECIDE_FIXED_BYTES + verdicts.len() * VERDICT_RECORD_BYTES;
+    m[..HEADER_BYTES].copy_from_slice(&message_header(op::DECIDE_OK, request_id, len as u16));
+    let p = &mut m[HEADER_BYTES..];
+    p[0] = u8::from(allowed);
+    p[1] = denied_index.unwrap_or(DENIED_NONE);
+    p[2] = verdicts.len() as u8;
+    p[8..16].copy_from_slice(&retry_after_ns.to_le_bytes());
+    for (at, v) in p[DECIDE_FIXED_BYTES..]
+        .chunks_exact_mut(VERDICT_RECORD_BYTES)
+        .zip(verdicts)
+    {
+        at.copy_from_slice(&verdict_record(v));
+    }
+    w.message_whole(buf, &m[..HEADER_BYTES + len]);
 }
+
+/// Bytes of a DECIDE_OK before its verdict records.
+const DECIDE_FIXED_BYTES: usize = 16;
+/// Bytes of one verdict record (DECIDE_OK, RENEW_OK, RELEASE_OK).
+const VERDICT_RECORD_BYTES: usize = 48;
 
 /// Appends the reply to a RENEW (`renew == true`) or a RELEASE.
 pub fn put_lease_ok(
@@ -85,10 +104,13 @@ pub fn put_lease_ok(
     ok: &LeaseOk,
 ) {
     let op = if renew { op::RENEW_OK } else { op::RELEASE_OK };
-    w.message(buf, op, request_id, |b| {
-        put_verdict_record(b, &ok.verdict);
-        b.put_u64_le(ok.expires_after_ns);
-    });
+    const PAYLOAD: usize = VERDICT_RECORD_BYTES + 8;
+    let mut m = [0u8; HEADER_BYTES + PAYLOAD];
+    m[..HEADER_BYTES].copy_from_slice(&message_header(op, request_id, PAYLOAD as u16));
+    m[HEADER_BYTES..HEADER_BYTES + VERDICT_RECORD_BYTES]
+        .copy_from_slice(&verdict_record(&ok.verdict));
+    m[HEADER_BYTES + VERDICT_RECORD_BYTES..].copy_from_slice(&ok.expires_after_ns.to_le_bytes());
+    w.message_whole(buf, &m);
 }
 
 /// Appends a RELOAD_OK: the reloaded configuration has `tier_count` tiers.
@@ -157,15 +179,24 @@ pub fn put_error(
     });
 }
 
-fn put_verdict_record(b: &mut BytesMut, v: &LimitVerdict) {
-    b.put_u8(u8::from(v.verdict.allowed));
-    b.put_u8(v.kind.code());
-    b.put_bytes(0, 6);
-    b.put_u64_le(v.verdict.limit);
-    b.put_u64_le(v.verdict.remaining);
-    b.put_u64_le(v.verdict.retry_after_ns);
-    b.put_u64_le(v.verdict.reset_after_ns);
-    b.put_u64_le(v.lease_id);
+/// One verdict record: allowed, kind, 6 reserved bytes, then limit,
+/// remaining, retry_after_ns, reset_after_ns and lease_id (u64 each).
+#[inline]
+fn verdict_record(v: &LimitVerdict) -> [u8; VERDICT_RECORD_BYTES] {
+    let mut r = [0u8; VERDICT_RECORD_BYTES];
+    r[0] = u8::from(v.verdict.allowed);
+    r[1] = v.kind.code();
+    let fields = [
+        v.verdict.limit,
+        v.verdict.remaining,
+        v.verdict.retry_after_ns,
+        v.verdict.reset_after_ns,
+        v.lease_id,
+    ];
+    for (at, field) in r[8..].chunks_exact_mut(8).zip(fields) {
+        at.copy_from_slice(&field.to_le_bytes());
+    }
+    r
 }
 
 #[cfg(test)]
