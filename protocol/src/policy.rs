@@ -109,9 +109,12 @@ impl Policy {
         if !(1..=BURST_MAX).contains(&self.burst) {
             return Err(PolicyError::Burst);
         }
-        let refill_ns =
-            u128::from(self.burst) * u128::from(self.period_ns) / u128::from(self.count);
-        if refill_ns > u128::from(REFILL_NS_MAX) {
+        // burst x period / count > REFILL_NS_MAX (the time to refill), without
+        // the 128-bit division (every THROTTLE validates its policy as it is
+        // parsed): floor(x / c) > m exactly when x >= (m + 1) x c, and both
+        // products fit a u128.
+        let refill = u128::from(self.burst) * u128::from(self.period_ns);
+        if refill >= (u128::from(REFILL_NS_MAX) + 1) * u128::from(self.count) {
             return Err(PolicyError::RefillTooLong);
         }
         Ok(())
@@ -228,6 +231,48 @@ pub fn format_period(ns: u64) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn the_refill_bound_at_its_edge() {
+        // REFILL_NS_MAX + 1 = 7 x 13 x 43 x 8501 x 9506375477: a burst and
+        // period whose refill is exactly one nanosecond over, and one less.
+        let (period_ns, burst) = (7 * 13 * 43 * 8501, 9_506_375_477);
+        assert_eq!(
+            u128::from(period_ns) * u128::from(burst),
+            u128::from(REFILL_NS_MAX) + 1
+        );
+        assert_eq!(
+            Policy::new(1, period_ns, burst),
+            Err(PolicyError::RefillTooLong)
+        );
+        assert!(Policy::new(1, period_ns, burst - 1).is_ok());
+    }
+
+    proptest::proptest! {
+        /// The refill bound without a division is the bound with one,
+        /// exactly, including at its edge.
+        #[test]
+        fn the_refill_bound_is_the_divided_one(
+            count in 1..=COUNT_MAX,
+            period_ns in PERIOD_NS_MIN..=PERIOD_NS_MAX,
+            burst in 1..=BURST_MAX,
+            edge in proptest::bool::ANY,
+        ) {
+            // Half the cases sit on the edge: burst x period close to
+            // REFILL_NS_MAX x count.
+            let burst = if edge {
+                let b = (u128::from(REFILL_NS_MAX) * u128::from(count) / u128::from(period_ns))
+                    .clamp(1, u128::from(BURST_MAX)) as u64;
+                (b + burst % 3).saturating_sub(1).clamp(1, BURST_MAX)
+            } else {
+                burst
+            };
+            let p = Policy { count, period_ns, burst };
+            let divided = u128::from(burst) * u128::from(period_ns) / u128::from(count)
+                > u128::from(REFILL_NS_MAX);
+            proptest::prop_assert_eq!(p.validate() == Err(PolicyError::RefillTooLong), divided);
+        }
+    }
 
     #[test]
     fn rates_parse() {
