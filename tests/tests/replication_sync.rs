@@ -180,7 +180,7 @@ async fn follower_that_falls_behind_resyncs() {
 /// by the flow's write, which blocks once the socket buffers are full; it
 /// ends after FLOW_WRITE_TIMEOUT_MS (10 s) and the primary serves alone
 /// (before, it stayed "streaming" and kept every bucket changed since in its
-/// change set). Resumed, the follower resyncs.
+/// change log). Resumed, the follower resyncs.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_paused_follower_is_dropped_by_an_async_primary() {
     let (primary, follower) = start_pair(

@@ -43,7 +43,7 @@ pub const FULL_SYNC_SLOTS_PER_STEP: usize = 8_192;
 /// follower stopped reading: paused, or its host gone without a reset)
 /// ends, and the shard serves alone until the follower resyncs. Without
 /// it, in async mode (where no reply waits for an ack) the primary would
-/// keep every bucket changed since in its change set.
+/// keep every bucket changed since in its change log.
 pub const FLOW_WRITE_TIMEOUT_MS: u64 = 10_000;
 /// A follower that lost its primary waits this long before trying again.
 pub const RECONNECT_MS: u64 = 200;

@@ -345,7 +345,7 @@ impl Table {
 
     /// The keys a walk would miss, moved by the table below its cursors
     /// since the last call (see `BucketMap`): the walker reads them again.
-    /// A full sync's come through [`Table::take_changes`] (with the writes).
+    /// A full sync's come through [`Table::drain_changes`] (with the writes).
     pub fn export_moved(&mut self, walk: Walk, out: &mut Vec<(u128, Kind)>) {
         let mut moved = Vec::new();
         for (map, kind) in [
