@@ -195,6 +195,9 @@ for mode in sync async; do
     follower $(( $(cpu_ticks "$F_PID") - tf ))
   kill "$LAG_PID" 2>/dev/null || true; wait "$LAG_PID" 2>/dev/null || true
   ADDR=$P_ADDR run "sluice-$mode c50 p1" sluice 50 1 100000 400000
+  # One client, no pipelining: the round trips alone, without 50
+  # connections and three processes queueing for two cores.
+  ADDR=$P_ADDR run "sluice-$mode c1 p1" sluice 1 1 100000 40000
   # Stream bytes per decision: clients under their limits (every decision
   # writes a bucket: fresh keys, 1000/s) and hot keys (100 keys far over
   # their limits: most decisions deny and change nothing; the rest coalesce).
