@@ -381,10 +381,15 @@ pub fn encode(buf: &mut BytesMut, reply: &Reply, proto: u8) {
             }
         }
         Reply::Cell(v) => {
-            buf.extend_from_slice(b"*5\r\n");
+            // The reply to every CL.THROTTLE: assembled whole on the stack,
+            // copied once.
+            let mut out = [0u8; 4 + 5 * INT_BYTES_MAX];
+            out[..4].copy_from_slice(b"*5\r\n");
+            let mut at = 4;
             for n in v.reply() {
-                put_int(buf, b':', n);
+                at = int_at(&mut out, at, b':', n);
             }
+            buf.extend_from_slice(&out[..at]);
         }
         Reply::Simple(s) => {
             buf.put_u8(b'+');
@@ -424,23 +429,40 @@ fn put_len(buf: &mut BytesMut, kind: u8, len: usize) {
 
 /// `KIND n CRLF`, formatted without allocating.
 fn put_int(buf: &mut BytesMut, kind: u8, n: i64) {
-    let mut digits = [0u8; 20];
-    let mut at = digits.len();
+    let mut out = [0u8; INT_BYTES_MAX];
+    let end = int_at(&mut out, 0, kind, n);
+    buf.extend_from_slice(&out[..end]);
+}
+
+/// The longest `KIND n CRLF`: kind, sign, 19 digits, CR LF.
+const INT_BYTES_MAX: usize = 1 + 1 + 19 + 2;
+
+/// Writes `KIND n CRLF` into `out` from `at` (which has room for
+/// [`INT_BYTES_MAX`] bytes), returning where it ends.
+#[inline]
+fn int_at(out: &mut [u8], mut at: usize, kind: u8, n: i64) -> usize {
+    let mut digits = [0u8; 19];
+    let mut first = digits.len();
     let mut v = n.unsigned_abs();
     loop {
-        at -= 1;
-        digits[at] = b'0' + (v % 10) as u8;
+        first -= 1;
+        digits[first] = b'0' + (v % 10) as u8;
         v /= 10;
         if v == 0 {
             break;
         }
     }
-    buf.put_u8(kind);
+    out[at] = kind;
+    at += 1;
     if n < 0 {
-        buf.put_u8(b'-');
+        out[at] = b'-';
+        at += 1;
     }
-    buf.extend_from_slice(&digits[at..]);
-    buf.extend_from_slice(b"\r\n");
+    let len = digits.len() - first;
+    out[at..at + len].copy_from_slice(&digits[first..]);
+    at += len;
+    out[at..at + 2].copy_from_slice(b"\r\n");
+    at + 2
 }
 
 #[cfg(test)]
@@ -656,6 +678,24 @@ mod tests {
             "*2\r\n$4\r\nsave\r\n$0\r\n\r\n"
         );
         assert_eq!(encoded(&Reply::err("a\r\nb")), "-ERR a  b\r\n");
+        // The longest integers, five of them: the reply's stack buffer holds them.
+        let v = CellVerdict {
+            limited: true,
+            limit: i64::MIN,
+            remaining: i64::MAX,
+            retry_after_ns: i64::MIN,
+            reset_after_ns: i64::MIN,
+        };
+        assert_eq!(
+            encoded(&Reply::Cell(v)),
+            format!(
+                "*5\r\n:1\r\n:{}\r\n:{}\r\n:{}\r\n:{}\r\n",
+                i64::MIN,
+                i64::MAX,
+                v.retry_after_s(),
+                v.reset_after_s()
+            )
+        );
         let mut buf = BytesMut::new();
         for n in [0, 7, -7, i64::MAX, i64::MIN] {
             buf.clear();
