@@ -702,10 +702,8 @@ impl SyncWriter {
         let Some(old) = buf.get_mut(offset..offset + bytes.len()) else {
             return false;
         };
-        let head = |b: &[u8]| -> Option<(u8, u128)> {
-            Some((b[0], u128::from_le_bytes(b.get(1..17)?.try_into().ok()?)))
-        };
-        if head(old).is_none() || head(old) != head(bytes) {
+        // Same kind byte and key (both at least a head long).
+        if old[..RECORD_HEAD_BYTES] != bytes[..RECORD_HEAD_BYTES] {
             return false;
         }
         old.copy_from_slice(bytes);
