@@ -68,6 +68,10 @@ fn main() -> std::process::ExitCode {
                 return std::process::ExitCode::from(2);
             }
         };
+        // The handlers go in before the port is announced: a script that
+        // reads the line below and sends SIGTERM at once gets the drain,
+        // not the default action (CI caught that race once).
+        let first = next_signal();
         // Scripts and tests read this line to learn the port.
         println!(
             "sluiced listening on {} shards={}",
@@ -84,11 +88,11 @@ fn main() -> std::process::ExitCode {
         }
         tracing::info!(addr = %server.local_addr(), resp_addr = ?server.resp_addr(), shards = server.shard_count(), "serving");
         let shutdown = async {
-            shutdown_signal().await;
+            first.await;
             // A second one does not wait for the drain. Listened for from
             // here on, before the listener closes (a script that sees the
             // port refuse knows a second signal counts).
-            let second = second_signal();
+            let second = next_signal();
             tokio::spawn(async {
                 second.await;
                 eprintln!("sluiced: a second signal: exiting now, without finishing the drain");
@@ -102,7 +106,7 @@ fn main() -> std::process::ExitCode {
 
 /// A future that resolves at the next SIGTERM or SIGINT from now on (the
 /// handlers are in place when this returns).
-fn second_signal() -> impl std::future::Future<Output = ()> {
+fn next_signal() -> impl std::future::Future<Output = ()> {
     #[cfg(unix)]
     {
         use tokio::signal::unix::{signal, SignalKind};
@@ -120,23 +124,5 @@ fn second_signal() -> impl std::future::Future<Output = ()> {
         async {
             let _ = tokio::signal::ctrl_c().await;
         }
-    }
-}
-
-/// Resolves at the first SIGTERM or Ctrl-C (SIGINT).
-async fn shutdown_signal() {
-    let ctrl_c = tokio::signal::ctrl_c();
-    #[cfg(unix)]
-    {
-        let mut term = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())
-            .expect("a SIGTERM handler installs");
-        tokio::select! {
-            _ = ctrl_c => {}
-            _ = term.recv() => {}
-        }
-    }
-    #[cfg(not(unix))]
-    {
-        let _ = ctrl_c.await;
     }
 }

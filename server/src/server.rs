@@ -74,6 +74,9 @@ pub struct Server {
     admin: Arc<crate::admin::AdminState>,
     /// Connections yet to authenticate (with --auth-token), oldest first.
     unauthed: Arc<crate::shard::Unauthed>,
+    /// SIGHUP's handler, installed at bind: a SIGHUP that comes right after
+    /// the port is announced reloads instead of ending the process.
+    hangup: Hangup,
 }
 
 impl Server {
@@ -152,6 +155,7 @@ impl Server {
             threads,
             drained_rx,
             unauthed: Arc::default(),
+            hangup: Hangup::new(),
         })
     }
 
@@ -199,7 +203,7 @@ impl Server {
             });
         }
         let mut next_shard = 0usize;
-        let mut hangup = Hangup::new();
+        let mut hangup = std::mem::replace(&mut self.hangup, Hangup::none());
         loop {
             let accepted = tokio::select! {
                 accepted = self.listener.accept() => (Listener::V1, accepted),
@@ -526,6 +530,14 @@ impl Hangup {
         }
         #[cfg(not(unix))]
         Hangup {}
+    }
+
+    /// No handler: `recv` never resolves.
+    fn none() -> Hangup {
+        Hangup {
+            #[cfg(unix)]
+            signal: None,
+        }
     }
 
     /// Resolves at each SIGHUP; never, without a handler.

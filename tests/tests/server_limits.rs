@@ -337,3 +337,60 @@ async fn sigterm_drains_and_exits_zero() {
         "nothing listens any more"
     );
 }
+
+/// A script may signal `sluiced` the moment it reads the listening line:
+/// SIGHUP then reloads (here: the error of no config file) and SIGTERM
+/// drains, each with its handler already in place, never the default
+/// action that ends the process. Sent with kill(2) from this thread, so
+/// no `kill` process forks in between and the window right after the
+/// line is what gets hit; 30 starts, every one must exit 0.
+#[test]
+#[allow(unsafe_code)] // kill(2): std has no way to send SIGTERM or SIGHUP
+fn signals_right_after_the_listening_line_are_handled() {
+    use std::io::{BufRead, BufReader};
+    use std::process::{Command, Stdio};
+    for round in 0..30 {
+        let mut child = Command::new(sluice_tests::support::binary("sluiced"))
+            .args(["--bind", "127.0.0.1", "--port", "0", "--shards", "1"])
+            .env("SLUICE_LOG", "off")
+            .stdout(Stdio::piped())
+            .stderr(Stdio::null())
+            .spawn()
+            .expect("sluiced starts");
+        let mut out = BufReader::new(child.stdout.take().unwrap());
+        let mut line = String::new();
+        out.read_line(&mut line).unwrap();
+        assert!(line.starts_with("sluiced listening on "), "{line:?}");
+        let pid = child.id() as libc::pid_t;
+        let signal = if round % 2 == 0 {
+            libc::SIGTERM
+        } else {
+            libc::SIGHUP
+        };
+        // SAFETY: kill(2) on our own child's pid; no memory is involved.
+        assert_eq!(unsafe { libc::kill(pid, signal) }, 0);
+        if signal == libc::SIGHUP {
+            // Still serving after the reload: it answers a connection.
+            let addr: std::net::SocketAddr =
+                line.split_whitespace().nth(3).unwrap().parse().unwrap();
+            let mut s = std::net::TcpStream::connect(addr).expect("still listening after SIGHUP");
+            s.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
+            let hello = frame(&[(1, hello(b""))]);
+            std::io::Write::write_all(&mut s, &hello).unwrap();
+            let mut some = [0u8; 1];
+            let n = std::io::Read::read(&mut s, &mut some).unwrap();
+            assert_eq!(n, 1, "round {round}: answered after SIGHUP");
+            assert!(
+                child.try_wait().unwrap().is_none(),
+                "round {round}: SIGHUP ended it"
+            );
+            // SAFETY: as above.
+            assert_eq!(unsafe { libc::kill(pid, libc::SIGTERM) }, 0);
+        }
+        let status = child.wait().unwrap();
+        assert!(
+            status.success(),
+            "round {round}, signal {signal}: {status:?}"
+        );
+    }
+}
