@@ -375,6 +375,10 @@ async fn cli_routes_and_throttles_through_a_cluster_file() {
         "--json",
     ]);
     assert_eq!(code, Some(0), "{out}");
+    // The connections share one request budget, so how it splits between
+    // the groups is a matter of speed (one group's pair ran 3,113 to 888 on
+    // a CI machine). What routing decides is which keys each group holds:
+    // only its own (and user:1 where the ring puts it).
     let mut total = 0;
     for g in &gs {
         let stats = repl::control(g.primary.addr)
@@ -384,7 +388,18 @@ async fn cli_routes_and_throttles_through_a_cluster_file() {
             .await
             .unwrap();
         let allowed: u64 = stats.shards.iter().map(|s| s.allowed_total).sum();
-        assert!(allowed > 1000, "group {} got {allowed}", g.name);
+        let buckets: u64 = stats.shards.iter().map(|s| s.buckets).sum();
+        let owned = (0..1000)
+            .map(|i| format!("key:{i}"))
+            .chain(["user:1".to_string()])
+            .filter(|k| ring.owner(key_hash(k.as_bytes())) == g.name)
+            .count() as u64;
+        assert!(allowed > 0, "group {} got no requests", g.name);
+        assert!(
+            buckets <= owned,
+            "group {} holds {buckets} buckets, owns {owned} keys",
+            g.name
+        );
         total += allowed;
     }
     assert_eq!(
