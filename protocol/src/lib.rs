@@ -13,6 +13,8 @@
 //! - [`limit`]: every limit kind (token bucket, fixed window, sliding log,
 //!   sliding counter, concurrency), its spec syntax (`sliding-log:100/1m`),
 //!   and the pure decision of each, with what each promises.
+//! - [`priority`]: priority classes (critical, normal, low) and the reserved
+//!   shares of a limit that only the higher classes may spend.
 //! - [`cell`]: redis-cell's `CL.THROTTLE` decision, argument rules and reply,
 //!   exactly, for the server's RESP listener.
 //! - [`composite`]: the composite decision (all or nothing) over any store
@@ -35,6 +37,7 @@ pub mod identity;
 pub mod limit;
 pub mod message;
 pub mod policy;
+pub mod priority;
 pub mod replication;
 pub mod ring;
 pub mod routing;
@@ -47,6 +50,7 @@ pub use gcra::{Bucket, Decision, Verdict};
 pub use limit::{Concurrency, Kind, Limit, SpecError, Window};
 pub use message::{Hello, HelloOk, Reply, Request, Throttle};
 pub use policy::{Policy, PolicyError};
+pub use priority::{Priority, Reserved, Reserves};
 pub use status::Status;
 
 /// The protocol version this crate speaks. HELLO negotiates it.

@@ -61,6 +61,12 @@ pub enum PolicyError {
     },
     #[error("window limit must be 1..={}", crate::limit::WINDOW_LIMIT_MAX)]
     WindowLimit,
+    /// A reserved share above the whole limit (see [`crate::priority`]).
+    #[error(
+        "a reserve must be 0..={} hundredths of a percent (0..=100 %)",
+        crate::priority::BP_WHOLE
+    )]
+    Reserve,
     #[error(
         "sliding-log limit must be 1..={} (it bounds the log's memory per key)",
         crate::limit::SLIDING_LOG_LIMIT_MAX

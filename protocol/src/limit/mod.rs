@@ -320,6 +320,10 @@ pub enum SpecError {
         /// What the kind accepts, for the message.
         allowed: &'static str,
     },
+    /// A `reserve=CLASS:P%` option that is not one (see
+    /// [`crate::priority::Reserved`]).
+    #[error("reserve {0}")]
+    Reserve(String),
     #[error(transparent)]
     Syntax(#[from] ParseError),
     #[error(transparent)]
