@@ -14,11 +14,11 @@ use std::time::Duration;
 use clap::{ArgGroup, Args, Parser, Subcommand};
 use sluice_cli::bench::{BenchConfig, Target};
 use sluice_cli::report::{self, verdict_json};
-use sluice_client::{inline_limits, Client, ClientConfig, ClusterConfig, Error};
+use sluice_client::{inline_reserved, Client, ClientConfig, ClusterConfig, Error};
 use sluice_protocol::limit::{Concurrency, Window};
 use sluice_protocol::message::{DecideOk, LeaseTarget, Limits, Mode, LIMITS_MAX};
 use sluice_protocol::policy::Rate;
-use sluice_protocol::{Kind, Limit, Policy};
+use sluice_protocol::{Kind, Limit, Policy, Priority, Reserved};
 
 /// `println!` for the commands' output: when the reader has stopped
 /// (`sluice stats | head`), the process ends quietly with status 0, where
@@ -246,14 +246,21 @@ struct Decide {
     /// A limit; repeat it for a composite. SPEC is one of
     /// token-bucket:10/s,burst=20  fixed-window:100/1m  sliding-log:100/1m
     /// sliding-counter:100/1m  concurrency:10,lease=30s
+    /// and may add reserves: ...,reserve=critical:20%,reserve=normal:50%
     #[arg(long, value_name = "SPEC")]
-    limit: Vec<Limit>,
+    limit: Vec<Reserved>,
     /// A tier of the node's configuration, by name.
     #[arg(long, value_name = "NAME")]
     tier: Option<String>,
     /// Units to spend.
     #[arg(long, default_value_t = 1)]
     cost: u64,
+    /// The request's class: critical may spend every reserve, normal
+    /// (the default) what is not reserved for critical, low only what no
+    /// reserve keeps. With --rate there are no reserves: it changes
+    /// nothing.
+    #[arg(long, value_name = "CLASS", default_value_t = Priority::Normal)]
+    priority: Priority,
     /// Print exactly one JSON object.
     #[arg(long)]
     json: bool,
@@ -267,8 +274,9 @@ struct LimitsArgs {
     /// (the position names the bucket). SPEC is one of
     /// token-bucket:10/s,burst=20  fixed-window:100/1m  sliding-log:100/1m
     /// sliding-counter:100/1m  concurrency:10,lease=30s
+    /// and may add reserves: ...,reserve=critical:20%,reserve=normal:50%
     #[arg(long, value_name = "SPEC")]
-    limit: Vec<Limit>,
+    limit: Vec<Reserved>,
     /// A tier of the node's configuration, by name.
     #[arg(long, value_name = "NAME")]
     tier: Option<String>,
@@ -314,6 +322,9 @@ struct Acquire {
     /// Slots to take (and units of every other limit to spend).
     #[arg(long, default_value_t = 1)]
     cost: u64,
+    /// The request's class (see `sluice throttle --help`).
+    #[arg(long, value_name = "CLASS", default_value_t = Priority::Normal)]
+    priority: Priority,
     /// Print exactly one JSON object.
     #[arg(long)]
     json: bool,
@@ -737,7 +748,7 @@ async fn decide(client: &Client, d: Decide, peek: bool) -> Result<ExitCode, Erro
         let limits = limits_of(&d.limit, &d.tier)?;
         let mode = if peek { Mode::Probe } else { Mode::Spend };
         let ok = client
-            .decide(d.key.as_bytes(), limits, mode, d.cost)
+            .decide_as(d.key.as_bytes(), limits, mode, d.cost, d.priority)
             .await?;
         print_decide(&ok, d.json);
         return Ok(allowed_code(ok.allowed));
@@ -772,7 +783,9 @@ async fn acquire(client: &Client, a: Acquire) -> Result<ExitCode, Error> {
     if a.cost == 0 {
         return Err(Error::Invalid("a cost of 0 acquires no lease".into()));
     }
-    let ok = client.spend(a.key.as_bytes(), limits, a.cost).await?;
+    let ok = client
+        .decide_as(a.key.as_bytes(), limits, Mode::Spend, a.cost, a.priority)
+        .await?;
     print_decide(&ok, a.json);
     Ok(allowed_code(ok.allowed))
 }
@@ -796,10 +809,10 @@ async fn lease(client: &Client, a: LeaseArgs, renew: bool) -> Result<ExitCode, E
 
 /// The limits named by `--limit` flags or `--tier` (clap lets exactly one
 /// of them through).
-fn limits_of<'a>(limit: &[Limit], tier: &'a Option<String>) -> Result<Limits<'a>, Error> {
+fn limits_of<'a>(limit: &[Reserved], tier: &'a Option<String>) -> Result<Limits<'a>, Error> {
     match tier {
         Some(name) => Ok(Limits::Tier(name)),
-        None => inline_limits(limit),
+        None => inline_reserved(limit),
     }
 }
 
@@ -814,7 +827,7 @@ fn lease_target(limits: &LimitsArgs, index: Option<u8>) -> Result<LeaseTarget<'_
         return Ok(LeaseTarget::Tier { name, index });
     }
     let (position, at) = match (limits.limit.as_slice(), index) {
-        ([one], index) => (index.unwrap_or(0), *one),
+        ([one], index) => (index.unwrap_or(0), one.limit),
         (_, _) if limits.limit.len() > LIMITS_MAX => {
             return Err(Error::Invalid(format!(
                 "at most {LIMITS_MAX} --limit flags"
@@ -827,15 +840,15 @@ fn lease_target(limits: &LimitsArgs, index: Option<u8>) -> Result<LeaseTarget<'_
                     all.len()
                 ))
             })?;
-            (i, *limit)
+            (i, limit.limit)
         }
         (all, None) => {
             let mut found = all
                 .iter()
                 .enumerate()
-                .filter(|(_, l)| l.kind() == Kind::Concurrency);
+                .filter(|(_, l)| l.limit.kind() == Kind::Concurrency);
             match (found.next(), found.next()) {
-                (Some((i, l)), None) => (i as u8, *l),
+                (Some((i, l)), None) => (i as u8, l.limit),
                 _ => {
                     return Err(Error::Invalid(
                         "name the concurrency limit's position with --index".into(),

@@ -78,6 +78,10 @@ fn limit_line(index: usize, v: &LimitVerdict) -> String {
 /// The summary line, then one indented line per limit.
 pub fn decide_text(ok: &DecideOk) -> String {
     let mut text = verdict_line(&summary(ok));
+    // The class only when it is not the default, so plain output stays.
+    if ok.priority != sluice_protocol::Priority::Normal {
+        text.push_str(&format!(" priority={}", ok.priority));
+    }
     for (i, v) in ok.verdicts.iter().enumerate() {
         text.push('\n');
         text.push_str(&limit_line(i, v));
@@ -99,11 +103,13 @@ fn limit_json(v: &LimitVerdict) -> Value {
 }
 
 /// The summary's five keys (as [`verdict_json`]), `denied_index` (null when
-/// every limit admitted) and `verdicts`, one object per limit.
+/// every limit admitted), `priority` (the class the verdicts are for) and
+/// `verdicts`, one object per limit.
 pub fn decide_json(ok: &DecideOk) -> Value {
     let mut v = verdict_json(&summary(ok));
     let map = v.as_object_mut().expect("verdict_json is an object");
     map.insert("denied_index".into(), json!(ok.denied_index));
+    map.insert("priority".into(), json!(ok.priority.name()));
     let verdicts = ok.verdicts.iter().map(limit_json).collect();
     map.insert("verdicts".into(), Value::Array(verdicts));
     v
@@ -331,6 +337,7 @@ mod tests {
                 "allowed",
                 "denied_index",
                 "limit",
+                "priority",
                 "remaining",
                 "reset_after_ms",
                 "retry_after_ms",

@@ -10,7 +10,7 @@ use sluice_protocol::message::{
 };
 use sluice_protocol::replication::RoleOk;
 use sluice_protocol::routing::{key_hash, shard_of, ROUTING_XXH3_128_MULSHIFT};
-use sluice_protocol::{Limit, Policy, Verdict};
+use sluice_protocol::{Limit, Policy, Priority, Reserved, Verdict};
 
 use crate::connection::{Call, Conn, OwnedLimits, OwnedTarget};
 use crate::error::Error;
@@ -186,12 +186,28 @@ impl Client {
         mode: Mode,
         cost: u64,
     ) -> Result<DecideOk, Error> {
+        self.decide_as(key, limits, mode, cost, Priority::Normal)
+            .await
+    }
+
+    /// [`Client::decide`] for a request of class `priority`: it may spend
+    /// the reserves its class and the classes below it keep, and the
+    /// verdicts are its class's (see [`sluice_protocol::priority`]).
+    pub async fn decide_as(
+        &self,
+        key: &[u8],
+        limits: Limits<'_>,
+        mode: Mode,
+        cost: u64,
+        priority: Priority,
+    ) -> Result<DecideOk, Error> {
         check_decide(key, &limits, mode, cost)?;
         let call = Call::Decide {
             mode,
             key: key.into(),
             limits: OwnedLimits::new(&limits),
             cost,
+            priority,
         };
         match self.call(self.slot_of(key), call).await? {
             Reply::Decide(ok) => Ok(ok),
@@ -437,6 +453,19 @@ async fn resolve(addr: impl tokio::net::ToSocketAddrs) -> Result<SocketAddr, Err
         addr: "(unresolved)".into(),
         source: std::io::Error::new(std::io::ErrorKind::NotFound, "no address"),
     })
+}
+
+/// [`inline_limits`] with each limit's reserves (`reserve=CLASS:P%`
+/// in its spec; see [`sluice_protocol::priority`]).
+pub fn inline_reserved(limits: &[Reserved]) -> Result<Limits<'static>, Error> {
+    LimitSet::with_reserves(limits)
+        .map(Limits::Inline)
+        .ok_or_else(|| {
+            Error::Invalid(format!(
+                "name 1..={LIMITS_MAX} limits, not {}",
+                limits.len()
+            ))
+        })
 }
 
 /// The inline limits `limits`, in order, for [`Client::decide`]:

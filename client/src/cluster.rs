@@ -40,11 +40,11 @@ use sluice_protocol::composite::{self, LimitAt, Store};
 use sluice_protocol::gcra::Verdict;
 use sluice_protocol::identity::bucket_key;
 use sluice_protocol::limit::{Kind, Limit, Window};
-use sluice_protocol::message::{DecideOk, LimitVerdict, Limits, Mode};
+use sluice_protocol::message::{DecideOk, LimitSet, LimitVerdict, Limits, Mode};
 use sluice_protocol::replication::{ReplState, Role, State};
 use sluice_protocol::ring::Ring;
 use sluice_protocol::routing::key_hash;
-use sluice_protocol::{Clock, MonotonicClock, Policy, Status};
+use sluice_protocol::{Clock, MonotonicClock, Policy, Priority, Status};
 
 use crate::{Client, ClientConfig, Error};
 
@@ -418,6 +418,22 @@ impl Cluster {
         cost: u64,
         failure: FailurePolicy,
     ) -> Result<ClusterVerdict, Error> {
+        self.decide_as(key, limits, mode, cost, failure, Priority::Normal)
+            .await
+    }
+
+    /// [`Cluster::decide_with`] for a request of class `priority`, which
+    /// may spend the reserves of its class and those below; the local
+    /// fallback applies the same reserves to its share of each limit.
+    pub async fn decide_as(
+        &self,
+        key: &[u8],
+        limits: Limits<'_>,
+        mode: Mode,
+        cost: u64,
+        failure: FailurePolicy,
+        priority: Priority,
+    ) -> Result<ClusterVerdict, Error> {
         let stats = &self.inner.stats;
         stats.calls_total.fetch_add(1, Ordering::Relaxed);
         crate::metrics::call();
@@ -430,7 +446,7 @@ impl Cluster {
             let Some((node, client)) = self.primary_of(&group, attempt > 0).await else {
                 break;
             };
-            match client.decide(key, limits, mode, cost).await {
+            match client.decide_as(key, limits, mode, cost, priority).await {
                 Ok(decision) => {
                     stats.store_total.fetch_add(1, Ordering::Relaxed);
                     crate::metrics::verdict(Source::Store);
@@ -456,7 +472,15 @@ impl Cluster {
                     crate::metrics::outcome_unknown();
                     forget(&group);
                     stats.unknown_total.fetch_add(1, Ordering::Relaxed);
-                    return Ok(self.fallback(&group, key, limits, mode, cost, failure, true));
+                    return Ok(self.fallback(
+                        &group,
+                        key,
+                        limits,
+                        (mode, priority),
+                        cost,
+                        failure,
+                        true,
+                    ));
                 }
                 Err(e) => {
                     crate::metrics::error(&e);
@@ -464,7 +488,7 @@ impl Cluster {
                 }
             }
         }
-        Ok(self.fallback(&group, key, limits, mode, cost, failure, false))
+        Ok(self.fallback(&group, key, limits, (mode, priority), cost, failure, false))
     }
 
     /// The group's primary: the one known, or (if `search` or none is
@@ -560,7 +584,7 @@ impl Cluster {
         group: &Group,
         key: &[u8],
         limits: Limits<'_>,
-        mode: Mode,
+        (mode, priority): (Mode, Priority),
         cost: u64,
         failure: FailurePolicy,
         outcome_unknown: bool,
@@ -577,9 +601,9 @@ impl Cluster {
                 let d = group.local.lock().expect("not poisoned").decide(
                     key,
                     &limits,
-                    set.as_slice(),
+                    &set,
                     config.local_share,
-                    mode,
+                    (mode, priority),
                     cost,
                     now_ns,
                 );
@@ -755,9 +779,9 @@ impl LocalTable {
         &mut self,
         key: &[u8],
         limits: &Limits<'_>,
-        set: &[Limit],
+        set: &LimitSet,
         share: (u64, u64),
-        mode: Mode,
+        (mode, priority): (Mode, Priority),
         cost: u64,
         now_ns: u64,
     ) -> DecideOk {
@@ -765,9 +789,13 @@ impl LocalTable {
         let refs: Vec<LimitAt> = set
             .iter()
             .enumerate()
-            .map(|(i, l)| LimitAt {
-                bucket: bucket_key(hash, l.kind(), limits.slot(i as u8)),
-                limit: scaled(l, share),
+            .map(|(i, l)| {
+                let limit = scaled(l, share);
+                LimitAt {
+                    bucket: bucket_key(hash, l.kind(), limits.slot(i as u8)),
+                    limit,
+                    floor: set.reserves(i).floor(limit_of(&limit), priority),
+                }
             })
             .collect();
         // A cost above a scaled limit can never pass locally: deny, spend
@@ -787,10 +815,18 @@ impl LocalTable {
                     lease_id: 0,
                 })
                 .collect();
-            return DecideOk::from_verdicts(verdicts);
+            return DecideOk::from_verdicts(verdicts).for_class(priority);
         }
         let mut next_lease_id = self.next_lease_id;
-        let d = composite::decide(self, &refs, mode, cost, now_ns, &mut next_lease_id);
+        let d = composite::decide(
+            self,
+            &refs,
+            mode,
+            cost,
+            now_ns,
+            &mut next_lease_id,
+            priority,
+        );
         self.next_lease_id = next_lease_id;
         d
     }
@@ -828,17 +864,55 @@ mod tests {
         let mut t = LocalTable::default();
         let lim: Limit = "token-bucket:1/h,burst=100".parse().unwrap();
         let limits = crate::inline_limits(&[lim]).unwrap();
+        let Limits::Inline(set) = limits else {
+            unreachable!("inline")
+        };
+        let spend = (Mode::Spend, Priority::Normal);
         let admitted = (0..200)
             .filter(|_| {
-                t.decide(b"k", &limits, &[lim], (1, 4), Mode::Spend, 1, 1_000)
+                t.decide(b"k", &limits, &set, (1, 4), spend, 1, 1_000)
                     .allowed
             })
             .count();
         assert_eq!(admitted, 25, "a quarter of the burst");
         // A cost above the scaled limit is denied, not a panic.
         assert!(
-            !t.decide(b"k", &limits, &[lim], (1, 4), Mode::Spend, 30, 1_000)
+            !t.decide(b"k", &limits, &set, (1, 4), spend, 30, 1_000)
                 .allowed
         );
+    }
+
+    #[test]
+    fn local_fallback_keeps_the_reserves_of_its_share() {
+        let mut t = LocalTable::default();
+        let r: sluice_protocol::Reserved = "token-bucket:1/h,burst=100,reserve=critical:20%"
+            .parse()
+            .unwrap();
+        let set = LimitSet::with_reserves(&[r]).unwrap();
+        let limits = Limits::Inline(set);
+        let count = |t: &mut LocalTable, class| {
+            (0..200)
+                .filter(|_| {
+                    t.decide(b"k", &limits, &set, (1, 4), (Mode::Spend, class), 1, 1_000)
+                        .allowed
+                })
+                .count()
+        };
+        // A quarter of 100 is 25, of which 20 % (5) only critical may spend.
+        assert_eq!(count(&mut t, Priority::Normal), 20);
+        let last = t.decide(
+            b"k",
+            &limits,
+            &set,
+            (1, 4),
+            (Mode::Probe, Priority::Normal),
+            1,
+            1_000,
+        );
+        assert_eq!(
+            (last.priority, last.verdicts[0].verdict.remaining),
+            (Priority::Normal, 0)
+        );
+        assert_eq!(count(&mut t, Priority::Critical), 5);
     }
 }

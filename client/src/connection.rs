@@ -13,7 +13,7 @@ use sluice_protocol::message::{
     Decide, Hello, HelloOk, LeaseOp, LeaseTarget, LimitSet, Limits, Mode, Reply, Request, Stats,
     Throttle,
 };
-use sluice_protocol::{Concurrency, Policy, PROTOCOL_VERSION};
+use sluice_protocol::{Concurrency, Policy, Priority, PROTOCOL_VERSION};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::tcp::{OwnedReadHalf, OwnedWriteHalf};
 use tokio::net::TcpStream;
@@ -41,6 +41,7 @@ pub(crate) enum Call {
         key: Box<[u8]>,
         limits: OwnedLimits,
         cost: u64,
+        priority: Priority,
     },
     /// RELEASE (`renew == false`) or RENEW of one lease.
     Lease {
@@ -146,11 +147,13 @@ impl Call {
                 key,
                 limits,
                 cost,
+                priority,
             } => Request::Decide(Decide {
                 mode: *mode,
                 key,
                 limits: limits.borrow(),
                 cost: *cost,
+                priority: *priority,
             }),
             Call::Lease {
                 renew,

@@ -39,7 +39,7 @@ pub mod metrics;
 #[cfg(feature = "tower")]
 pub mod tower;
 
-pub use client::{inline_limits, Client, ClientConfig};
+pub use client::{inline_limits, inline_reserved, Client, ClientConfig};
 pub use cluster::{Cluster, ClusterConfig, ClusterVerdict, FailurePolicy, Source, Topology};
 pub use error::{Action, Error};
 pub use sluice_protocol::message::{
@@ -47,4 +47,6 @@ pub use sluice_protocol::message::{
 };
 // Replication's `Mode` is renamed: `Mode` is DECIDE's.
 pub use sluice_protocol::replication::{Mode as ReplMode, ReplState, Role, RoleOk};
-pub use sluice_protocol::{Concurrency, Kind, Limit, Policy, Status, Verdict, Window};
+pub use sluice_protocol::{
+    Concurrency, Kind, Limit, Policy, Priority, Reserved, Reserves, Status, Verdict, Window,
+};

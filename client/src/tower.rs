@@ -727,6 +727,7 @@ mod tests {
             denied_index: None,
             retry_after_ns: 0,
             verdicts: vec![verdict(true, 5, 3, 1), verdict(true, 100, 2, 60)],
+            priority: sluice_protocol::Priority::Normal,
         };
         let d = Decision::summarize(&ok, &plan);
         assert_eq!(
@@ -740,6 +741,7 @@ mod tests {
             denied_index: Some(0),
             retry_after_ns: 7 * NS_PER_S,
             verdicts: vec![verdict(false, 5, 0, 1), verdict(true, 100, 2, 60)],
+            priority: sluice_protocol::Priority::Normal,
         };
         let d = Decision::summarize(&denied, &Plan::named("api", limits).unwrap());
         assert_eq!((d.allowed, d.limit, d.remaining), (false, 5, 0));

@@ -236,10 +236,24 @@ impl FrameWriter {
         request_id: u32,
         payload: impl FnOnce(&mut BytesMut),
     ) {
+        self.message_flagged(buf, op, 0, request_id, payload);
+    }
+
+    /// [`FrameWriter::message`] with the header's `flags` set (a request's
+    /// priority class).
+    #[inline]
+    pub fn message_flagged(
+        &mut self,
+        buf: &mut BytesMut,
+        op: u8,
+        flags: u8,
+        request_id: u32,
+        payload: impl FnOnce(&mut BytesMut),
+    ) {
         self.frame_for_message(buf);
         let header_at = buf.len();
         buf.put_u8(op);
-        buf.put_u8(0);
+        buf.put_u8(flags);
         buf.put_u16_le(0);
         buf.put_u32_le(request_id);
         payload(buf);

@@ -12,6 +12,7 @@
 use crate::gcra::{self, Verdict};
 use crate::limit::{concurrency, fixed_window, sliding_counter, sliding_log, Kind, Limit, Window};
 use crate::message::{DecideOk, LimitVerdict, Mode};
+use crate::priority::{self, Priority};
 use crate::replication::State;
 
 /// Where bucket states live: the bucket key and kind name one state.
@@ -29,6 +30,9 @@ pub struct LimitAt {
     pub bucket: u128,
     /// The limit.
     pub limit: Limit,
+    /// The units the request's class must leave untouched
+    /// ([`crate::priority::Reserves::floor`]); 0 without reserves.
+    pub floor: u64,
 }
 
 /// What `r` would answer to `cost` at `now_ns`, changing nothing.
@@ -139,7 +143,8 @@ pub fn spend(
 
 /// A DECIDE on `limits` as one atomic step, in `mode` (SPEND, PROBE;
 /// RESET drops the buckets; REFUND is answered as a probe of 0, the local
-/// fallback having nothing to give back to). `next_lease_id` hands out
+/// fallback having nothing to give back to), for a request of class
+/// `priority` whose floors the refs carry. `next_lease_id` hands out
 /// lease ids. The caller has checked `cost` against every limit.
 pub fn decide(
     store: &mut impl Store,
@@ -148,6 +153,7 @@ pub fn decide(
     cost: u64,
     now_ns: u64,
     next_lease_id: &mut u64,
+    priority: Priority,
 ) -> DecideOk {
     let probe_cost = if matches!(mode, Mode::Spend | Mode::Probe) {
         cost
@@ -160,9 +166,15 @@ pub fn decide(
             if mode == Mode::Reset {
                 store.put(r.bucket, r.limit.kind(), None);
             }
+            let limit = r.limit.limit();
+            let verdict = if mode == Mode::Spend || mode == Mode::Probe {
+                priority::probe(r.floor, limit, probe_cost, |c| probe(store, r, c, now_ns))
+            } else {
+                priority::for_class(r.floor, probe(store, r, 0, now_ns))
+            };
             LimitVerdict {
                 kind: r.limit.kind(),
-                verdict: probe(store, r, probe_cost, now_ns),
+                verdict,
                 lease_id: 0,
             }
         })
@@ -175,9 +187,10 @@ pub fn decide(
                 v.verdict.allowed,
                 "a probe that admits means a spend that admits"
             );
+            v.verdict = priority::for_class(r.floor, v.verdict);
         }
     }
-    DecideOk::from_verdicts(verdicts)
+    DecideOk::from_verdicts(verdicts).for_class(priority)
 }
 
 #[cfg(test)]
@@ -216,28 +229,32 @@ mod tests {
         .map(|(i, s)| LimitAt {
             bucket: 100 + i as u128,
             limit: s.parse().unwrap(),
+            floor: 0,
         })
         .collect();
         let mut store = Map::default();
         let mut lease = 0;
         let now = 1_000 * S;
+        let mut run = |store: &mut Map, limits: &[LimitAt], mode, cost| {
+            decide(store, limits, mode, cost, now, &mut lease, Priority::Normal)
+        };
         for _ in 0..3 {
-            let ok = decide(&mut store, &limits, Mode::Spend, 1, now, &mut lease);
+            let ok = run(&mut store, &limits, Mode::Spend, 1);
             assert!(ok.allowed);
             assert_ne!(ok.verdicts[4].lease_id, 0);
         }
         // The fixed window (3/m) denies the fourth: nothing else moves.
         let before: Vec<Verdict> = limits.iter().map(|r| probe(&store, r, 1, now)).collect();
-        let ok = decide(&mut store, &limits, Mode::Spend, 1, now, &mut lease);
+        let ok = run(&mut store, &limits, Mode::Spend, 1);
         assert!(!ok.allowed);
         assert_eq!(ok.denied_index, Some(1));
         let after: Vec<Verdict> = limits.iter().map(|r| probe(&store, r, 1, now)).collect();
         assert_eq!(before, after);
         // Reset clears; probe changes nothing.
-        let ok = decide(&mut store, &limits[1..2], Mode::Reset, 0, now, &mut lease);
+        let ok = run(&mut store, &limits[1..2], Mode::Reset, 0);
         assert_eq!(ok.verdicts[0].verdict.remaining, 3);
         let n = store.0.len();
-        decide(&mut store, &limits, Mode::Probe, 1, now, &mut lease);
+        run(&mut store, &limits, Mode::Probe, 1);
         assert_eq!(store.0.len(), n);
     }
 }

@@ -24,6 +24,7 @@ use sluice_protocol::message::{
     Limits, Mode, Reply, Request, ShardStats, Stats, StatsOk, Throttle,
 };
 use sluice_protocol::policy::{self, Policy};
+use sluice_protocol::priority::{Priority, Reserved, Reserves};
 use sluice_protocol::replication::{
     self as repl, FailoverOk, Record, ReplState, Role, RoleOk, State, Subscribe, SyncHeader,
     SyncReader, SyncWriter,
@@ -163,7 +164,36 @@ fn decide(limits: Limits<'static>) -> Decide<'static> {
         key: b"user:42",
         limits,
         cost: 1,
+        priority: Priority::Normal,
     }
+}
+
+/// The backend limit of the reserves example, with its reserves.
+fn backend_limit() -> Reserved {
+    "concurrency:10,lease=30s,reserve=critical:20%,reserve=normal:50%"
+        .parse()
+        .expect("a valid limit spec")
+}
+
+fn decide_reserves() -> Decide<'static> {
+    let set = LimitSet::with_reserves(&[backend_limit()]).expect("one limit");
+    Decide {
+        key: b"backend:search",
+        limits: Limits::Inline(set),
+        priority: Priority::Low,
+        ..decide(Limits::Tier("unused"))
+    }
+}
+
+fn decide_reserves_ok() -> DecideOk {
+    let v = Verdict {
+        allowed: false,
+        limit: 10,
+        remaining: 0,
+        retry_after_ns: 30 * SECOND_NS,
+        reset_after_ns: 30 * SECOND_NS,
+    };
+    DecideOk::from_verdicts(vec![limit_verdict(Kind::Concurrency, v, 0)]).for_class(Priority::Low)
 }
 
 fn lease_op(lease_id: u64) -> LeaseOp<'static> {
@@ -382,6 +412,14 @@ fn expected_frames() -> Vec<(&'static str, Vec<(u32, Msg)>)> {
             vec![(21, Req(Request::Decide(decide(Limits::Tier("free")))))],
         ),
         (
+            "decide_reserves_request",
+            vec![(27, Req(Request::Decide(decide_reserves())))],
+        ),
+        (
+            "decide_reserves_reply",
+            vec![(27, Rep(Reply::Decide(decide_reserves_ok())))],
+        ),
+        (
             "release_request",
             vec![(22, Req(Request::Release(lease_op(3))))],
         ),
@@ -435,7 +473,7 @@ fn encode_reply(w: &mut FrameWriter, buf: &mut BytesMut, request_id: u32, reply:
         Reply::Pong => message::put_pong(w, buf, request_id),
         Reply::Throttle(v) => message::put_verdict(w, buf, request_id, false, v),
         Reply::Peek(v) => message::put_verdict(w, buf, request_id, true, v),
-        Reply::Decide(ok) => message::put_decide_ok(w, buf, request_id, &ok.verdicts),
+        Reply::Decide(ok) => message::put_decide_ok(w, buf, request_id, &ok.verdicts, ok.priority),
         Reply::Release(ok) => message::put_lease_ok(w, buf, request_id, false, ok),
         Reply::Renew(ok) => message::put_lease_ok(w, buf, request_id, true, ok),
         Reply::Reload { tier_count } => message::put_reload_ok(w, buf, request_id, *tier_count),
@@ -479,7 +517,12 @@ fn assert_decodes_to(name: &str, bytes: &[u8], expected: &[(u32, Msg)]) {
     assert_eq!(frame.len(), expected.len(), "golden={name}: message count");
     for (i, ((h, p), (request_id, m))) in frame.messages().zip(expected).enumerate() {
         assert_eq!(h.request_id, *request_id, "golden={name} message {i}");
-        assert_eq!(h.flags, 0, "golden={name} message {i}");
+        // A request's flags carry its class; a reply's are 0.
+        let flags = match m {
+            Msg::Request(Request::Decide(d)) => d.priority.code(),
+            _ => 0,
+        };
+        assert_eq!(h.flags, flags, "golden={name} message {i}");
         match m {
             Msg::Request(r) => {
                 let got = Request::parse(h, p)
@@ -598,6 +641,47 @@ fn golden_reply(name: &str, index: usize) -> Reply {
 
 /// The second conversation (DECIDE, RELEASE, RENEW) replayed through the
 /// decision functions, as a shard would apply it.
+#[test]
+fn golden_reserve_verdict_is_the_decision() {
+    let Reserved {
+        limit: Limit::Concurrency(cc),
+        reserves,
+    } = backend_limit()
+    else {
+        unreachable!("a concurrency limit")
+    };
+    assert_eq!(
+        reserves,
+        Reserves {
+            critical_bp: 2_000,
+            normal_bp: 5_000
+        }
+    );
+    let mut leases = None;
+    for lease_id in 1..=5 {
+        let d = concurrency::acquire(leases, &cc, 1, lease_id, DECIDE_T0_NS);
+        assert!(d.verdict.allowed);
+        leases = d.state;
+    }
+    let class = |p: Priority| {
+        let floor = reserves.floor(cc.limit, p);
+        sluice_protocol::priority::probe(floor, cc.limit, 1, |c| {
+            concurrency::peek(leases.as_ref(), &cc, c, DECIDE_T0_NS)
+        })
+    };
+    let low = DecideOk::from_verdicts(vec![limit_verdict(
+        Kind::Concurrency,
+        class(Priority::Low),
+        0,
+    )])
+    .for_class(Priority::Low);
+    assert_eq!(Reply::Decide(low), golden_reply("decide_reserves_reply", 0));
+    // What the prose says of the other classes.
+    assert!(class(Priority::Normal).allowed && class(Priority::Critical).allowed);
+    assert_eq!(reserves.floor(cc.limit, Priority::Low), 5);
+    assert_eq!(reserves.floor(cc.limit, Priority::Normal), 2);
+}
+
 #[test]
 fn golden_decide_verdicts_are_the_decision() {
     let [Limit::TokenBucket(tb), Limit::FixedWindow(fw), Limit::Concurrency(cc)] =

@@ -566,7 +566,13 @@ impl Connection {
             .borrow_mut()
             .decide_many(refs, op.mode, op.cost, now_ns);
         match result {
-            Ok(m) => self.push(request_id, Local::Decide(Box::new(m))),
+            Ok(m) => {
+                let m = MultiVerdict {
+                    priority: op.priority,
+                    ..m
+                };
+                self.push(request_id, Local::Decide(Box::new(m)))
+            }
             Err(status) => self.push(request_id, error(status.into())),
         }
     }
@@ -896,7 +902,7 @@ fn encode_local(w: &mut FrameWriter, buf: &mut BytesMut, request_id: u32, reply:
         Local::Pong => message::put_pong(w, buf, request_id),
         Local::HelloOk(h) => message::put_hello_ok(w, buf, request_id, h),
         Local::Error(status, text) => message::put_error(w, buf, request_id, *status, text),
-        Local::Decide(m) => message::put_decide_ok(w, buf, request_id, m.verdicts()),
+        Local::Decide(m) => message::put_decide_ok(w, buf, request_id, m.verdicts(), m.priority),
         Local::Lease { renew, ok } => message::put_lease_ok(w, buf, request_id, *renew, ok),
         Local::Reload(n) => message::put_reload_ok(w, buf, request_id, *n),
         Local::Role(r) => replication::put_role_ok(w, buf, request_id, r),

@@ -8,6 +8,8 @@
 use std::collections::BTreeMap;
 
 use sluice_protocol::limit::Limit;
+use sluice_protocol::message::LimitSet;
+use sluice_protocol::priority::{Reserved, Reserves};
 
 /// Most limits one tier (or one request) may name.
 pub const TIER_LIMITS_MAX: usize = 8;
@@ -19,6 +21,21 @@ pub const TIER_NAME_BYTES_MAX: usize = 64;
 pub struct Tier {
     /// 1..=TIER_LIMITS_MAX validated limits.
     pub limits: Vec<Limit>,
+    /// Each limit's reserved shares (`reserve=CLASS:P%` in its spec).
+    pub reserves: Vec<Reserves>,
+}
+
+impl Tier {
+    /// The limits and their reserves, as a DECIDE carries them.
+    pub fn set(&self) -> LimitSet {
+        let all: Vec<Reserved> = self
+            .limits
+            .iter()
+            .zip(&self.reserves)
+            .map(|(&limit, &reserves)| Reserved { limit, reserves })
+            .collect();
+        LimitSet::with_reserves(&all).expect("a loaded tier has 1..=LIMITS_MAX limits")
+    }
 }
 
 /// Every tier, by name.
@@ -57,8 +74,9 @@ impl Tiers {
                 return Err(TierError::Count(name.to_owned()));
             }
             let mut parsed = Vec::with_capacity(limits.len());
+            let mut reserves = Vec::with_capacity(limits.len());
             for (index, spec) in limits.iter().enumerate() {
-                let limit: Limit =
+                let limit: Reserved =
                     spec.parse()
                         .map_err(|e: sluice_protocol::limit::SpecError| TierError::Limit {
                             tier: name.to_owned(),
@@ -66,9 +84,14 @@ impl Tiers {
                             spec: spec.clone(),
                             error: e.to_string(),
                         })?;
-                parsed.push(limit);
+                parsed.push(limit.limit);
+                reserves.push(limit.reserves);
             }
-            by_name.insert(name.to_owned(), Tier { limits: parsed });
+            let tier = Tier {
+                limits: parsed,
+                reserves,
+            };
+            by_name.insert(name.to_owned(), tier);
         }
         Ok(Tiers { by_name })
     }

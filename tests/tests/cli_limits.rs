@@ -65,12 +65,14 @@ fn every_kind_works_end_to_end_with_json() {
             "allowed",
             "denied_index",
             "limit",
+            "priority",
             "remaining",
             "reset_after_ms",
             "retry_after_ms",
             "verdicts"
         ]
     );
+    assert_eq!(v["priority"], "normal", "no --priority is normal");
     assert_eq!(
         (v["allowed"].as_bool(), &v["denied_index"]),
         (Some(true), &Value::Null)
@@ -641,4 +643,100 @@ fn stderr_of(child: &mut std::process::Child) -> String {
         .read_to_string(&mut log)
         .expect("readable");
     log
+}
+
+/// `--priority` and reserves in a `--limit` spec: with
+/// `reserve=critical:20%,reserve=normal:50%` on 10 units, low spends 5,
+/// normal 3 more, critical the last 2; each verdict names its class, and
+/// a class that may never pass at its cost is told so, not given a wait.
+#[test]
+fn priority_classes_spend_only_what_their_reserves_leave() {
+    let server = Sluiced::start(&["--shards", "2"]);
+    let spec = "token-bucket:1/h,burst=10,reserve=critical:20%,reserve=normal:50%";
+    let throttle = |class: &str, cost: &str| {
+        let out = sluice_cli(
+            &server,
+            &[
+                "throttle",
+                "k",
+                "--limit",
+                spec,
+                "--priority",
+                class,
+                "--cost",
+                cost,
+                "--json",
+            ],
+        );
+        (out.status.code(), json_object(&out))
+    };
+    let admitted = |class: &str| {
+        (0..12)
+            .take_while(|_| {
+                let (code, v) = throttle(class, "1");
+                assert_eq!(v["priority"], class, "{v:?}");
+                code == Some(0)
+            })
+            .count()
+    };
+    assert_eq!(admitted("low"), 5);
+    let (code, low) = throttle("low", "1");
+    assert_eq!((code, low["allowed"].as_bool()), (Some(1), Some(false)));
+    // 5 units are left and low needs 6 (its 1 over the floor of 5): one
+    // of the 1/h refills, not the zero a plain limit would say.
+    let wait = low["retry_after_ms"].as_u64().unwrap();
+    assert!((3_590_000..=3_600_000).contains(&wait), "{low:?}");
+    assert_eq!(low["remaining"], 0, "nothing left for low");
+    assert_eq!(admitted("normal"), 3);
+    assert_eq!(admitted("critical"), 2);
+    // Human output names a class that is not the default.
+    let out = sluice_cli(
+        &server,
+        &["peek", "k", "--limit", spec, "--priority", "critical"],
+    );
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        text.lines().next().unwrap().ends_with("priority=critical"),
+        "{text}"
+    );
+    // Low at a cost of 6 needs 11 of 10 units: never, and not a wait.
+    let (code, never) = throttle("low", "6");
+    assert_eq!(code, Some(1));
+    assert_eq!(
+        never["retry_after_ms"].as_u64(),
+        Some(u64::MAX.div_ceil(1_000_000))
+    );
+    // A bad reserve is a usage error that says what is wrong.
+    let out = sluice_cli(
+        &server,
+        &[
+            "throttle",
+            "k",
+            "--limit",
+            "fixed-window:5/m,reserve=low:10%",
+        ],
+    );
+    assert_eq!(out.status.code(), Some(2));
+    assert!(
+        stderr(&out).contains("a reserve for low keeps nothing"),
+        "{}",
+        stderr(&out)
+    );
+    let out = sluice_cli(
+        &server,
+        &[
+            "throttle",
+            "k",
+            "--limit",
+            "fixed-window:5/m",
+            "--priority",
+            "vip",
+        ],
+    );
+    assert_eq!(out.status.code(), Some(2));
+    assert!(
+        stderr(&out).contains("critical, normal or low"),
+        "{}",
+        stderr(&out)
+    );
 }

@@ -5,7 +5,7 @@
 
 use std::time::{Duration, Instant};
 
-use sluice_client::{Action, Client, Error, Kind, LeaseTarget, Limits, Status};
+use sluice_client::{Action, Client, Error, Kind, LeaseTarget, Limits, Mode, Priority, Status};
 use sluice_tests::support::{client, tiers_toml, ConfigFile, Sluiced};
 
 /// Longest a test waits for a SIGHUP to take effect.
@@ -164,4 +164,77 @@ async fn without_a_config_file_there_are_no_tiers() {
     assert_eq!(status(reload), Status::ConfigInvalid);
     let e = client.probe(b"k", Limits::Tier("free"), 1).await;
     assert_eq!(status(e), Status::UnknownTier);
+}
+
+/// A fleet usage shedder is a tier on a shared key with reserves: a
+/// backend that takes 10 concurrent calls, 20 % kept for critical ones and
+/// 50 % for normal and critical. Through a client that is not
+/// shard-aware (so the node forwards half the keys to their shard),
+/// `low` holds at most 5 leases, `normal` 3 more, `critical` the last 2;
+/// every verdict names its class; a released lease goes to whoever asks
+/// next within their class's share. A reserve in a tier that is not one
+/// stops the start with the tier, the limit and the reason.
+#[tokio::test]
+async fn reserves_in_a_tier_keep_the_last_slots_for_critical_calls() {
+    let search = "concurrency:10,lease=30s,reserve=critical:20%,reserve=normal:50%";
+    let config = ConfigFile::new(&tiers_toml(&[("search", &[search])]));
+    let server = Sluiced::start(&["--shards", "2", "--config", config.arg()]);
+    let client = client(&server, false).await;
+    let tier = Limits::Tier("search");
+    for key in [&b"backend:search"[..], b"backend:other"] {
+        let mut leases = Vec::new();
+        let take = |class| {
+            let client = &client;
+            async move {
+                let ok = client
+                    .decide_as(key, tier, Mode::Spend, 1, class)
+                    .await
+                    .unwrap();
+                assert_eq!(ok.priority, class);
+                ok
+            }
+        };
+        for (class, share) in [
+            (Priority::Low, 5),
+            (Priority::Normal, 3),
+            (Priority::Critical, 2),
+        ] {
+            for i in 0..share {
+                let ok = take(class).await;
+                assert!(ok.allowed, "{class} #{i}: {ok:?}");
+                leases.push(ok.verdicts[0].lease_id);
+            }
+            let denied = take(class).await;
+            assert!(!denied.allowed, "{class} past its share: {denied:?}");
+            // Honest: the earliest lease expires within the 30 s lease.
+            let wait = denied.retry_after_ns;
+            assert!(wait > 29_000_000_000 && wait <= 30_000_000_000, "{wait}");
+            assert_eq!(denied.verdicts[0].verdict.remaining, 0);
+        }
+        // One lease back, so 9 held and 1 free: low needs 6 free (its 1
+        // and the 5 reserved above it), normal 3, critical 1.
+        let target = LeaseTarget::Tier {
+            name: "search",
+            index: 0,
+        };
+        client.release(key, target, leases[0]).await.unwrap();
+        assert!(!take(Priority::Low).await.allowed);
+        assert!(!take(Priority::Normal).await.allowed);
+        assert!(take(Priority::Critical).await.allowed);
+    }
+    drop(server);
+    let bad = ConfigFile::new(&tiers_toml(&[(
+        "search",
+        &["concurrency:10,reserve=critical:120%"],
+    )]));
+    let out = std::process::Command::new(sluice_tests::support::binary("sluiced"))
+        .args(["--port", "0", "--config", bad.arg()])
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(2));
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        err.contains("tier \"search\", limit 0") && err.contains("0..=100"),
+        "{err}"
+    );
 }

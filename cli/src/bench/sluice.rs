@@ -159,6 +159,7 @@ impl Driver {
                         key,
                         limits: Limits::Inline(set),
                         cost: 1,
+                        priority: sluice_protocol::Priority::Normal,
                     }),
                 };
                 request.encode(&mut w, &mut wbuf, i as u32 + 1);

@@ -9,6 +9,7 @@ use super::op;
 use super::reply::{summarize, HelloOk, LeaseOk, LimitVerdict, ShardStats};
 use crate::codec::{message_header, FrameWriter, HEADER_BYTES};
 use crate::gcra::Verdict;
+use crate::priority::Priority;
 use crate::status::Status;
 
 /// Appends a HELLO_OK.
@@ -66,6 +67,7 @@ pub fn put_decide_ok(
     buf: &mut BytesMut,
     request_id: u32,
     verdicts: &[LimitVerdict],
+    priority: Priority,
 ) {
     assert!(
         (1..=LIMITS_MAX).contains(&verdicts.len()),
@@ -80,6 +82,7 @@ pub fn put_decide_ok(
     p[0] = u8::from(allowed);
     p[1] = denied_index.unwrap_or(DENIED_NONE);
     p[2] = verdicts.len() as u8;
+    p[3] = priority.code();
     p[8..16].copy_from_slice(&retry_after_ns.to_le_bytes());
     for (at, v) in p[DECIDE_FIXED_BYTES..]
         .chunks_exact_mut(VERDICT_RECORD_BYTES)
@@ -295,8 +298,8 @@ mod tests {
         };
         let mut buf = BytesMut::new();
         let mut w = FrameWriter::new();
-        put_decide_ok(&mut w, &mut buf, 1, &denied.verdicts);
-        put_decide_ok(&mut w, &mut buf, 2, &admitted.verdicts);
+        put_decide_ok(&mut w, &mut buf, 1, &denied.verdicts, denied.priority);
+        put_decide_ok(&mut w, &mut buf, 2, &admitted.verdicts, admitted.priority);
         put_lease_ok(&mut w, &mut buf, 3, false, &lease);
         put_lease_ok(&mut w, &mut buf, 4, true, &lease);
         put_reload_ok(&mut w, &mut buf, 5, 3);

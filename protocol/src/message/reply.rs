@@ -10,6 +10,7 @@ use super::read::{u16_at, u32_at, u64_at};
 use crate::codec::MessageHeader;
 use crate::gcra::Verdict;
 use crate::limit::Kind;
+use crate::priority::Priority;
 use crate::status::Status;
 
 /// HELLO_OK: what a client learns at handshake.
@@ -53,6 +54,9 @@ pub struct DecideOk {
     pub retry_after_ns: u64,
     /// One verdict per limit, in the request's (or tier's) order.
     pub verdicts: Vec<LimitVerdict>,
+    /// The class the verdicts were computed for (the request's): their
+    /// `remaining` and `retry_after` are that class's.
+    pub priority: Priority,
 }
 /// The composite fields of a DECIDE_OK, from its verdicts: allowed iff every
 /// verdict is, the first denial's index, and the largest retry time.
@@ -97,7 +101,13 @@ impl DecideOk {
             denied_index,
             retry_after_ns,
             verdicts,
+            priority: Priority::Normal,
         }
+    }
+
+    /// The same reply, computed for `priority`.
+    pub fn for_class(self, priority: Priority) -> DecideOk {
+        DecideOk { priority, ..self }
     }
 }
 
@@ -265,7 +275,7 @@ fn parse_decide_ok(p: &[u8]) -> Option<DecideOk> {
         .chunks_exact(VERDICT_RECORD_BYTES)
         .map(parse_verdict_record)
         .collect::<Option<Vec<_>>>()?;
-    let ok = DecideOk::from_verdicts(verdicts);
+    let ok = DecideOk::from_verdicts(verdicts).for_class(Priority::from_code(p[3])?);
     let denied = (p[1] != DENIED_NONE).then_some(p[1]);
     let agrees =
         ok.allowed == (p[0] != 0) && ok.denied_index == denied && ok.retry_after_ns == u64_at(p, 8);
@@ -355,7 +365,7 @@ mod tests {
             lv(Kind::TokenBucket, false, 5, 0),
             lv(Kind::Concurrency, true, 0, 0),
         ];
-        let good = reply_payload(|w, b| put_decide_ok(w, b, 1, &verdicts));
+        let good = reply_payload(|w, b| put_decide_ok(w, b, 1, &verdicts, Priority::Normal));
         assert_eq!(good.len(), 16 + 2 * 48);
         assert!(raw_reply(op::DECIDE_OK, &good).is_some());
         let with = |at: usize, v: u8| {

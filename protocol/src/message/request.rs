@@ -16,6 +16,7 @@ use crate::codec::{FrameWriter, MessageHeader};
 use crate::identity::Slot;
 use crate::limit::{Concurrency, Kind, Limit, Window};
 use crate::policy::Policy;
+use crate::priority::{Priority, Reserved, Reserves};
 use crate::status::Status;
 
 /// HELLO: version negotiation, authentication and an optional shard binding.
@@ -103,6 +104,8 @@ const UNUSED: Limit = Limit::Concurrency(Concurrency {
 pub struct LimitSet {
     /// The limits in `..len`; the rest is [`UNUSED`].
     limits: [Limit; LIMITS_MAX],
+    /// Limit `i`'s reserved shares ([`Reserves::NONE`] for none).
+    reserves: [Reserves; LIMITS_MAX],
     /// How many limits there are: 1..=LIMITS_MAX.
     len: u8,
 }
@@ -112,15 +115,55 @@ impl LimitSet {
     /// 1..=[`LIMITS_MAX`]. The limits are not validated (see
     /// [`LimitSet::validate`]).
     pub fn new(limits: &[Limit]) -> Option<LimitSet> {
-        if limits.is_empty() || limits.len() > LIMITS_MAX {
-            return None;
-        }
-        let mut set = LimitSet {
-            limits: [UNUSED; LIMITS_MAX],
-            len: limits.len() as u8,
-        };
+        let mut set = LimitSet::unset(limits.len())?;
         set.limits[..limits.len()].copy_from_slice(limits);
         Some(set)
+    }
+
+    /// The set of `limits` with their reserves, in order; `None` unless
+    /// there are 1..=[`LIMITS_MAX`]. Not validated.
+    pub fn with_reserves(limits: &[Reserved]) -> Option<LimitSet> {
+        let mut set = LimitSet::unset(limits.len())?;
+        for (i, r) in limits.iter().enumerate() {
+            set.limits[i] = r.limit;
+            set.reserves[i] = r.reserves;
+        }
+        Some(set)
+    }
+
+    /// `len` unused limits without reserves, for the caller to fill in.
+    fn unset(len: usize) -> Option<LimitSet> {
+        (1..=LIMITS_MAX).contains(&len).then_some(LimitSet {
+            limits: [UNUSED; LIMITS_MAX],
+            reserves: [Reserves::NONE; LIMITS_MAX],
+            len: len as u8,
+        })
+    }
+
+    /// Limit `i`'s reserved shares ([`Reserves::NONE`] past the end).
+    #[inline]
+    pub fn reserves(&self, i: usize) -> Reserves {
+        if i < usize::from(self.len) {
+            self.reserves[i]
+        } else {
+            Reserves::NONE
+        }
+    }
+
+    /// Whether any limit has reserves (none: every class decides alike).
+    #[inline]
+    pub fn has_reserves(&self) -> bool {
+        self.reserves[..usize::from(self.len)]
+            .iter()
+            .any(|r| !r.is_none())
+    }
+
+    /// Limit `i` and its reserves.
+    pub fn reserved(&self, i: usize) -> Option<Reserved> {
+        self.get(i).map(|&limit| Reserved {
+            limit,
+            reserves: self.reserves[i],
+        })
     }
 
     /// The limits, in order.
@@ -133,7 +176,10 @@ impl LimitSet {
     /// naming the first bad limit.
     pub fn validate(&self) -> Result<(), RequestError> {
         for (i, limit) in self.iter().enumerate() {
-            limit.validate().map_err(|e| RequestError::from(e).at(i))?;
+            limit
+                .validate()
+                .and_then(|()| self.reserves[i].validate())
+                .map_err(|e| RequestError::from(e).at(i))?;
         }
         Ok(())
     }
@@ -180,7 +226,8 @@ impl Deref for LimitSet {
 
 impl PartialEq for LimitSet {
     fn eq(&self, other: &LimitSet) -> bool {
-        self.as_slice() == other.as_slice()
+        let n = usize::from(self.len);
+        self.as_slice() == other.as_slice() && self.reserves[..n] == other.reserves[..n]
     }
 }
 
@@ -189,12 +236,18 @@ impl Eq for LimitSet {}
 impl std::hash::Hash for LimitSet {
     fn hash<H: std::hash::Hasher>(&self, state: &mut H) {
         self.as_slice().hash(state);
+        self.reserves[..usize::from(self.len)].hash(state);
     }
 }
 
 impl std::fmt::Debug for LimitSet {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_list().entries(self.as_slice()).finish()
+        if self.has_reserves() {
+            let all = (0..usize::from(self.len)).filter_map(|i| self.reserved(i));
+            f.debug_list().entries(all).finish()
+        } else {
+            f.debug_list().entries(self.as_slice()).finish()
+        }
     }
 }
 
@@ -224,6 +277,9 @@ impl<'a> Limits<'a> {
     }
 }
 
+/// The header `flags` bits that carry a request's priority class.
+pub const PRIORITY_BITS: u8 = 0b11;
+
 /// DECIDE: one routing key, several limits, one atomic step.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct Decide<'a> {
@@ -236,6 +292,9 @@ pub struct Decide<'a> {
     /// SPEND/PROBE: units to admit (at most every limit's `limit()`);
     /// REFUND: units to give back (any number); RESET: 0.
     pub cost: u64,
+    /// The request's class: which reserves it may spend (bits 0-1 of the
+    /// header's `flags`; `Normal` when a client sends none).
+    pub priority: Priority,
 }
 
 /// Which concurrency limit a RELEASE or RENEW is about.
@@ -323,12 +382,12 @@ impl<'a> Request<'a> {
     #[inline]
     pub fn parse(header: MessageHeader, payload: &'a [u8]) -> Result<Request<'a>, RequestError> {
         if header.flags != 0 {
-            return Err(Status::BadRequest.into());
+            return Request::parse_flagged(header, payload);
         }
         match header.op {
             op::THROTTLE => Ok(Request::Throttle(parse_throttle(payload)?)),
             op::PEEK => Ok(Request::Peek(parse_throttle(payload)?)),
-            op::DECIDE => Ok(Request::Decide(parse_decide(payload)?)),
+            op::DECIDE => Ok(Request::Decide(parse_decide(payload, Priority::Normal)?)),
             op::PING if payload.is_empty() => Ok(Request::Ping),
             op::PING => Err(Status::BadRequest.into()),
             op::HELLO => parse_hello(payload),
@@ -344,6 +403,30 @@ impl<'a> Request<'a> {
             | crate::replication::op::PROMOTE
             | crate::replication::op::FAILOVER => Err(LayoutError::Length.into()),
             _ => Err(Status::UnknownOp.into()),
+        }
+    }
+
+    /// A request with `flags`: only THROTTLE, PEEK and DECIDE have any,
+    /// a priority class in bits 0-1 (THROTTLE and PEEK carry no reserves,
+    /// so their class changes nothing; it is accepted so a client can send
+    /// every request with its class).
+    #[cold]
+    fn parse_flagged(
+        header: MessageHeader,
+        payload: &'a [u8],
+    ) -> Result<Request<'a>, RequestError> {
+        let priority = match (
+            header.flags & !PRIORITY_BITS,
+            Priority::from_code(header.flags),
+        ) {
+            (0, Some(p)) => p,
+            _ => return Err(Status::BadRequest.into()),
+        };
+        match header.op {
+            op::THROTTLE => Ok(Request::Throttle(parse_throttle(payload)?)),
+            op::PEEK => Ok(Request::Peek(parse_throttle(payload)?)),
+            op::DECIDE => Ok(Request::Decide(parse_decide(payload, priority)?)),
+            _ => Err(Status::BadRequest.into()),
         }
     }
 
@@ -365,7 +448,11 @@ impl<'a> Request<'a> {
                 w.message(buf, op::THROTTLE, request_id, |b| put_throttle(b, t))
             }
             Request::Peek(t) => w.message(buf, op::PEEK, request_id, |b| put_throttle(b, t)),
-            Request::Decide(d) => w.message(buf, op::DECIDE, request_id, |b| put_decide(b, d)),
+            Request::Decide(d) => {
+                w.message_flagged(buf, op::DECIDE, d.priority.code(), request_id, |b| {
+                    put_decide(b, d)
+                })
+            }
             Request::Release(l) => w.message(buf, op::RELEASE, request_id, |b| put_lease_op(b, l)),
             Request::Renew(l) => w.message(buf, op::RENEW, request_id, |b| put_lease_op(b, l)),
             Request::Reload => w.message(buf, op::RELOAD, request_id, |_| {}),
@@ -465,13 +552,18 @@ fn parse_tier(name: &[u8]) -> Result<&str, LayoutError> {
 }
 
 /// One limit record's layout: a known kind, zero reserved bytes, `c = 0`
-/// for the kinds that have no third number. The numbers are not validated.
-fn parse_limit_record(r: &[u8]) -> Result<Limit, LayoutError> {
+/// for the kinds that have no third number; with its reserves (bytes 2..6,
+/// `u16 critical_bp, u16 normal_bp`). The numbers are not validated.
+fn parse_limit_record(r: &[u8]) -> Result<(Limit, Reserves), LayoutError> {
     debug_assert_eq!(r.len(), LIMIT_RECORD_BYTES);
     let kind = Kind::from_code(r[0]).ok_or(LayoutError::Kind(r[0]))?;
-    if r[1..8].iter().any(|&b| b != 0) {
+    if r[1] != 0 || r[6] != 0 || r[7] != 0 {
         return Err(LayoutError::Reserved);
     }
+    let reserves = Reserves {
+        critical_bp: u16_at(r, 2),
+        normal_bp: u16_at(r, 4),
+    };
     let (a, b, c) = (u64_at(r, 8), u64_at(r, 16), u64_at(r, 24));
     if kind != Kind::TokenBucket && c != 0 {
         return Err(LayoutError::UnusedField(kind));
@@ -480,7 +572,7 @@ fn parse_limit_record(r: &[u8]) -> Result<Limit, LayoutError> {
         limit: a,
         window_ns: b,
     };
-    Ok(match kind {
+    let limit = match kind {
         Kind::TokenBucket => Limit::TokenBucket(Policy {
             count: a,
             period_ns: b,
@@ -493,10 +585,11 @@ fn parse_limit_record(r: &[u8]) -> Result<Limit, LayoutError> {
             limit: a,
             lease_ns: b,
         }),
-    })
+    };
+    Ok((limit, reserves))
 }
 
-fn put_limit_record(b: &mut BytesMut, limit: &Limit) {
+fn put_limit_record(b: &mut BytesMut, limit: &Limit, reserves: Reserves) {
     let (a, bb, c) = match *limit {
         Limit::TokenBucket(p) => (p.count, p.period_ns, p.burst),
         Limit::FixedWindow(w) | Limit::SlidingLog(w) | Limit::SlidingCounter(w) => {
@@ -505,7 +598,10 @@ fn put_limit_record(b: &mut BytesMut, limit: &Limit) {
         Limit::Concurrency(c) => (c.limit, c.lease_ns, 0),
     };
     b.put_u8(limit.kind().code());
-    b.put_bytes(0, 7);
+    b.put_u8(0);
+    b.put_u16_le(reserves.critical_bp);
+    b.put_u16_le(reserves.normal_bp);
+    b.put_bytes(0, 2);
     b.put_u64_le(a);
     b.put_u64_le(bb);
     b.put_u64_le(c);
@@ -516,10 +612,13 @@ fn put_limit_record(b: &mut BytesMut, limit: &Limit) {
 fn parse_limit_records(records: &[u8]) -> Result<LimitSet, RequestError> {
     let mut set = LimitSet {
         limits: [UNUSED; LIMITS_MAX],
+        reserves: [Reserves::NONE; LIMITS_MAX],
         len: 0,
     };
     for (i, r) in records.chunks_exact(LIMIT_RECORD_BYTES).enumerate() {
-        set.limits[i] = parse_limit_record(r).map_err(|e| RequestError::from(e).at(i))?;
+        let (limit, reserves) = parse_limit_record(r).map_err(|e| RequestError::from(e).at(i))?;
+        set.limits[i] = limit;
+        set.reserves[i] = reserves;
         set.len += 1;
     }
     debug_assert!(set.len > 0);
@@ -528,7 +627,7 @@ fn parse_limit_records(records: &[u8]) -> Result<LimitSet, RequestError> {
 
 /// DECIDE: `u8 mode, u8 limit_count, u16 key_len, u16 tier_len, u16 0,
 /// u64 cost`, key, tier name, limit records.
-fn parse_decide(p: &[u8]) -> Result<Decide<'_>, RequestError> {
+fn parse_decide(p: &[u8], priority: Priority) -> Result<Decide<'_>, RequestError> {
     if p.len() < DECIDE_FIXED_BYTES {
         return Err(LayoutError::Length.into());
     }
@@ -566,13 +665,14 @@ fn parse_decide(p: &[u8]) -> Result<Decide<'_>, RequestError> {
         key,
         limits,
         cost,
+        priority,
     })
 }
 
 fn put_decide(b: &mut BytesMut, d: &Decide<'_>) {
-    let (tier, limits): (&[u8], &[Limit]) = match &d.limits {
-        Limits::Inline(set) => (b"", set.as_slice()),
-        Limits::Tier(name) => (name.as_bytes(), &[]),
+    let (tier, limits, set): (&[u8], &[Limit], Option<&LimitSet>) = match &d.limits {
+        Limits::Inline(set) => (b"", set.as_slice(), Some(set)),
+        Limits::Tier(name) => (name.as_bytes(), &[], None),
     };
     b.put_u8(d.mode.code());
     b.put_u8(limits.len() as u8);
@@ -582,8 +682,9 @@ fn put_decide(b: &mut BytesMut, d: &Decide<'_>) {
     b.put_u64_le(d.cost);
     b.put_slice(d.key);
     b.put_slice(tier);
-    for limit in limits {
-        put_limit_record(b, limit);
+    for (i, limit) in limits.iter().enumerate() {
+        let reserves = set.map_or(Reserves::NONE, |s| s.reserves(i));
+        put_limit_record(b, limit, reserves);
     }
 }
 
@@ -615,7 +716,8 @@ fn parse_lease_op(p: &[u8]) -> Result<LeaseOp<'_>, RequestError> {
     }
     let target = if tier_len == 0 {
         let at = |e: LayoutError| RequestError::from(e).at(usize::from(index));
-        let limit = match parse_limit_record(&p[record_at..]).map_err(at)? {
+        // A lease names its limit; reserves weigh on acquiring only.
+        let limit = match parse_limit_record(&p[record_at..]).map_err(at)?.0 {
             Limit::Concurrency(c) => c,
             other => return Err(at(LayoutError::NotConcurrency(other.kind()))),
         };
@@ -651,7 +753,7 @@ fn put_lease_op(b: &mut BytesMut, l: &LeaseOp<'_>) {
     b.put_slice(l.key);
     b.put_slice(tier);
     if let Some(c) = limit {
-        put_limit_record(b, &Limit::Concurrency(c));
+        put_limit_record(b, &Limit::Concurrency(c), Reserves::NONE);
     }
 }
 
@@ -683,6 +785,118 @@ mod tests {
         let (h, p) = one_message(&mut buf);
         assert_eq!(h.request_id, 99);
         assert_eq!(Request::parse(h, &p).unwrap(), r);
+    }
+
+    #[test]
+    fn priority_travels_in_the_flags_and_reserves_in_the_records() {
+        let reserved: Vec<Reserved> = [
+            "token-bucket:1000/s,burst=2000,reserve=critical:20%,reserve=normal:50%",
+            "concurrency:10,reserve=normal:12.5%",
+            "fixed-window:5/m",
+        ]
+        .iter()
+        .map(|s| s.parse().unwrap())
+        .collect();
+        let set = LimitSet::with_reserves(&reserved).unwrap();
+        assert!(set.has_reserves());
+        assert_eq!(set.reserves(1).normal_bp, 1250);
+        assert_eq!(set.reserved(0), Some(reserved[0]));
+        for priority in Priority::ALL {
+            let d = Decide {
+                mode: Mode::Spend,
+                key: b"user:42",
+                limits: Limits::Inline(set),
+                cost: 1,
+                priority,
+            };
+            assert_round_trips(Request::Decide(d));
+            // The class is bits 0-1 of the flags; the reserves bytes 2..6.
+            let mut buf = BytesMut::new();
+            let mut w = FrameWriter::new();
+            Request::Decide(d).encode(&mut w, &mut buf, 5);
+            w.finish(&mut buf);
+            let (h, p) = one_message(&mut buf);
+            assert_eq!(h.flags, priority.code());
+            let record = &p[DECIDE_FIXED_BYTES + 7..][..LIMIT_RECORD_BYTES];
+            assert_eq!(&record[..8], &[1, 0, 0xd0, 0x07, 0x88, 0x13, 0, 0]);
+        }
+        // Without reserves, the record is exactly the old one.
+        let plain = LimitSet::new(&[reserved[2].limit]).unwrap();
+        assert!(!plain.has_reserves());
+        assert_eq!(plain, LimitSet::with_reserves(&[reserved[2]]).unwrap());
+        assert_ne!(
+            plain,
+            LimitSet::with_reserves(&[Reserved {
+                reserves: Reserves {
+                    critical_bp: 1,
+                    normal_bp: 0
+                },
+                ..reserved[2]
+            }])
+            .unwrap()
+        );
+    }
+
+    #[test]
+    fn flags_and_reserves_out_of_range_are_refused() {
+        let set = LimitSet::new(&["fixed-window:5/m".parse().unwrap()]).unwrap();
+        let d = Decide {
+            mode: Mode::Spend,
+            key: b"k",
+            limits: Limits::Inline(set),
+            cost: 1,
+            priority: Priority::Normal,
+        };
+        let mut payload = BytesMut::new();
+        put_decide(&mut payload, &d);
+        let h = |op, flags| MessageHeader {
+            op,
+            flags,
+            request_id: 1,
+        };
+        let status = |hd, p: &[u8]| Request::parse(hd, p).map(|_| ()).map_err(|e| e.status);
+        assert_eq!(status(h(op::DECIDE, 2), &payload), Ok(()));
+        // Class code 3, and any bit above the class: BAD_REQUEST.
+        assert_eq!(status(h(op::DECIDE, 3), &payload), Err(Status::BadRequest));
+        assert_eq!(status(h(op::DECIDE, 4), &payload), Err(Status::BadRequest));
+        assert_eq!(
+            status(h(op::DECIDE, 0x81), &payload),
+            Err(Status::BadRequest)
+        );
+        // THROTTLE and PEEK accept a class (they carry no reserves); other
+        // ops take no flags.
+        let policy = Policy::new(10, 1_000_000_000, 20).unwrap();
+        let mut t = BytesMut::new();
+        put_throttle(
+            &mut t,
+            &Throttle {
+                key: b"k",
+                policy,
+                cost: 1,
+            },
+        );
+        assert_eq!(status(h(op::THROTTLE, 1), &t), Ok(()));
+        assert_eq!(status(h(op::PEEK, 2), &t), Ok(()));
+        assert_eq!(status(h(op::RELOAD, 1), &[]), Err(Status::BadRequest));
+        // A reserve above 100 %: INVALID_POLICY, naming the limit.
+        let at = DECIDE_FIXED_BYTES + 1;
+        let mut bad = payload.to_vec();
+        bad[at + 2..at + 4].copy_from_slice(&10_001u16.to_le_bytes());
+        let e = Request::parse(h(op::DECIDE, 0), &bad).unwrap_err();
+        assert_eq!((e.status, e.limit_index), (Status::InvalidPolicy, Some(0)));
+        let mut whole = payload.to_vec();
+        whole[at + 4..at + 6].copy_from_slice(&10_000u16.to_le_bytes());
+        assert!(Request::parse(h(op::DECIDE, 0), &whole).is_ok());
+        // The bytes around them stay reserved.
+        for byte in [1, 6, 7] {
+            let mut bad = payload.to_vec();
+            bad[at + byte] = 1;
+            assert_eq!(
+                status(h(op::DECIDE, 0), &bad),
+                Err(Status::BadRequest),
+                "byte {byte}"
+            );
+        }
     }
 
     #[test]
@@ -800,6 +1014,7 @@ mod tests {
             key: b"user:42",
             limits,
             cost,
+            priority: Priority::Normal,
         }
     }
 
@@ -994,6 +1209,7 @@ mod tests {
                     key,
                     limits: Limits::Inline(LimitSet::new(limits).unwrap()),
                     cost,
+                    priority: Priority::Normal,
                 },
             );
             b.to_vec()

@@ -38,7 +38,7 @@ use crossbeam_utils::CachePadded;
 use sluice_protocol::identity::bucket_key;
 use sluice_protocol::limit::Kind;
 use sluice_protocol::message::ShardStats;
-use sluice_protocol::message::{Decide, LeaseOp, LeaseTarget, LimitSet, Limits, RequestError};
+use sluice_protocol::message::{Decide, LeaseOp, LeaseTarget, Limits, RequestError};
 pub use table::{LimitRef, LimitVerdict, Mode, MultiVerdict, Table};
 
 /// What other threads may ask of a shard.
@@ -163,6 +163,8 @@ pub struct DecideOp {
     pub cost: u64,
     /// Limits in use.
     pub count: u8,
+    /// The request's class (each limit's floor for it is in its ref).
+    pub priority: sluice_protocol::Priority,
     /// The limits, in request order.
     pub refs: [LimitRef; table::LIMITS_MAX],
 }
@@ -578,8 +580,7 @@ impl ShardCore {
                 let tier = tiers
                     .get(name.as_bytes())
                     .ok_or_else(|| unknown_tier(name))?;
-                let set =
-                    LimitSet::new(&tier.limits).expect("a loaded tier has 1..=LIMITS_MAX limits");
+                let set = tier.set();
                 set.check_cost(d.mode, d.cost)?;
                 set
             }
@@ -588,9 +589,11 @@ impl ShardCore {
             mode: d.mode,
             cost: d.cost,
             count: set.len() as u8,
+            priority: d.priority,
             refs: [LimitRef {
                 bucket: 0,
                 limit: set[0],
+                floor: 0,
             }; table::LIMITS_MAX],
         };
         for (i, limit) in set.iter().enumerate() {
@@ -598,6 +601,7 @@ impl ShardCore {
             op.refs[i] = LimitRef {
                 bucket,
                 limit: *limit,
+                floor: set.reserves(i).floor(limit.limit(), d.priority),
             };
         }
         Ok(op)
@@ -617,9 +621,7 @@ impl ShardCore {
                 let tier = tiers
                     .get(name.as_bytes())
                     .ok_or_else(|| unknown_tier(name))?;
-                let set =
-                    LimitSet::new(&tier.limits).expect("a loaded tier has 1..=LIMITS_MAX limits");
-                set.concurrency_at(index)?
+                tier.set().concurrency_at(index)?
             }
         };
         Ok((

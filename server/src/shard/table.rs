@@ -25,6 +25,7 @@ use sluice_protocol::limit::sliding_counter::{self, SlidingCounterState};
 use sluice_protocol::limit::sliding_log::{self, SlidingLogState};
 use sluice_protocol::limit::{Concurrency, Decision, Kind, Limit, Window};
 pub use sluice_protocol::message::{LimitVerdict, Mode};
+use sluice_protocol::priority::{self, Priority};
 use sluice_protocol::replication::{State, SyncWriter};
 use sluice_protocol::{Policy, Status};
 
@@ -134,6 +135,9 @@ pub struct LimitRef {
     pub bucket: u128,
     /// Its numbers.
     pub limit: Limit,
+    /// The units the request's class must leave untouched (its reserves'
+    /// floor, `sluice_protocol::priority`); 0 without reserves.
+    pub floor: u64,
 }
 
 /// A verdict slot not in use.
@@ -162,6 +166,8 @@ pub struct MultiVerdict {
     pub count: u8,
     /// One verdict per limit, in request order.
     pub verdicts: [LimitVerdict; LIMITS_MAX],
+    /// The class the verdicts are for.
+    pub priority: Priority,
 }
 
 impl MultiVerdict {
@@ -816,6 +822,10 @@ impl Table {
                 .map(Outcome::Cell),
             Op::Decide(d) => self
                 .decide_many(&d.refs[..usize::from(d.count)], d.mode, d.cost, now_ns)
+                .map(|m| MultiVerdict {
+                    priority: d.priority,
+                    ..m
+                })
                 .map(|m| Outcome::Multi(Box::new(m))),
             Op::Release {
                 bucket,
@@ -1045,15 +1055,20 @@ impl Table {
             retry_after_ns: 0,
             count: refs.len() as u8,
             verdicts: [NO_VERDICT; LIMITS_MAX],
+            priority: Priority::Normal,
         };
         for (i, r) in refs.iter().enumerate() {
+            // Each verdict is the class's: it must leave `r.floor` alone.
             let verdict = match mode {
-                Mode::Refund => self.refund_one(r, cost, now_ns),
+                Mode::Refund => priority::for_class(r.floor, self.refund_one(r, cost, now_ns)),
                 Mode::Reset => {
                     self.reset_one(r);
-                    self.probe_one(r, 0, now_ns)
+                    priority::for_class(r.floor, self.probe_one(r, 0, now_ns))
                 }
-                Mode::Spend | Mode::Probe => self.probe_one(r, cost, now_ns),
+                Mode::Spend | Mode::Probe => {
+                    let limit = r.limit.limit();
+                    priority::probe(r.floor, limit, cost, |c| self.probe_one(r, c, now_ns))
+                }
             };
             out.verdicts[i] = LimitVerdict {
                 kind: r.limit.kind(),
@@ -1082,11 +1097,12 @@ impl Table {
                     return Err(e);
                 }
                 for (i, r) in refs.iter().enumerate() {
-                    let v = self.spend_one(r, cost, now_ns);
+                    let mut v = self.spend_one(r, cost, now_ns);
                     debug_assert!(
                         v.verdict.allowed,
                         "a probe that admits means a spend that admits"
                     );
+                    v.verdict = priority::for_class(r.floor, v.verdict);
                     out.verdicts[i] = v;
                 }
             }
@@ -1277,6 +1293,7 @@ mod tests {
             .map(|(i, l)| LimitRef {
                 bucket: 1_000 + i as u128,
                 limit: *l,
+                floor: 0,
             })
             .collect()
     }
@@ -1451,6 +1468,7 @@ mod tests {
                 .map(|(i, l)| LimitRef {
                     bucket: k * 10 + i as u128,
                     limit: *l,
+                    floor: 0,
                 })
                 .collect();
             for step in 0..(k % 7 + 1) {
@@ -1563,7 +1581,7 @@ mod tests {
                 let key = key + 1;
                 let refs: Vec<LimitRef> = limits
                     .iter()
-                    .map(|l| LimitRef { bucket: (key << 8) | l.kind() as u128, limit: *l })
+                    .map(|l| LimitRef { bucket: (key << 8) | l.kind() as u128, limit: *l, floor: 0 })
                     .collect();
                 let universe: Vec<(u128, Kind)> = (1..7u128)
                     .flat_map(|k| KINDS.iter().map(move |&kind| ((k << 8) | kind as u128, kind)))
@@ -1633,28 +1651,38 @@ mod tests {
         /// The shard's composite decision and `protocol::composite` (the
         /// client's local fallback) are two implementations of one rule
         /// (the shard's is specialised to its per-kind tables): on any
-        /// sequence of spends, probes and resets they answer alike.
+        /// sequence of spends, probes and resets, by requests of every
+        /// class against limits with reserves, they answer alike.
         #[test]
-        fn shard_and_composite_decide_alike(ops in proptest::collection::vec((0u8..3, 1u128..4, 0u64..4, 0u64..400), 1..150)) {
+        fn shard_and_composite_decide_alike(
+            ops in proptest::collection::vec((0u8..3, 1u128..4, 0u64..4, 0u64..400, 0u8..3), 1..150),
+            reserves in (0u16..=10_000, 0u16..=10_000),
+        ) {
+            let reserves = sluice_protocol::Reserves { critical_bp: reserves.0, normal_bp: reserves.1 };
             let limits = one_of_each_kind();
             let mut table = Table::with_cap(0, 0);
             let mut plain = Plain::default();
             let mut lease = 0u64;
             let mut now = 100 * S;
-            for (op, key, cost, advance_ms) in ops {
+            for (op, key, cost, advance_ms, class) in ops {
                 now += advance_ms * 1_000_000;
+                let class = Priority::ALL[usize::from(class)];
                 let refs: Vec<LimitRef> = limits
                     .iter()
-                    .map(|l| LimitRef { bucket: (key << 8) | l.kind() as u128, limit: *l })
+                    .map(|l| LimitRef {
+                        bucket: (key << 8) | l.kind() as u128,
+                        limit: *l,
+                        floor: reserves.floor(l.limit(), class),
+                    })
                     .collect();
                 let at: Vec<sluice_protocol::composite::LimitAt> = refs
                     .iter()
-                    .map(|r| sluice_protocol::composite::LimitAt { bucket: r.bucket, limit: r.limit })
+                    .map(|r| sluice_protocol::composite::LimitAt { bucket: r.bucket, limit: r.limit, floor: r.floor })
                     .collect();
                 let mode = [Mode::Spend, Mode::Probe, Mode::Reset][usize::from(op)];
                 let cost = if mode == Mode::Reset { 0 } else { cost.min(3) };
                 let a = table.decide_many(&refs, mode, cost, now).unwrap();
-                let b = sluice_protocol::composite::decide(&mut plain, &at, mode, cost, now, &mut lease);
+                let b = sluice_protocol::composite::decide(&mut plain, &at, mode, cost, now, &mut lease, class);
                 proptest::prop_assert_eq!(a.allowed, b.allowed);
                 proptest::prop_assert_eq!(a.denied_index, b.denied_index);
                 proptest::prop_assert_eq!(a.retry_after_ns, b.retry_after_ns);
