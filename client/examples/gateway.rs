@@ -9,9 +9,14 @@
 //!
 //! Flags: `--listen ADDR` (127.0.0.1:8080), `--store ADDR` (127.0.0.1:7700)
 //! or `--cluster FILE` (a cluster of shard groups),
-//! `--limit SPEC` (token-bucket:5/m; repeat it for a composite), `--header
-//! NAME` (x-api-key), `--headers ietf|legacy` (ietf), `--on-error
-//! open|closed` (open), `--deadline-ms MS` (100: the store call's deadline).
+//! `--limit SPEC` (token-bucket:5/m; repeat it for a composite; reserves
+//! such as `,reserve=critical:20%` allowed), `--header NAME` (x-api-key),
+//! `--headers ietf|legacy` (ietf), `--on-error open|closed` (open),
+//! `--deadline-ms MS` (100: the store call's deadline), `--priority-header
+//! NAME` (each request's class, `critical`, `normal` or `low`; none: all
+//! normal), `--shed LOW,NORMAL` (the gateway's own load shedder: shed low
+//! requests from LOW in flight, normal ones from NORMAL, critical never;
+//! off by default), `--slow-ms MS` (how long `GET /slow` takes: 500).
 //! A request without the key header gets 401. Prints `gateway listening on
 //! ADDR` once it accepts.
 
@@ -21,8 +26,9 @@ use std::time::Duration;
 
 use axum::routing::get;
 use axum::Router;
+use sluice_client::shed::{priority_header, LoadShedLayer, ShedConfig};
 use sluice_client::tower::{header_key, HeaderStyle, OnError, Plan, RateLimitLayer};
-use sluice_client::{Client, ClientConfig, Cluster, ClusterConfig, Limit, Topology};
+use sluice_client::{Client, ClientConfig, Cluster, ClusterConfig, Reserved, Topology};
 
 /// What the flags say.
 #[derive(Debug)]
@@ -31,8 +37,8 @@ struct Flags {
     listen: String,
     /// The `sluiced` it asks.
     store: String,
-    /// The limits of every key.
-    limits: Vec<Limit>,
+    /// The limits of every key, with their reserves.
+    limits: Vec<Reserved>,
     /// The header that holds the key.
     header: http::HeaderName,
     /// Which RateLimit headers to send.
@@ -44,12 +50,19 @@ struct Flags {
     /// A cluster file: decide through the cluster client (routing by the
     /// key, failover, local fallback) instead of one node.
     cluster: Option<std::path::PathBuf>,
+    /// The header that holds each request's class.
+    priority_header: Option<http::HeaderName>,
+    /// The load shedder's in-flight thresholds for low and normal.
+    shed: Option<(usize, usize)>,
+    /// How long `GET /slow` takes.
+    slow: Duration,
 }
 
 const USAGE: &str =
     "usage: gateway [--listen ADDR] [--store ADDR | --cluster FILE] [--limit SPEC]... \
                      [--header NAME] [--headers ietf|legacy] [--on-error open|closed] \
-                     [--deadline-ms MS]";
+                     [--deadline-ms MS] [--priority-header NAME] [--shed LOW,NORMAL] \
+                     [--slow-ms MS]";
 
 fn parse(mut args: impl Iterator<Item = String>) -> Result<Flags, String> {
     let mut flags = Flags {
@@ -61,6 +74,9 @@ fn parse(mut args: impl Iterator<Item = String>) -> Result<Flags, String> {
         headers: HeaderStyle::Ietf,
         on_error: OnError::FailOpen,
         deadline: Duration::from_millis(100),
+        priority_header: None,
+        shed: None,
+        slow: Duration::from_millis(500),
     };
     while let Some(flag) = args.next() {
         let value = args.next().ok_or_else(|| format!("{flag} needs a value"))?;
@@ -96,6 +112,25 @@ fn parse(mut args: impl Iterator<Item = String>) -> Result<Flags, String> {
                     .map_err(|e| format!("--deadline-ms {value}: {e}"))?;
                 flags.deadline = Duration::from_millis(ms);
             }
+            "--priority-header" => {
+                let name = value
+                    .parse()
+                    .map_err(|e| format!("--priority-header {value}: {e}"))?;
+                flags.priority_header = Some(name);
+            }
+            "--shed" => {
+                let bad = || format!("--shed is LOW,NORMAL (requests in flight), not {value}");
+                let (low, normal) = value.split_once(',').ok_or_else(bad)?;
+                let low = low.parse().map_err(|_| bad())?;
+                let normal = normal.parse().map_err(|_| bad())?;
+                flags.shed = Some((low, normal));
+            }
+            "--slow-ms" => {
+                let ms = value
+                    .parse()
+                    .map_err(|e| format!("--slow-ms {value}: {e}"))?;
+                flags.slow = Duration::from_millis(ms);
+            }
             _ => return Err(format!("unknown flag {flag}\n{USAGE}")),
         }
     }
@@ -109,6 +144,12 @@ fn parse(mut args: impl Iterator<Item = String>) -> Result<Flags, String> {
 
 async fn hello() -> &'static str {
     "hello\n"
+}
+
+/// A backend call that takes a while.
+async fn slow(delay: Duration) -> &'static str {
+    tokio::time::sleep(delay).await;
+    "slow\n"
 }
 
 async fn run(flags: Flags) -> Result<(), String> {
@@ -131,11 +172,33 @@ async fn run(flags: Flags) -> Result<(), String> {
                 .map_err(|e| format!("connecting to {}: {e}", flags.store))?,
         ),
     };
-    let plan = Plan::inline(flags.limits).map_err(|e| e.to_string())?;
-    let layer = RateLimitLayer::new(limiter, header_key(flags.header), plan)
+    let plan = Plan::reserved(None, flags.limits).map_err(|e| e.to_string())?;
+    let mut layer = RateLimitLayer::new(limiter, header_key(flags.header), plan)
         .headers(flags.headers)
         .on_error(flags.on_error);
-    let app = Router::new().route("/hello", get(hello)).route_layer(layer);
+    if let Some(name) = &flags.priority_header {
+        layer = layer.priority_fn(priority_header(name.clone()));
+    }
+    let delay = flags.slow;
+    let app = Router::new()
+        .route("/hello", get(hello))
+        .route("/slow", get(move || slow(delay)))
+        .route_layer(layer);
+    // The shedder goes outside the rate limit: a shed request costs the
+    // store nothing.
+    let app = match flags.shed {
+        None => app,
+        Some((low, normal)) => {
+            let mut config = ShedConfig::default();
+            config.low.in_flight = low;
+            config.normal.in_flight = normal;
+            let mut shed = LoadShedLayer::new(config).map_err(|e| e.to_string())?;
+            if let Some(name) = &flags.priority_header {
+                shed = shed.priority_fn(priority_header(name.clone()));
+            }
+            app.route_layer(shed)
+        }
+    };
     let listener = tokio::net::TcpListener::bind(&flags.listen)
         .await
         .map_err(|e| format!("listening on {}: {e}", flags.listen))?;

@@ -395,6 +395,11 @@ impl Cluster {
         self.decide(key, limits, Mode::Spend, cost).await
     }
 
+    /// The failure policy calls use unless told another.
+    pub(crate) fn failure(&self) -> FailurePolicy {
+        self.inner.config.failure
+    }
+
     /// A DECIDE through the key's group: the store's verdict, or the
     /// failure policy's.
     pub async fn decide(

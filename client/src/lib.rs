@@ -37,6 +37,8 @@ pub mod error;
 pub mod etcd;
 pub mod metrics;
 #[cfg(feature = "tower")]
+pub mod shed;
+#[cfg(feature = "tower")]
 pub mod tower;
 
 pub use client::{inline_limits, inline_reserved, Client, ClientConfig};

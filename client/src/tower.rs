@@ -71,12 +71,12 @@ use std::task::{Context, Poll};
 use http::header::{HeaderName, HeaderValue, RETRY_AFTER};
 use http::request::Parts;
 use http::{HeaderMap, Request, Response, StatusCode};
-use sluice_protocol::message::{DecideOk, Limits};
-use sluice_protocol::Limit;
+use sluice_protocol::message::{DecideOk, Limits, Mode};
+use sluice_protocol::{Limit, Priority, Reserved, Reserves};
 use tower_layer::Layer;
 use tower_service::Service;
 
-use crate::client::{inline_limits, Client};
+use crate::client::{inline_limits, inline_reserved, Client};
 use crate::error::Error;
 
 /// Nanoseconds per second, for the headers' whole seconds.
@@ -99,6 +99,8 @@ pub enum Plan {
         name: Option<Arc<str>>,
         /// The limits, in order.
         limits: Arc<[Limit]>,
+        /// Each limit's reserves ([`Plan::reserved`]); empty for none.
+        reserves: Arc<[Reserves]>,
     },
     /// A tier of the server's configuration, by name.
     Tier(Arc<str>),
@@ -112,6 +114,26 @@ impl Plan {
         Ok(Plan::Inline {
             name: None,
             limits: limits.into(),
+            reserves: Arc::new([]),
+        })
+    }
+
+    /// Inline limits with their reserves (`reserve=CLASS:P%` in their
+    /// specs), named `name` in the headers (`None`: by each limit's spec);
+    /// a request's class ([`RateLimitLayer::priority_fn`]) decides which
+    /// reserves it may spend.
+    pub fn reserved(name: Option<&str>, limits: Vec<Reserved>) -> Result<Plan, Error> {
+        let bare: Vec<Limit> = limits.iter().map(|r| r.limit).collect();
+        check_inline(&bare)?;
+        for (i, r) in limits.iter().enumerate() {
+            r.reserves
+                .validate()
+                .map_err(|e| Error::Invalid(format!("limit {i}: {e}")))?;
+        }
+        Ok(Plan::Inline {
+            name: name.map(Into::into),
+            limits: bare.into(),
+            reserves: limits.iter().map(|r| r.reserves).collect(),
         })
     }
 
@@ -121,6 +143,7 @@ impl Plan {
         Ok(Plan::Inline {
             name: Some(name.into()),
             limits: limits.into(),
+            reserves: Arc::new([]),
         })
     }
 
@@ -178,7 +201,7 @@ impl Decision {
             }
         };
         let (policy, window_ns) = match plan {
-            Plan::Inline { name, limits } => {
+            Plan::Inline { name, limits, .. } => {
                 let limit = limits.get(index);
                 let policy = match (name, limit) {
                     (Some(name), _) => named(name),
@@ -230,11 +253,34 @@ pub trait Limiter: Send + Sync + 'static {
         plan: &'a Plan,
         cost: u64,
     ) -> BoxFuture<'a, Result<Decision, Error>>;
+
+    /// [`Limiter::spend`] for a request of class `priority` (reserves);
+    /// by default the class is ignored.
+    fn spend_as<'a>(
+        &'a self,
+        key: &'a [u8],
+        plan: &'a Plan,
+        cost: u64,
+        priority: Priority,
+    ) -> BoxFuture<'a, Result<Decision, Error>> {
+        let _ = priority;
+        self.spend(key, plan, cost)
+    }
 }
 
 /// A plan's limits as a DECIDE names them.
 fn plan_limits(plan: &Plan) -> Result<Limits<'_>, Error> {
     Ok(match plan {
+        Plan::Inline {
+            limits, reserves, ..
+        } if !reserves.is_empty() => {
+            let all: Vec<Reserved> = limits
+                .iter()
+                .zip(reserves.iter())
+                .map(|(&limit, &reserves)| Reserved { limit, reserves })
+                .collect();
+            inline_reserved(&all)?
+        }
         Plan::Inline { limits, .. } => inline_limits(limits)?,
         Plan::Tier(name) => Limits::Tier(name),
     })
@@ -247,8 +293,19 @@ impl Limiter for Client {
         plan: &'a Plan,
         cost: u64,
     ) -> BoxFuture<'a, Result<Decision, Error>> {
+        self.spend_as(key, plan, cost, Priority::Normal)
+    }
+
+    fn spend_as<'a>(
+        &'a self,
+        key: &'a [u8],
+        plan: &'a Plan,
+        cost: u64,
+        priority: Priority,
+    ) -> BoxFuture<'a, Result<Decision, Error>> {
         Box::pin(async move {
-            let ok = Client::spend(self, key, plan_limits(plan)?, cost).await?;
+            let limits = plan_limits(plan)?;
+            let ok = Client::decide_as(self, key, limits, Mode::Spend, cost, priority).await?;
             Ok(Decision::summarize(&ok, plan))
         })
     }
@@ -264,8 +321,22 @@ impl Limiter for crate::Cluster {
         plan: &'a Plan,
         cost: u64,
     ) -> BoxFuture<'a, Result<Decision, Error>> {
+        self.spend_as(key, plan, cost, Priority::Normal)
+    }
+
+    fn spend_as<'a>(
+        &'a self,
+        key: &'a [u8],
+        plan: &'a Plan,
+        cost: u64,
+        priority: Priority,
+    ) -> BoxFuture<'a, Result<Decision, Error>> {
         Box::pin(async move {
-            let v = crate::Cluster::spend(self, key, plan_limits(plan)?, cost).await?;
+            let limits = plan_limits(plan)?;
+            let failure = self.failure();
+            let v = self
+                .decide_as(key, limits, Mode::Spend, cost, failure, priority)
+                .await?;
             Ok(Decision::summarize(&v.decision, plan))
         })
     }
@@ -312,6 +383,8 @@ type KeyFn = dyn Fn(&Parts) -> Option<Vec<u8>> + Send + Sync;
 type PlanFn = dyn Fn(&Parts) -> Option<Plan> + Send + Sync;
 /// Prices a request.
 type CostFn = dyn Fn(&Parts) -> u64 + Send + Sync;
+/// Picks a request's class.
+type PriorityFn = dyn Fn(&Parts) -> Priority + Send + Sync;
 
 /// What every service of one layer shares.
 struct Shared {
@@ -323,6 +396,8 @@ struct Shared {
     plan: Box<PlanFn>,
     /// Prices the request.
     cost: Box<CostFn>,
+    /// Classes the request (which reserves it may spend).
+    priority: Box<PriorityFn>,
     /// Which headers to add.
     headers: HeaderStyle,
     /// What a limiter error does.
@@ -374,6 +449,7 @@ impl RateLimitLayer {
                 key: Box::new(key),
                 plan: Box::new(move |_: &Parts| Some(plan.clone())),
                 cost: Box::new(|_: &Parts| 1),
+                priority: Box::new(|_: &Parts| Priority::Normal),
                 headers: HeaderStyle::default(),
                 on_error: OnError::default(),
                 missing_key: MissingKey::default(),
@@ -382,12 +458,8 @@ impl RateLimitLayer {
     }
 
     fn with(self, change: impl FnOnce(&mut Shared)) -> RateLimitLayer {
-        let mut shared = Arc::try_unwrap(self.shared).unwrap_or_else(|_| {
-            panic!("configure a RateLimitLayer before cloning it");
-        });
-        change(&mut shared);
         RateLimitLayer {
-            shared: Arc::new(shared),
+            shared: configure(self.shared, "RateLimitLayer", change),
         }
     }
 
@@ -403,6 +475,16 @@ impl RateLimitLayer {
     /// Prices each request (default 1).
     pub fn cost_fn(self, cost: impl Fn(&Parts) -> u64 + Send + Sync + 'static) -> RateLimitLayer {
         self.with(|s| s.cost = Box::new(cost))
+    }
+
+    /// Classes each request (default normal): its class decides which
+    /// reserves of the plan's limits it may spend
+    /// ([`crate::shed::priority_header`] reads a header).
+    pub fn priority_fn(
+        self,
+        priority: impl Fn(&Parts) -> Priority + Send + Sync + 'static,
+    ) -> RateLimitLayer {
+        self.with(|s| s.priority = Box::new(priority))
     }
 
     /// Which header fields to add.
@@ -474,7 +556,8 @@ where
                 };
             };
             let cost = (shared.cost)(&parts);
-            let decision = match shared.limiter.spend(&key, &plan, cost).await {
+            let priority = (shared.priority)(&parts);
+            let decision = match shared.limiter.spend_as(&key, &plan, cost, priority).await {
                 Ok(decision) => decision,
                 Err(_) if shared.on_error == OnError::FailOpen => {
                     return inner.call(Request::from_parts(parts, body)).await;
@@ -489,6 +572,16 @@ where
             Ok(response)
         })
     }
+}
+
+/// A layer's configuration, changed by a builder method: only before the
+/// layer is cloned (its services share it).
+pub(crate) fn configure<T>(shared: Arc<T>, layer: &str, change: impl FnOnce(&mut T)) -> Arc<T> {
+    let mut shared = Arc::try_unwrap(shared).unwrap_or_else(|_| {
+        panic!("configure a {layer} before cloning it");
+    });
+    change(&mut shared);
+    Arc::new(shared)
 }
 
 /// An empty response with `status`.
@@ -772,6 +865,7 @@ mod tests {
     struct Fake {
         answer: Result<Decision, ()>,
         asked: Mutex<Vec<(Vec<u8>, Plan, u64)>>,
+        classes: Mutex<Vec<Priority>>,
     }
 
     impl Limiter for Fake {
@@ -781,6 +875,17 @@ mod tests {
             plan: &'a Plan,
             cost: u64,
         ) -> BoxFuture<'a, Result<Decision, Error>> {
+            self.spend_as(key, plan, cost, Priority::Normal)
+        }
+
+        fn spend_as<'a>(
+            &'a self,
+            key: &'a [u8],
+            plan: &'a Plan,
+            cost: u64,
+            priority: Priority,
+        ) -> BoxFuture<'a, Result<Decision, Error>> {
+            self.classes.lock().unwrap().push(priority);
             self.asked
                 .lock()
                 .unwrap()
@@ -819,6 +924,7 @@ mod tests {
             fake: Arc::new(Fake {
                 answer,
                 asked: Mutex::new(Vec::new()),
+                classes: Mutex::new(Vec::new()),
             }),
             calls: Arc::new(AtomicUsize::new(0)),
         }
@@ -858,6 +964,61 @@ mod tests {
 
     fn header<'a>(response: &'a Response<String>, name: &str) -> Option<&'a str> {
         response.headers().get(name).map(|v| v.to_str().unwrap())
+    }
+
+    /// The class a request is decided for comes from `priority_fn`
+    /// (normal without one), and a reserved plan sends its reserves.
+    #[tokio::test]
+    async fn the_class_and_the_reserves_reach_the_limiter() {
+        let s = setup(Ok(decision(true)));
+        let by_header = || {
+            s.layer()
+                .priority_fn(crate::shed::priority_header(HeaderName::from_static(
+                    "x-priority",
+                )))
+        };
+        s.send(s.layer(), Some("alice")).await;
+        let mut service = by_header().layer(Hello(s.calls.clone()));
+        for class in ["critical", "low", "vip"] {
+            let request = Request::builder()
+                .header("x-api-key", "alice")
+                .header("x-priority", class)
+                .body(String::new())
+                .unwrap();
+            match service.call(request).await {
+                Ok(r) => assert_eq!(r.status(), StatusCode::OK),
+                Err(never) => match never {},
+            }
+        }
+        assert_eq!(
+            *s.fake.classes.lock().unwrap(),
+            [
+                Priority::Normal,
+                Priority::Critical,
+                Priority::Low,
+                Priority::Normal
+            ]
+        );
+        let spec: Reserved = "concurrency:10,reserve=critical:20%".parse().unwrap();
+        let plan = Plan::reserved(Some("backend"), vec![spec]).unwrap();
+        let Limits::Inline(set) = plan_limits(&plan).unwrap() else {
+            panic!("inline")
+        };
+        assert_eq!(set.reserved(0), Some(spec));
+        let bare = Plan::inline(vec![spec.limit]).unwrap();
+        let Limits::Inline(set) = plan_limits(&bare).unwrap() else {
+            panic!("inline")
+        };
+        assert!(!set.has_reserves());
+        let over: Reserved = "concurrency:10".parse().unwrap();
+        let over = Reserved {
+            reserves: Reserves {
+                critical_bp: 10_001,
+                normal_bp: 0,
+            },
+            ..over
+        };
+        assert!(Plan::reserved(None, vec![over]).is_err());
     }
 
     #[tokio::test]
