@@ -226,9 +226,39 @@ struct BenchArgs {
     /// Generator threads.
     #[arg(long, default_value_t = 1)]
     threads: usize,
+    /// Sluice only: keep a share of the limit for a class, CLASS:P%
+    /// (critical:20%, normal:50%); repeat it for both. Sent as a DECIDE.
+    #[arg(long, value_name = "CLASS:P%", value_parser = parse_reserve_flag)]
+    reserve: Vec<(Priority, u16)>,
+    /// Sluice only: draw each request's class by these weights,
+    /// LOW,NORMAL,CRITICAL (60,30,10), and report what each class sent and
+    /// was admitted, and its admissions over time.
+    #[arg(long, value_name = "LOW,NORMAL,CRITICAL", value_parser = parse_mix)]
+    priority_mix: Option<[u32; 3]>,
+    /// With --priority-mix: the step of the timeline, in ms.
+    #[arg(long, default_value_t = 250)]
+    interval_ms: u64,
     /// Print exactly one JSON object.
     #[arg(long)]
     json: bool,
+}
+
+fn parse_reserve_flag(value: &str) -> Result<(Priority, u16), String> {
+    sluice_protocol::priority::parse_reserve(value).map_err(|e| e.to_string())
+}
+
+fn parse_mix(value: &str) -> Result<[u32; 3], String> {
+    let bad =
+        || format!("expected three weights LOW,NORMAL,CRITICAL such as 60,30,10, not {value:?}");
+    let weights: Vec<u32> = value
+        .split(',')
+        .map(|w| w.trim().parse().map_err(|_| bad()))
+        .collect::<Result<_, _>>()?;
+    let mix: [u32; 3] = weights.try_into().map_err(|_| bad())?;
+    if mix.iter().all(|&w| w == 0) {
+        return Err("a class mix needs a weight above 0".into());
+    }
+    Ok(mix)
 }
 
 #[derive(Debug, Args)]
@@ -677,6 +707,10 @@ async fn bench(
     if !(b.duration_s > 0.0 && b.duration_s <= 3_600.0) {
         return Err(Error::Invalid("--duration-s must be in (0, 3600]".into()));
     }
+    let mut reserves = sluice_protocol::Reserves::NONE;
+    for &(class, bp) in &b.reserve {
+        reserves.set(class, bp);
+    }
     let config = |target: Target, addr: SocketAddr| BenchConfig {
         target,
         addr,
@@ -695,6 +729,9 @@ async fn bench(
         } else {
             None
         },
+        reserves,
+        mix: b.priority_mix,
+        interval: Duration::from_millis(b.interval_ms),
     };
     let sluice =
         |a| async move { sluice_cli::bench::run(config(Target::Sluice, resolve(a).await?)).await };

@@ -396,6 +396,7 @@ impl Cluster {
     }
 
     /// The failure policy calls use unless told another.
+    #[cfg(feature = "tower")]
     pub(crate) fn failure(&self) -> FailurePolicy {
         self.inner.config.failure
     }

@@ -128,6 +128,16 @@ impl Reserves {
         normal_bp: 0,
     };
 
+    /// Sets the share reserved for `class` (critical or normal; a share
+    /// for low keeps nothing and is ignored).
+    pub fn set(&mut self, class: Priority, bp: u16) {
+        match class {
+            Priority::Critical => self.critical_bp = bp,
+            Priority::Normal => self.normal_bp = bp,
+            Priority::Low => {}
+        }
+    }
+
     /// Whether there are none.
     #[inline]
     pub fn is_none(&self) -> bool {
@@ -244,31 +254,40 @@ impl FromStr for Reserved {
                 rest.push(part);
                 continue;
             };
-            let bad = |why: &str| SpecError::Reserve(format!("{part:?}: {why}"));
-            let (class, share) = value
-                .split_once(':')
-                .ok_or_else(|| bad("expected reserve=CLASS:P%"))?;
-            let class: Priority = class
-                .parse()
-                .map_err(|e: PriorityError| bad(&e.to_string()))?;
-            let bp = parse_share_bp(share).ok_or_else(|| {
-                bad("the share must be a percentage 0..=100 with up to two decimals, such as 20%")
-            })?;
-            let (i, slot) = match class {
-                Priority::Critical => (0, &mut reserves.critical_bp),
-                Priority::Normal => (1, &mut reserves.normal_bp),
-                Priority::Low => return Err(bad(
-                    "a reserve for low keeps nothing from anyone: reserve for critical or normal",
-                )),
-            };
+            let (class, bp) = parse_reserve(value)?;
+            let i = usize::from(class == Priority::Normal);
             if std::mem::replace(&mut seen[i], true) {
-                return Err(bad("each class is reserved for at most once"));
+                return Err(SpecError::Reserve(format!(
+                    "{part:?}: each class is reserved for at most once"
+                )));
             }
-            *slot = bp;
+            reserves.set(class, bp);
         }
         let limit: Limit = rest.join(",").parse()?;
         Ok(Reserved { limit, reserves })
     }
+}
+
+/// One reserve, `CLASS:P%` (what follows `reserve=` in a spec): CLASS
+/// `critical` or `normal`, P a percentage with up to two decimals, at most
+/// 100; the class and the share in hundredths of a percent.
+pub fn parse_reserve(value: &str) -> Result<(Priority, u16), SpecError> {
+    let bad = |why: &str| SpecError::Reserve(format!("\"reserve={value}\": {why}"));
+    let (class, share) = value
+        .split_once(':')
+        .ok_or_else(|| bad("expected reserve=CLASS:P%"))?;
+    let class: Priority = class
+        .parse()
+        .map_err(|e: PriorityError| bad(&e.to_string()))?;
+    let bp = parse_share_bp(share).ok_or_else(|| {
+        bad("the share must be a percentage 0..=100 with up to two decimals, such as 20%")
+    })?;
+    if class == Priority::Low {
+        return Err(bad(
+            "a reserve for low keeps nothing from anyone: reserve for critical or normal",
+        ));
+    }
+    Ok((class, bp))
 }
 
 /// `P%` with up to two decimals, 0 ..= 100, as hundredths of a percent.

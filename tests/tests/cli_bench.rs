@@ -178,3 +178,65 @@ fn the_loopback_floor_answers_the_bench_with_real_decisions() {
     assert_eq!(allowed + denied, 3000, "{v}");
     assert!((1..=500).contains(&allowed), "{allowed} admitted: {v}");
 }
+
+/// `--priority-mix` and `--reserve` on one key with 2 shards (so one shard
+/// owns no key): 3,000 requests of all three classes against 10 units,
+/// half kept for critical. Every class is counted; exactly 10 are admitted,
+/// low and normal together at most the 5 unreserved, critical the rest;
+/// the timeline adds up to the admissions. Without a mix, the JSON has no
+/// `classes`.
+#[test]
+fn a_class_mix_counts_each_class_and_the_reserves_hold() {
+    let server = Sluiced::start(&["--shards", "2"]);
+    let args = [
+        "--pipeline",
+        "16",
+        "--keys",
+        "1",
+        "--rate",
+        "10/h",
+        "--burst",
+        "10",
+        "--json",
+    ];
+    let mut mixed = args.to_vec();
+    mixed.extend(["--priority-mix", "1,1,1", "--reserve", "critical:90%"]);
+    let out = bench(&server, &mixed);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let v: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(
+        (v["requests"].as_u64(), v["allowed"].as_u64()),
+        (Some(3000), Some(10)),
+        "{v}"
+    );
+    let by_class = v["classes"]["by_class"].as_array().unwrap();
+    let field = |i: usize, f: &str| by_class[i][f].as_u64().unwrap();
+    let names: Vec<&str> = by_class
+        .iter()
+        .map(|c| c["class"].as_str().unwrap())
+        .collect();
+    assert_eq!(names, ["low", "normal", "critical"]);
+    assert_eq!((0..3).map(|i| field(i, "sent")).sum::<u64>(), 3000);
+    assert!((0..3).all(|i| field(i, "sent") > 800), "{v}");
+    assert!(field(0, "admitted") + field(1, "admitted") <= 1, "{v}");
+    assert!(field(2, "admitted") >= 9, "{v}");
+    let timeline = v["classes"]["timeline"].as_array().unwrap();
+    for (i, class) in names.iter().enumerate() {
+        let summed: u64 = timeline.iter().map(|step| step[i].as_u64().unwrap()).sum();
+        assert_eq!(summed, field(i, "admitted"), "{class}: {v}");
+    }
+    let plain = bench(&server, &args);
+    let v: serde_json::Value = serde_json::from_slice(&plain.stdout).unwrap();
+    assert!(v.get("classes").is_none(), "{v}");
+    // Bad flags are usage errors that say why.
+    let out = bench(&server, &["--priority-mix", "1,1"]);
+    assert_eq!(out.status.code(), Some(2));
+    assert!(String::from_utf8_lossy(&out.stderr).contains("LOW,NORMAL,CRITICAL"));
+    let out = bench(&server, &["--reserve", "low:10%"]);
+    assert_eq!(out.status.code(), Some(2));
+    assert!(String::from_utf8_lossy(&out.stderr).contains("keeps nothing"));
+}

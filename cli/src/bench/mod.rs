@@ -22,7 +22,7 @@ use std::time::{Duration, Instant};
 use hdrhistogram::Histogram;
 use serde::Serialize;
 use sluice_protocol::limit::Limit;
-use sluice_protocol::Policy;
+use sluice_protocol::{Policy, Priority, Reserves};
 
 use sluice_client::Error;
 
@@ -77,6 +77,13 @@ pub struct BenchConfig {
     /// and the key numbers that route to it. Connections are spread over
     /// the groups round robin; each draws only its group's keys.
     pub groups: Option<Vec<(SocketAddr, Arc<Vec<u32>>)>>,
+    /// Sluice only: the limit's reserved shares (sent as a DECIDE).
+    pub reserves: Reserves,
+    /// Sluice only: each request's class drawn by these weights (low,
+    /// normal, critical), counted by class over time; `None`: all normal.
+    pub mix: Option<[u32; 3]>,
+    /// With `mix`: the length of each step of the report's timeline.
+    pub interval: Duration,
 }
 
 /// What one connection counted.
@@ -90,6 +97,11 @@ pub struct Tally {
     pub denied: u64,
     /// Requests answered with an error.
     pub errors: u64,
+    /// By class rank (low, normal, critical): requests sent, admitted.
+    pub sent: [u64; 3],
+    pub admitted: [u64; 3],
+    /// Admitted by class in each interval since the start.
+    pub timeline: Vec<[u64; 3]>,
 }
 
 impl Tally {
@@ -100,6 +112,24 @@ impl Tally {
             allowed: 0,
             denied: 0,
             errors: 0,
+            sent: [0; 3],
+            admitted: [0; 3],
+            timeline: Vec::new(),
+        }
+    }
+
+    /// Counts a reply to a request of `class`, in the budget's current
+    /// interval.
+    pub(crate) fn count_class(&mut self, class: Priority, admitted: bool, budget: &Budget) {
+        let rank = usize::from(class.rank());
+        self.sent[rank] += 1;
+        if admitted {
+            self.admitted[rank] += 1;
+            let step = budget.step();
+            if self.timeline.len() <= step {
+                self.timeline.resize(step + 1, [0; 3]);
+            }
+            self.timeline[step][rank] += 1;
         }
     }
 
@@ -118,6 +148,18 @@ impl Tally {
         self.allowed += other.allowed;
         self.denied += other.denied;
         self.errors += other.errors;
+        for rank in 0..3 {
+            self.sent[rank] += other.sent[rank];
+            self.admitted[rank] += other.admitted[rank];
+        }
+        if self.timeline.len() < other.timeline.len() {
+            self.timeline.resize(other.timeline.len(), [0; 3]);
+        }
+        for (mine, theirs) in self.timeline.iter_mut().zip(&other.timeline) {
+            for rank in 0..3 {
+                mine[rank] += theirs[rank];
+            }
+        }
     }
 }
 
@@ -146,6 +188,31 @@ pub struct Report {
     pub denied: u64,
     pub errors: u64,
     pub latency_us: Latency,
+    /// With a class mix only.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub classes: Option<Classes>,
+}
+
+/// A run with a class mix: what each class sent and was admitted, and
+/// its admissions over time.
+#[derive(Clone, Debug, Serialize)]
+pub struct Classes {
+    /// `low`, `normal`, `critical`: sent, admitted, and the class's share
+    /// of everything admitted.
+    pub by_class: Vec<ClassCount>,
+    /// The timeline's step, in ms.
+    pub interval_ms: u64,
+    /// Admitted per step: `[low, normal, critical]`.
+    pub timeline: Vec<[u64; 3]>,
+}
+
+/// One class's counts.
+#[derive(Clone, Debug, Serialize)]
+pub struct ClassCount {
+    pub class: &'static str,
+    pub sent: u64,
+    pub admitted: u64,
+    pub share: f64,
 }
 
 /// Requests not yet claimed by any connection, and the time bound.
@@ -155,9 +222,18 @@ pub struct Budget {
     left: AtomicU64,
     /// No request is handed out after this.
     stop_at: Instant,
+    /// When the run started, and the timeline's step.
+    start: Instant,
+    interval: Duration,
 }
 
 impl Budget {
+    /// The timeline step of now.
+    fn step(&self) -> usize {
+        let since = self.start.elapsed().as_nanos();
+        (since / self.interval.as_nanos().max(1)) as usize
+    }
+
     /// Claims up to `n` requests; 0 when the budget or the time is spent.
     pub fn claim(&self, n: usize) -> usize {
         if Instant::now() >= self.stop_at {
@@ -198,6 +274,15 @@ impl BenchConfig {
         if self.requests == 0 || self.duration.is_zero() {
             return bad("requests and duration must be positive".into());
         }
+        if self.target != Target::Sluice && (self.mix.is_some() || !self.reserves.is_none()) {
+            return bad("classes and reserves are Sluice's (--target sluice)".into());
+        }
+        if self.mix.is_some_and(|m| m.iter().all(|&w| w == 0)) {
+            return bad("a class mix needs a weight above 0".into());
+        }
+        if self.interval.is_zero() {
+            return bad("the timeline interval must be positive".into());
+        }
         Ok(())
     }
 }
@@ -213,6 +298,8 @@ pub async fn run(config: BenchConfig) -> Result<Report, Error> {
     let budget = Arc::new(Budget {
         left: AtomicU64::new(config.requests),
         stop_at: start + config.duration,
+        start,
+        interval: config.interval,
     });
     let mut tasks = tokio::task::JoinSet::new();
     for driver in drivers {
@@ -232,6 +319,26 @@ pub async fn run(config: BenchConfig) -> Result<Report, Error> {
         return Err(e);
     }
     let requests = total.allowed + total.denied + total.errors;
+    let classes = config.mix.map(|_| {
+        let all: u64 = total.admitted.iter().sum();
+        let by_class = Priority::ALL
+            .iter()
+            .map(|p| {
+                let rank = usize::from(p.rank());
+                ClassCount {
+                    class: p.name(),
+                    sent: total.sent[rank],
+                    admitted: total.admitted[rank],
+                    share: total.admitted[rank] as f64 / all.max(1) as f64,
+                }
+            })
+            .collect();
+        Classes {
+            by_class,
+            interval_ms: config.interval.as_millis() as u64,
+            timeline: total.timeline.clone(),
+        }
+    });
     let h = &total.latency_ns;
     let us = |ns: u64| ns as f64 / 1e3;
     Ok(Report {
@@ -253,6 +360,7 @@ pub async fn run(config: BenchConfig) -> Result<Report, Error> {
             p999: us(h.value_at_quantile(0.999)),
             max: us(h.max()),
         },
+        classes,
     })
 }
 
@@ -288,6 +396,31 @@ impl std::fmt::Display for Report {
             f,
             "  latency us: p50 {:.1}  p99 {:.1}  p99.9 {:.1}  max {:.1}",
             self.latency_us.p50, self.latency_us.p99, self.latency_us.p999, self.latency_us.max
-        )
+        )?;
+        if let Some(c) = &self.classes {
+            for class in &c.by_class {
+                write!(
+                    f,
+                    "\n  {:<8} sent {:>9}  admitted {:>9}  share of admitted {:>5.1} %",
+                    class.class,
+                    class.sent,
+                    class.admitted,
+                    class.share * 100.0
+                )?;
+            }
+            write!(
+                f,
+                "\n  admitted per {} ms (low normal critical):",
+                c.interval_ms
+            )?;
+            for (i, [low, normal, critical]) in c.timeline.iter().enumerate() {
+                write!(
+                    f,
+                    "\n    {:>6} ms  {low:>8} {normal:>8} {critical:>8}",
+                    i as u64 * c.interval_ms
+                )?;
+            }
+        }
+        Ok(())
     }
 }

@@ -11,7 +11,7 @@ use sluice_protocol::codec::{FrameDecoder, FrameWriter};
 use sluice_protocol::limit::Limit;
 use sluice_protocol::message::{Decide, LimitSet, Limits, Mode, Reply, Request, Throttle};
 use sluice_protocol::routing::{key_hash, shard_of};
-use sluice_protocol::Policy;
+use sluice_protocol::{Policy, Priority, Reserved};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::TcpStream;
 use tokio_util::codec::Decoder;
@@ -30,8 +30,60 @@ pub struct Driver {
     rng: Rng,
     pipeline: usize,
     policy: Policy,
-    /// Set for every kind but the token bucket: sent as a one-limit DECIDE.
+    /// Set for every kind but the token bucket, and for any limit with
+    /// reserves or a class mix: sent as a one-limit DECIDE.
     limits: Option<LimitSet>,
+    /// Each request's class, drawn by these weights (low, normal,
+    /// critical); all normal without.
+    mix: Option<[u32; 3]>,
+    /// The class of each request of the batch in flight.
+    classes: Vec<Priority>,
+}
+
+impl Driver {
+    /// A driver on an open connection, drawing `keys`, seeded by `seed`.
+    fn new(
+        config: &BenchConfig,
+        (stream, rbuf): (TcpStream, BytesMut),
+        keys: Keys,
+        seed: u64,
+    ) -> Driver {
+        let reserved = Reserved {
+            limit: config.limit,
+            reserves: config.reserves,
+        };
+        let limits = match config.limit {
+            Limit::TokenBucket(_) if config.reserves.is_none() && config.mix.is_none() => None,
+            _ => LimitSet::with_reserves(&[reserved]),
+        };
+        Driver {
+            stream,
+            rbuf,
+            keys,
+            rng: Rng::new(seed),
+            pipeline: config.pipeline,
+            policy: config.policy,
+            limits,
+            mix: config.mix,
+            classes: Vec::with_capacity(config.pipeline),
+        }
+    }
+
+    /// The next request's class.
+    fn class(&mut self) -> Priority {
+        let Some([low, normal, critical]) = self.mix else {
+            return Priority::Normal;
+        };
+        let total = u64::from(low) + u64::from(normal) + u64::from(critical);
+        let draw = self.rng.below(total);
+        if draw < u64::from(low) {
+            Priority::Low
+        } else if draw < u64::from(low) + u64::from(normal) {
+            Priority::Normal
+        } else {
+            Priority::Critical
+        }
+    }
 }
 
 /// Opens every connection (so that connecting is not timed) and splits the
@@ -58,8 +110,12 @@ pub(crate) async fn prepare(config: &BenchConfig) -> Result<Vec<super::Driver>, 
     for i in 0..config.connections {
         let (shard, keys) = match &per_shard {
             Some(split) => {
-                let s = (i % usize::from(shards)) as u16;
-                (Some(s), Keys::Subset(split[usize::from(s)].clone()))
+                // Only shards that own some of the keys (with fewer keys
+                // than shards, some own none).
+                let owning: Vec<usize> =
+                    (0..split.len()).filter(|&s| !split[s].is_empty()).collect();
+                let s = owning[i % owning.len()];
+                (Some(s as u16), Keys::Subset(split[s].clone()))
             }
             None if config.sequential => (
                 None,
@@ -70,19 +126,9 @@ pub(crate) async fn prepare(config: &BenchConfig) -> Result<Vec<super::Driver>, 
             ),
             None => (None, Keys::All(config.keys)),
         };
-        let ((stream, rbuf), _) = connect(config, config.addr, shard, token.as_bytes()).await?;
-        drivers.push(super::Driver::Sluice(Box::new(Driver {
-            stream,
-            rbuf,
-            keys,
-            rng: Rng::new(i as u64 + 1),
-            pipeline: config.pipeline,
-            policy: config.policy,
-            limits: match config.limit {
-                Limit::TokenBucket(_) => None,
-                other => LimitSet::new(&[other]),
-            },
-        })));
+        let (conn, _) = connect(config, config.addr, shard, token.as_bytes()).await?;
+        let driver = Driver::new(config, conn, keys, i as u64 + 1);
+        drivers.push(super::Driver::Sluice(Box::new(driver)));
     }
     Ok(drivers)
 }
@@ -98,19 +144,9 @@ async fn prepare_groups(
     let mut drivers = Vec::with_capacity(config.connections);
     for i in 0..config.connections {
         let (addr, keys) = &groups[i % groups.len()];
-        let ((stream, rbuf), _) = connect(config, *addr, None, token).await?;
-        drivers.push(super::Driver::Sluice(Box::new(Driver {
-            stream,
-            rbuf,
-            keys: Keys::Subset(keys.clone()),
-            rng: Rng::new(i as u64 + 1),
-            pipeline: config.pipeline,
-            policy: config.policy,
-            limits: match config.limit {
-                Limit::TokenBucket(_) => None,
-                other => LimitSet::new(&[other]),
-            },
-        })));
+        let (conn, _) = connect(config, *addr, None, token).await?;
+        let driver = Driver::new(config, conn, Keys::Subset(keys.clone()), i as u64 + 1);
+        drivers.push(super::Driver::Sluice(Box::new(driver)));
     }
     Ok(drivers)
 }
@@ -145,7 +181,10 @@ impl Driver {
                 return Ok(tally);
             }
             let mut w = FrameWriter::new();
+            self.classes.clear();
             for i in 0..n {
+                let priority = self.class();
+                self.classes.push(priority);
                 let k = self.keys.pick(&mut self.rng);
                 let key = format_key(&mut key, k);
                 let request = match self.limits {
@@ -159,7 +198,7 @@ impl Driver {
                         key,
                         limits: Limits::Inline(set),
                         cost: 1,
-                        priority: sluice_protocol::Priority::Normal,
+                        priority,
                     }),
                 };
                 request.encode(&mut w, &mut wbuf, i as u32 + 1);
@@ -178,13 +217,19 @@ impl Driver {
                     .map_err(|e| Error::Protocol(e.to_string()))?
                 {
                     for (h, p) in frame.messages() {
-                        match Reply::parse(h, p) {
-                            Some(Reply::Throttle(v)) if v.allowed => tally.allowed += 1,
-                            Some(Reply::Throttle(_)) => tally.denied += 1,
-                            Some(Reply::Decide(d)) if d.allowed => tally.allowed += 1,
-                            Some(Reply::Decide(_)) => tally.denied += 1,
-                            _ => tally.errors += 1,
+                        let allowed = match Reply::parse(h, p) {
+                            Some(Reply::Throttle(v)) => Some(v.allowed),
+                            Some(Reply::Decide(d)) => Some(d.allowed),
+                            _ => None,
+                        };
+                        match allowed {
+                            Some(true) => tally.allowed += 1,
+                            Some(false) => tally.denied += 1,
+                            None => tally.errors += 1,
                         }
+                        // Replies come in request order.
+                        let class = self.classes.get(got).copied().unwrap_or_default();
+                        tally.count_class(class, allowed == Some(true), budget);
                         got += 1;
                     }
                 }
