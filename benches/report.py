@@ -328,6 +328,11 @@ for wname, label in [("under", "under the limit"), ("spent", "spent")]:
             x = workload_ratio[(wname, p)]
             target(f"one shard, {label}, 50 x {p}: >= {want} of the loopback floor", f"{x:.2f}", x >= want)
 w("")
+# The priority scenario's section, from its own script (benches/priority.sh).
+priority = os.path.join(os.path.dirname(os.path.abspath(__file__)), "priority.md")
+if os.path.exists(priority):
+    with open(priority) as f:
+        w(f.read())
 notes = os.path.join(os.path.dirname(os.path.abspath(__file__)), "notes.md")
 if os.path.exists(notes):
     with open(notes) as f:
