@@ -37,7 +37,7 @@ use tokio_util::codec::Decoder;
 use crate::coordinator::{self, constant_time_eq, Handler, ReplyShare, READ_CHUNK_BYTES};
 use crate::pipeline::{Pipeline, Protocol};
 use crate::shard::{
-    Adopt, BatchReply, ConnectionGuard, MultiVerdict, Op, Outcome, ShardCore, ShardMsg,
+    Adopt, BatchReply, ConnectionGuard, DecideOp, MultiVerdict, Op, Outcome, ShardCore, ShardMsg,
 };
 use sluice_protocol::replication::{self, RoleOk, Subscribe};
 
@@ -540,16 +540,14 @@ impl Connection {
     /// shard), then decides here or forwards to the key's owner.
     fn decide_many(&mut self, request_id: u32, d: &Decide<'_>, now_ns: u64) {
         let key = key_hash(d.key);
-        let op = match self.core.resolve(key, d) {
-            Ok(op) => op,
-            Err(e) => {
-                let tier = match d.limits {
-                    Limits::Tier(name) => Some(name),
-                    Limits::Inline(_) => None,
-                };
-                return self.push(request_id, self.refusal(e, tier));
-            }
-        };
+        let mut op = DecideOp::EMPTY;
+        if let Err(e) = self.core.resolve(key, d, &mut op) {
+            let tier = match d.limits {
+                Limits::Tier(name) => Some(name),
+                Limits::Inline(_) => None,
+            };
+            return self.push(request_id, self.refusal(e, tier));
+        }
         let shard = shard_of(key, self.core.node.shard_count);
         if shard != self.core.id {
             let tag = Tag {
@@ -566,12 +564,9 @@ impl Connection {
             .borrow_mut()
             .decide_many(refs, op.mode, op.cost, now_ns);
         match result {
-            Ok(m) => {
-                let m = MultiVerdict {
-                    priority: op.priority,
-                    ..m
-                };
-                self.push(request_id, Local::Decide(Box::new(m)))
+            Ok(mut m) => {
+                m.priority = op.priority;
+                self.push(request_id, Local::Decide(m))
             }
             Err(status) => self.push(request_id, error(status.into())),
         }

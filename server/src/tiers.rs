@@ -23,18 +23,15 @@ pub struct Tier {
     pub limits: Vec<Limit>,
     /// Each limit's reserved shares (`reserve=CLASS:P%` in its spec).
     pub reserves: Vec<Reserves>,
+    /// Both, as a DECIDE carries them (built once, at load).
+    set: LimitSet,
 }
 
 impl Tier {
     /// The limits and their reserves, as a DECIDE carries them.
-    pub fn set(&self) -> LimitSet {
-        let all: Vec<Reserved> = self
-            .limits
-            .iter()
-            .zip(&self.reserves)
-            .map(|(&limit, &reserves)| Reserved { limit, reserves })
-            .collect();
-        LimitSet::with_reserves(&all).expect("a loaded tier has 1..=LIMITS_MAX limits")
+    #[inline]
+    pub fn set(&self) -> &LimitSet {
+        &self.set
     }
 }
 
@@ -87,9 +84,16 @@ impl Tiers {
                 parsed.push(limit.limit);
                 reserves.push(limit.reserves);
             }
+            let all: Vec<Reserved> = parsed
+                .iter()
+                .zip(&reserves)
+                .map(|(&limit, &reserves)| Reserved { limit, reserves })
+                .collect();
+            let set = LimitSet::with_reserves(&all).expect("1..=TIER_LIMITS_MAX limits");
             let tier = Tier {
                 limits: parsed,
                 reserves,
+                set,
             };
             by_name.insert(name.to_owned(), tier);
         }

@@ -551,18 +551,24 @@ fn parse_tier(name: &[u8]) -> Result<&str, LayoutError> {
     std::str::from_utf8(name).map_err(|_| LayoutError::TierName)
 }
 
+/// Bytes 1, 6 and 7 of a limit record's first 8 (little-endian): reserved.
+const RECORD_RESERVED_BYTES: u64 = 0xffff_0000_0000_ff00;
+
 /// One limit record's layout: a known kind, zero reserved bytes, `c = 0`
 /// for the kinds that have no third number; with its reserves (bytes 2..6,
 /// `u16 critical_bp, u16 normal_bp`). The numbers are not validated.
 fn parse_limit_record(r: &[u8]) -> Result<(Limit, Reserves), LayoutError> {
     debug_assert_eq!(r.len(), LIMIT_RECORD_BYTES);
-    let kind = Kind::from_code(r[0]).ok_or(LayoutError::Kind(r[0]))?;
-    if r[1] != 0 || r[6] != 0 || r[7] != 0 {
+    // The record's first 8 bytes at once: kind, a reserved byte, the two
+    // reserves, two reserved bytes.
+    let head = u64_at(r, 0);
+    let kind = Kind::from_code(head as u8).ok_or(LayoutError::Kind(r[0]))?;
+    if head & RECORD_RESERVED_BYTES != 0 {
         return Err(LayoutError::Reserved);
     }
     let reserves = Reserves {
-        critical_bp: u16_at(r, 2),
-        normal_bp: u16_at(r, 4),
+        critical_bp: (head >> 16) as u16,
+        normal_bp: (head >> 32) as u16,
     };
     let (a, b, c) = (u64_at(r, 8), u64_at(r, 16), u64_at(r, 24));
     if kind != Kind::TokenBucket && c != 0 {
@@ -609,19 +615,15 @@ fn put_limit_record(b: &mut BytesMut, limit: &Limit, reserves: Reserves) {
 
 /// The inline limits of a DECIDE (1..=LIMITS_MAX records, checked by the
 /// caller), layout only.
+#[inline]
 fn parse_limit_records(records: &[u8]) -> Result<LimitSet, RequestError> {
-    let mut set = LimitSet {
-        limits: [UNUSED; LIMITS_MAX],
-        reserves: [Reserves::NONE; LIMITS_MAX],
-        len: 0,
-    };
+    let count = records.len() / LIMIT_RECORD_BYTES;
+    let mut set = LimitSet::unset(count).ok_or(LayoutError::LimitCount)?;
     for (i, r) in records.chunks_exact(LIMIT_RECORD_BYTES).enumerate() {
         let (limit, reserves) = parse_limit_record(r).map_err(|e| RequestError::from(e).at(i))?;
         set.limits[i] = limit;
         set.reserves[i] = reserves;
-        set.len += 1;
     }
-    debug_assert!(set.len > 0);
     Ok(set)
 }
 

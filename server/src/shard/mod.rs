@@ -24,7 +24,7 @@ use std::time::Instant;
 use bytes::BytesMut;
 use sluice_protocol::cell::{CellPolicy, CellVerdict};
 use sluice_protocol::gcra::Verdict;
-use sluice_protocol::limit::Concurrency;
+use sluice_protocol::limit::{Concurrency, Limit};
 use sluice_protocol::{MonotonicClock, Policy, Status};
 use tokio::sync::{mpsc, watch};
 
@@ -38,7 +38,7 @@ use crossbeam_utils::CachePadded;
 use sluice_protocol::identity::bucket_key;
 use sluice_protocol::limit::Kind;
 use sluice_protocol::message::ShardStats;
-use sluice_protocol::message::{Decide, LeaseOp, LeaseTarget, Limits, RequestError};
+use sluice_protocol::message::{Decide, LeaseOp, LeaseTarget, LimitSet, Limits, RequestError};
 pub use table::{LimitRef, LimitVerdict, Mode, MultiVerdict, Table};
 
 /// What other threads may ask of a shard.
@@ -154,7 +154,8 @@ pub enum Op {
     },
 }
 
-/// A DECIDE with its limits resolved to buckets.
+/// A DECIDE with its limits resolved to buckets ([`DecideOp::EMPTY`]
+/// filled in by [`ShardCore::resolve`]).
 #[derive(Clone, Copy, Debug)]
 pub struct DecideOp {
     /// What to do.
@@ -167,6 +168,24 @@ pub struct DecideOp {
     pub priority: sluice_protocol::Priority,
     /// The limits, in request order.
     pub refs: [LimitRef; table::LIMITS_MAX],
+}
+
+impl DecideOp {
+    /// No limits yet.
+    pub const EMPTY: DecideOp = DecideOp {
+        mode: Mode::Probe,
+        cost: 0,
+        count: 0,
+        priority: sluice_protocol::Priority::Normal,
+        refs: [LimitRef {
+            bucket: 0,
+            limit: Limit::Concurrency(sluice_protocol::Concurrency {
+                limit: 1,
+                lease_ns: sluice_protocol::limit::LEASE_NS_MIN,
+            }),
+            floor: 0,
+        }; table::LIMITS_MAX],
+    };
 }
 
 /// The owning shard's answer to an [`Op`].
@@ -572,9 +591,15 @@ impl ShardCore {
     /// A DECIDE's limits as buckets: inline ones as sent (validated by the
     /// parser), a tier's as in force on this shard (UNKNOWN_TIER if none,
     /// and its limits checked against the cost).
-    pub fn resolve(&self, key_hash: u128, d: &Decide<'_>) -> Result<DecideOp, RequestError> {
+    pub fn resolve(
+        &self,
+        key_hash: u128,
+        d: &Decide<'_>,
+        op: &mut DecideOp,
+    ) -> Result<(), RequestError> {
         let tiers = self.tiers.borrow();
-        let set = match d.limits {
+        // Borrowed, not copied: a set is 300 bytes.
+        let set: &LimitSet = match &d.limits {
             Limits::Inline(set) => set,
             Limits::Tier(name) => {
                 let tier = tiers
@@ -585,17 +610,10 @@ impl ShardCore {
                 set
             }
         };
-        let mut op = DecideOp {
-            mode: d.mode,
-            cost: d.cost,
-            count: set.len() as u8,
-            priority: d.priority,
-            refs: [LimitRef {
-                bucket: 0,
-                limit: set[0],
-                floor: 0,
-            }; table::LIMITS_MAX],
-        };
+        op.mode = d.mode;
+        op.cost = d.cost;
+        op.count = set.len() as u8;
+        op.priority = d.priority;
         for (i, limit) in set.iter().enumerate() {
             let bucket = bucket_key(key_hash, limit.kind(), d.limits.slot(i as u8));
             op.refs[i] = LimitRef {
@@ -604,7 +622,7 @@ impl ShardCore {
                 floor: set.reserves(i).floor(limit.limit(), d.priority),
             };
         }
-        Ok(op)
+        Ok(())
     }
 
     /// The bucket and numbers of the concurrency limit a RELEASE or RENEW

@@ -822,11 +822,10 @@ impl Table {
                 .map(Outcome::Cell),
             Op::Decide(d) => self
                 .decide_many(&d.refs[..usize::from(d.count)], d.mode, d.cost, now_ns)
-                .map(|m| MultiVerdict {
-                    priority: d.priority,
-                    ..m
-                })
-                .map(|m| Outcome::Multi(Box::new(m))),
+                .map(|mut m| {
+                    m.priority = d.priority;
+                    Outcome::Multi(m)
+                }),
             Op::Release {
                 bucket,
                 limit,
@@ -1044,19 +1043,21 @@ impl Table {
         mode: Mode,
         cost: u64,
         now_ns: u64,
-    ) -> Result<MultiVerdict, Status> {
+    ) -> Result<Box<MultiVerdict>, Status> {
         assert!(
             !refs.is_empty() && refs.len() <= LIMITS_MAX,
             "the edge checks the limit count"
         );
-        let mut out = MultiVerdict {
+        // Boxed from the start: the reply carries it boxed, and the verdicts
+        // are 450 bytes that would otherwise be copied on the way there.
+        let mut out = Box::new(MultiVerdict {
             allowed: true,
             denied_index: None,
             retry_after_ns: 0,
             count: refs.len() as u8,
             verdicts: [NO_VERDICT; LIMITS_MAX],
             priority: Priority::Normal,
-        };
+        });
         for (i, r) in refs.iter().enumerate() {
             // Each verdict is the class's: it must leave `r.floor` alone.
             let verdict = match mode {
