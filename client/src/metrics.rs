@@ -10,6 +10,7 @@
 //! | `sluice_client_outcome_unknown_total` | | calls sent with no answer (may have been applied) |
 //! | `sluice_client_failovers_total` | `group` | times a group moved to another primary |
 //! | `sluice_client_errors_total` | `kind` (timeout, disconnected, connect, protocol, server, invalid) | errors from the store, retried or not |
+//! | `sluice_client_shed_total` | `class` (low, normal, critical) | requests the gateway's load shedder answered 503 (feature `tower`) |
 //!
 //! `Cluster::stats` keeps the same counts (all but errors) as atomics for
 //! gateways without a metrics library.
@@ -74,4 +75,14 @@ pub(crate) fn error(e: &Error) {
     }
     #[cfg(not(feature = "metrics"))]
     let _ = e;
+}
+
+/// The load shedder answered a request of `class` 503.
+#[cfg(feature = "tower")]
+#[inline]
+pub(crate) fn shed(class: sluice_protocol::Priority) {
+    #[cfg(feature = "metrics")]
+    metrics::counter!("sluice_client_shed_total", "class" => class.name()).increment(1);
+    #[cfg(not(feature = "metrics"))]
+    let _ = class;
 }

@@ -23,7 +23,9 @@
 //!
 //! The decision is made when the request is called, from the counters at
 //! that instant, so a burst of requests is judged one by one in the order
-//! they arrive.
+//! they arrive. [`LoadShedLayer::stats`] counts what was let through and
+//! shed by class; with the feature `metrics`, every shed request is also
+//! `sluice_client_shed_total{class}`.
 
 use std::collections::BTreeSet;
 use std::future::Future;
@@ -325,6 +327,7 @@ where
         let now_ns = shared.clock.now_ns();
         if !shared.admits(class, now_ns) {
             shared.shed[rank].fetch_add(1, Ordering::Relaxed);
+            crate::metrics::shed(class);
             let response = unavailable(shared.config.retry_after);
             return Box::pin(async move { Ok(response) });
         }
