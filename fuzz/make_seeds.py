@@ -37,6 +37,8 @@ for i, r in enumerate(resp):
 
 put("config", "example_toml", (root / "sluice.example.toml").read_bytes())
 specs = ["token-bucket:100/s,burst=20", "fixed-window:1000/h", "sliding-log:100/m",
-         "sliding-counter:50/10s", "concurrency:8,lease=30s", "token-bucket:10/m"]
+         "sliding-counter:50/10s", "concurrency:8,lease=30s", "token-bucket:10/m",
+         "token-bucket:1000/s,burst=2000,reserve=critical:20%,reserve=normal:50%",
+         "concurrency:2000,lease=30s,reserve=critical:12.5%"]
 for i, s in enumerate(specs):
     put("config", "spec%d" % i, s.encode())
