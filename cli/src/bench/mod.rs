@@ -118,14 +118,12 @@ impl Tally {
         }
     }
 
-    /// Counts a reply to a request of `class`, in the budget's current
-    /// interval.
-    pub(crate) fn count_class(&mut self, class: Priority, admitted: bool, budget: &Budget) {
+    /// Counts a reply to a request of `class`, in timeline step `step`.
+    pub(crate) fn count_class(&mut self, class: Priority, admitted: bool, step: usize) {
         let rank = usize::from(class.rank());
         self.sent[rank] += 1;
         if admitted {
             self.admitted[rank] += 1;
-            let step = budget.step();
             if self.timeline.len() <= step {
                 self.timeline.resize(step + 1, [0; 3]);
             }
@@ -229,7 +227,7 @@ pub struct Budget {
 
 impl Budget {
     /// The timeline step of now.
-    fn step(&self) -> usize {
+    pub(crate) fn step(&self) -> usize {
         let since = self.start.elapsed().as_nanos();
         (since / self.interval.as_nanos().max(1)) as usize
     }

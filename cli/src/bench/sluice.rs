@@ -182,9 +182,12 @@ impl Driver {
             }
             let mut w = FrameWriter::new();
             self.classes.clear();
+            let mixed = self.mix.is_some();
             for i in 0..n {
                 let priority = self.class();
-                self.classes.push(priority);
+                if mixed {
+                    self.classes.push(priority);
+                }
                 let k = self.keys.pick(&mut self.rng);
                 let key = format_key(&mut key, k);
                 let request = match self.limits {
@@ -211,6 +214,8 @@ impl Driver {
                 .map_err(|_| Error::Disconnected)?;
             wbuf.clear();
             let mut got = 0;
+            // The timeline step of this batch's replies (one clock read).
+            let step = if mixed { budget.step() } else { 0 };
             while got < n {
                 while let Some(frame) = decoder
                     .decode(&mut self.rbuf)
@@ -227,9 +232,12 @@ impl Driver {
                             Some(false) => tally.denied += 1,
                             None => tally.errors += 1,
                         }
-                        // Replies come in request order.
-                        let class = self.classes.get(got).copied().unwrap_or_default();
-                        tally.count_class(class, allowed == Some(true), budget);
+                        // Replies come in request order. Counted by class
+                        // only with a mix: the plain run pays nothing.
+                        if mixed {
+                            let class = self.classes.get(got).copied().unwrap_or_default();
+                            tally.count_class(class, allowed == Some(true), step);
+                        }
                         got += 1;
                     }
                 }
