@@ -705,7 +705,7 @@ mod tests {
         let p = path.to_str().unwrap();
         let c = Config::load(["sluiced", "--config", p]).unwrap();
         assert_eq!((c.port, c.keys_max), (7123, 1000));
-        assert_eq!(c.tiers.get(b"free").unwrap().limits.len(), 2);
+        assert_eq!(c.tiers.get(b"free").unwrap().set().len(), 2);
         let c = Config::load(["sluiced", "--config", p, "--port", "7000"]).unwrap();
         assert_eq!(c.port, 7000, "a flag wins over the file");
         std::fs::write(&path, "port = 1\nbogus = 2\n").unwrap();

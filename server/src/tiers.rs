@@ -7,9 +7,8 @@
 
 use std::collections::BTreeMap;
 
-use sluice_protocol::limit::Limit;
 use sluice_protocol::message::LimitSet;
-use sluice_protocol::priority::{Reserved, Reserves};
+use sluice_protocol::priority::Reserved;
 
 /// Most limits one tier (or one request) may name.
 pub const TIER_LIMITS_MAX: usize = 8;
@@ -19,16 +18,13 @@ pub const TIER_NAME_BYTES_MAX: usize = 64;
 /// One tier: its limits, in the order clients see their verdicts.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Tier {
-    /// 1..=TIER_LIMITS_MAX validated limits.
-    pub limits: Vec<Limit>,
-    /// Each limit's reserved shares (`reserve=CLASS:P%` in its spec).
-    pub reserves: Vec<Reserves>,
-    /// Both, as a DECIDE carries them (built once, at load).
+    /// 1..=TIER_LIMITS_MAX validated limits with their reserves
+    /// (`reserve=CLASS:P%` in their specs), as a DECIDE carries them.
     set: LimitSet,
 }
 
 impl Tier {
-    /// The limits and their reserves, as a DECIDE carries them.
+    /// The limits (a `[Limit]`) and their reserves.
     #[inline]
     pub fn set(&self) -> &LimitSet {
         &self.set
@@ -70,8 +66,7 @@ impl Tiers {
             if limits.is_empty() || limits.len() > TIER_LIMITS_MAX {
                 return Err(TierError::Count(name.to_owned()));
             }
-            let mut parsed = Vec::with_capacity(limits.len());
-            let mut reserves = Vec::with_capacity(limits.len());
+            let mut parsed: Vec<Reserved> = Vec::with_capacity(limits.len());
             for (index, spec) in limits.iter().enumerate() {
                 let limit: Reserved =
                     spec.parse()
@@ -81,21 +76,10 @@ impl Tiers {
                             spec: spec.clone(),
                             error: e.to_string(),
                         })?;
-                parsed.push(limit.limit);
-                reserves.push(limit.reserves);
+                parsed.push(limit);
             }
-            let all: Vec<Reserved> = parsed
-                .iter()
-                .zip(&reserves)
-                .map(|(&limit, &reserves)| Reserved { limit, reserves })
-                .collect();
-            let set = LimitSet::with_reserves(&all).expect("1..=TIER_LIMITS_MAX limits");
-            let tier = Tier {
-                limits: parsed,
-                reserves,
-                set,
-            };
-            by_name.insert(name.to_owned(), tier);
+            let set = LimitSet::with_reserves(&parsed).expect("1..=TIER_LIMITS_MAX limits");
+            by_name.insert(name.to_owned(), Tier { set });
         }
         Ok(Tiers { by_name })
     }
@@ -137,7 +121,7 @@ mod tests {
         let paid = specs(&["sliding-log:1000/m"]);
         let t = Tiers::from_specs([("free", &free[..]), ("paid", &paid[..])]).unwrap();
         assert_eq!(t.len(), 2);
-        assert_eq!(t.get(b"free").unwrap().limits.len(), 2);
+        assert_eq!(t.get(b"free").unwrap().set().len(), 2);
         assert!(t.get(b"gold").is_none());
         let bad = specs(&["token-bucket:0/s"]);
         let e = Tiers::from_specs([("free", &bad[..])]).unwrap_err();
