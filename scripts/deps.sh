@@ -50,3 +50,10 @@ if ! "$venv/bin/python" -c 'import redis' >/dev/null 2>&1; then
   python3 -m venv "$venv"
   "$venv/bin/pip" install -q redis
 fi
+# grpcio and Envoy's message types (xds-protos, generated from
+# envoyproxy/data-plane-api) in the same venv, for tests/tests/rls_envoy.rs:
+# a gRPC client no one here wrote, against the Envoy rate limit service.
+if ! "$venv/bin/python" -c 'import grpc, envoy.service.ratelimit.v3.rls_pb2' >/dev/null 2>&1; then
+  echo "== installing grpcio and xds-protos (PyPI) into target/redis-py"
+  "$venv/bin/pip" install -q grpcio protobuf xds-protos
+fi

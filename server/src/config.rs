@@ -70,6 +70,22 @@ pub enum LogFormat {
     Json,
 }
 
+/// Which rate-limit headers the Envoy rate limit service asks Envoy to add
+/// to its responses (`--rls-headers`).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, clap::ValueEnum, Deserialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum RlsHeaders {
+    /// None (envoyproxy/ratelimit's default).
+    #[default]
+    Off,
+    /// `RateLimit-Limit`, `RateLimit-Remaining`, `RateLimit-Reset` (the
+    /// IETF draft's names, as envoyproxy/ratelimit's
+    /// LIMIT_RESPONSE_HEADERS_ENABLED writes them).
+    Ratelimit,
+    /// `X-RateLimit-Limit`, `X-RateLimit-Remaining`, `X-RateLimit-Reset`.
+    XRatelimit,
+}
+
 /// A primary's replication mode (`--replication`).
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, clap::ValueEnum, Deserialize)]
 #[serde(rename_all = "lowercase")]
@@ -140,6 +156,26 @@ pub struct Config {
     /// (printed on a line of stdout of its own). Off unless given.
     #[arg(long, value_name = "PORT")]
     pub admin_port: Option<u16>,
+
+    /// Also serve Envoy's rate limit service (gRPC,
+    /// `envoy.service.ratelimit.v3.RateLimitService`) on this port of
+    /// --bind; 0 picks a free one (printed on a line of stdout of its own).
+    /// Needs --rls-config and a sluiced built with the `rls` feature. Off
+    /// unless given.
+    #[arg(long, value_name = "PORT")]
+    pub rls_port: Option<u16>,
+
+    /// The rate limit service's rules: an envoyproxy/ratelimit YAML file,
+    /// or a directory of them (every `*.yaml` and `*.yml`, one domain
+    /// each). Checked at start; reloaded on SIGHUP (a bad file keeps the
+    /// rules in force).
+    #[arg(long, value_name = "PATH")]
+    pub rls_config: Option<PathBuf>,
+
+    /// Rate-limit headers the rate limit service asks Envoy to add to its
+    /// responses, from the limit closest to its end.
+    #[arg(long, value_enum, default_value_t = RlsHeaders::Off)]
+    pub rls_headers: RlsHeaders,
 
     /// Shard threads; default one per core.
     #[arg(long)]
@@ -366,6 +402,9 @@ struct FileConfig {
     port: Option<u16>,
     resp_port: Option<u16>,
     admin_port: Option<u16>,
+    rls_port: Option<u16>,
+    rls_config: Option<PathBuf>,
+    rls_headers: Option<RlsHeaders>,
     shards: Option<u16>,
     connections_max: Option<usize>,
     frame_bytes_max: Option<u32>,
@@ -509,8 +548,19 @@ impl Config {
                 heap_bytes_max,
                 keys_max,
                 replication,
-                replica_timeout_ms
+                replica_timeout_ms,
+                rls_headers
             );
+            if let Some(v) = file.rls_port {
+                if from_file("rls_port") {
+                    config.rls_port = Some(v);
+                }
+            }
+            if let Some(v) = file.rls_config.clone() {
+                if from_file("rls_config") {
+                    config.rls_config = Some(v);
+                }
+            }
             if let Some(v) = file.replica_of.clone() {
                 if from_file("replica_of") {
                     config.replica_of = Some(v);
@@ -641,6 +691,23 @@ impl Config {
         }
         if let Some(t) = &self.auth_token {
             check("auth-token length", t.len(), 1, TOKEN_BYTES_MAX)?;
+        }
+        if let Some(port) = self.rls_port {
+            let bad = |range: &str| ConfigError {
+                field: "rls-port",
+                range: range.to_owned(),
+                got: port.to_string(),
+            };
+            if cfg!(not(feature = "rls")) {
+                return Err(bad("unset: this sluiced was built without the rate limit service (cargo build --features sluice-server/rls)"));
+            }
+            if self.rls_config.is_none() {
+                return Err(bad("given with --rls-config PATH (the rules to serve)"));
+            }
+            if port != 0 && [Some(self.port), self.resp_port, self.admin_port].contains(&Some(port))
+            {
+                return Err(bad("a port no other listener uses"));
+            }
         }
         if let Some(c) = &self.coordinator {
             let bad = |range: &str| ConfigError {

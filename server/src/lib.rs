@@ -32,6 +32,8 @@ pub mod inbox;
 pub mod pipeline;
 pub mod replication;
 pub mod resp;
+#[cfg(feature = "rls")]
+pub mod rls;
 pub mod server;
 pub mod shard;
 pub mod snapshot;

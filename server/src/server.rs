@@ -48,6 +48,8 @@ pub enum StartError {
     },
     #[error("cannot start a shard thread: {0}")]
     Thread(std::io::Error),
+    #[error("--rls-config {0}")]
+    Rls(String),
     #[error("snapshot {path}: {reason}; fix or remove the file, or start with --snapshot-ignore-corrupt to start empty (the next snapshot replaces it)")]
     Snapshot {
         path: std::path::PathBuf,
@@ -74,6 +76,9 @@ pub struct Server {
     admin: Arc<crate::admin::AdminState>,
     /// Connections yet to authenticate (with --auth-token), oldest first.
     unauthed: Arc<crate::shard::Unauthed>,
+    /// The rate limit service's listener and state, with --rls-port.
+    #[cfg(feature = "rls")]
+    rls: Option<(TcpListener, Arc<crate::rls::Rls>)>,
     /// SIGHUP's handler, installed at bind: a SIGHUP that comes right after
     /// the port is announced reloads instead of ending the process.
     hangup: Hangup,
@@ -93,6 +98,15 @@ impl Server {
         let admin_listener = match config.admin_port {
             Some(port) => Some(listen(SocketAddr::new(config.bind, port))?),
             None => None,
+        };
+        // The rules are checked before anything starts.
+        #[cfg(feature = "rls")]
+        let rls_start = match (config.rls_port, &config.rls_config) {
+            (Some(port), Some(path)) => Some((
+                listen(SocketAddr::new(config.bind, port))?,
+                crate::rls::rules::Rules::load(path).map_err(|e| StartError::Rls(e.to_string()))?,
+            )),
+            _ => None,
         };
         let shard_count = config.shard_count();
         let clock = MonotonicClock::new();
@@ -146,7 +160,14 @@ impl Server {
             snapshot: Default::default(),
             snapshot_failures: crate::sync::AtomicU64::new(0),
         });
+        #[cfg(feature = "rls")]
+        let rls = rls_start.map(|(listener, rules)| {
+            let rls = crate::rls::Rls::new(node.clone(), clock, rules);
+            (listener, Arc::new(rls))
+        });
         Ok(Server {
+            #[cfg(feature = "rls")]
+            rls,
             listener,
             resp_listener,
             admin_listener,
@@ -174,6 +195,15 @@ impl Server {
         self.node.resp_addr
     }
 
+    /// The rate limit service's address, when `--rls-port` enabled it.
+    pub fn rls_addr(&self) -> Option<SocketAddr> {
+        #[cfg(feature = "rls")]
+        if let Some((listener, _)) = &self.rls {
+            return Some(bound_addr(listener));
+        }
+        None
+    }
+
     /// How many shards serve.
     pub fn shard_count(&self) -> u16 {
         self.node.shard_count
@@ -186,6 +216,11 @@ impl Server {
         if let Some(listener) = self.admin_listener.take() {
             tokio::spawn(crate::admin::serve(listener, self.admin.clone()));
         }
+        #[cfg(feature = "rls")]
+        let rls = self.rls.take().map(|(listener, rls)| {
+            tokio::spawn(crate::rls::serve(listener, rls.clone()));
+            rls
+        });
         let snapshots = Arc::new(tokio::sync::Mutex::new(()));
         let interval_s = self.node.config.snapshot_interval_s;
         if let (Some(dir), true) = (self.node.config.snapshot_dir.clone(), interval_s > 0) {
@@ -209,8 +244,22 @@ impl Server {
                 accepted = self.listener.accept() => (Listener::V1, accepted),
                 accepted = accept(self.resp_listener.as_ref()) => (Listener::Resp, accepted),
                 () = hangup.recv() => {
-                    // Logged either way by reload_tiers.
-                    let _ = self.node.reload_tiers("SIGHUP");
+                    #[cfg(feature = "rls")]
+                    let rls_only = match &rls {
+                        Some(rls) => {
+                            let _ = rls.reload("SIGHUP");
+                            self.node.config.config.is_none()
+                        }
+                        None => false,
+                    };
+                    #[cfg(not(feature = "rls"))]
+                    let rls_only = false;
+                    // Logged either way by reload_tiers (a node with no
+                    // config file says it has nothing to reload, unless
+                    // the signal was for the rate limit rules alone).
+                    if !rls_only {
+                        let _ = self.node.reload_tiers("SIGHUP");
+                    }
                     continue;
                 }
                 () = &mut shutdown => break,

@@ -36,7 +36,7 @@ pub fn binary(name: &str) -> PathBuf {
             "sluice-benches",
             "--bins",
             "--features",
-            "sluice-server/etcd",
+            "sluice-server/etcd,sluice-server/rls",
         ]);
         profile_dir()
     });
@@ -106,6 +106,9 @@ pub struct Sluiced {
     pub resp_addr: Option<SocketAddr>,
     /// Where its admin HTTP listener is, when started with `--admin-port`.
     pub admin_addr: Option<SocketAddr>,
+    /// Where its Envoy rate limit service is, when started with
+    /// `--rls-port`.
+    pub rls_addr: Option<SocketAddr>,
     /// How many shards it runs.
     pub shards: u16,
 }
@@ -176,8 +179,18 @@ impl Sluiced {
                 .and_then(|a| a.parse().ok())
                 .unwrap_or_else(|| panic!("bad line {line:?}"))
         });
+        let rls_addr = args.contains(&"--rls-port").then(|| {
+            let line = rx
+                .recv_timeout(START_TIMEOUT)
+                .expect("sluiced printed its rls listening line");
+            // "sluiced rls listening on 127.0.0.1:PORT"
+            line.strip_prefix("sluiced rls listening on ")
+                .and_then(|a| a.parse().ok())
+                .unwrap_or_else(|| panic!("bad line {line:?}"))
+        });
         Sluiced {
             child,
+            rls_addr,
             admin_addr,
             addr,
             resp_addr,

@@ -1,0 +1,632 @@
+//! Envoy's rate limit service (`envoy.service.ratelimit.v3.RateLimitService`,
+//! gRPC) on `--rls-port`, with envoyproxy/ratelimit's rule files
+//! ([`rules`]): an Envoy, Istio, Contour or Envoy Gateway pointed at it
+//! needs no code and keeps the configuration it has.
+//!
+//! # What a `ShouldRateLimit` does
+//!
+//! Each request descriptor finds its rule ([`rules::Rules::find`]), or its
+//! own `limit` override (in a known domain, as envoyproxy/ratelimit does).
+//! A matched descriptor is a Sluice limit on its own key,
+//! `rls/DOMAIN/KEY=VALUE/...` (each part with `%`, `/` and `=`
+//! percent-escaped), decided by the shard that owns that key like any other
+//! request. The cost is the descriptor's `hits_addend`, else the request's,
+//! else 1; `is_negative_hits` gives the units back (a REFUND).
+//!
+//! **All or nothing, where envoyproxy/ratelimit is not.** Its service adds
+//! the hits to every counter, even those of a request another limit
+//! denies. Here a request over any of its limits consumes none:
+//! - limits of one request whose keys live on one shard are one DECIDE
+//!   there, atomic as any DECIDE;
+//! - across shards, each shard spends its part; if any part is denied, the
+//!   parts that were spent are refunded before the reply goes, so the next
+//!   request finds them as if the denied one never came. Between the two a
+//!   concurrent request can see those units taken: it may be denied when it
+//!   would have been admitted a few microseconds later, never admitted
+//!   beyond a limit.
+//!
+//! Shadow-mode limits are decided each on its own, are never part of the
+//! all-or-nothing, and never deny: their status is OK (with 0 remaining
+//! when over). They count the requests the enforced limits admit (a denied
+//! request's shadow spends are given back too). `unlimited` never counts.
+//!
+//! A node that may not admit (a follower, a fenced or handing-over
+//! primary) answers UNAVAILABLE with the reason; Envoy's
+//! `failure_mode_deny` says what its clients get then. Sync replication
+//! holds the reply until the follower has the state, as for any client.
+
+pub mod rules;
+
+use std::net::SocketAddr;
+use std::sync::{Arc, RwLock};
+
+use envoy_types::pb::envoy::config::core::v3::HeaderValue;
+use envoy_types::pb::envoy::extensions::common::ratelimit::v3::RateLimitDescriptor;
+use envoy_types::pb::envoy::service::ratelimit::v3::rate_limit_response::{
+    Code, DescriptorStatus, RateLimit,
+};
+use envoy_types::pb::envoy::service::ratelimit::v3::rate_limit_service_server::{
+    RateLimitService, RateLimitServiceServer,
+};
+use envoy_types::pb::envoy::service::ratelimit::v3::{RateLimitRequest, RateLimitResponse};
+use envoy_types::pb::google::protobuf::Duration as ProtoDuration;
+use sluice_protocol::identity::{bucket_key, Slot};
+use sluice_protocol::limit::Limit;
+use sluice_protocol::routing::{key_hash, shard_of};
+use sluice_protocol::{Clock, MonotonicClock};
+
+use crate::config::RlsHeaders;
+use crate::inbox;
+use crate::shard::{
+    Batch, BatchReply, DecideOp, FwdItem, LimitRef, Mode, MultiVerdict, Node, Op, Outcome, ShardMsg,
+};
+use rules::{Algorithm, Quota, Rule, Rules};
+
+/// Most descriptors in one request (more is INVALID_ARGUMENT): Envoy sends
+/// one per `rate_limits` action list of the route, a handful at most.
+pub const DESCRIPTORS_MAX: usize = 64;
+/// Most entries in one descriptor (more is INVALID_ARGUMENT).
+pub const ENTRIES_MAX: usize = 32;
+/// Largest request message accepted (gRPC's RESOURCE_EXHAUSTED past it).
+pub const MESSAGE_BYTES_MAX: usize = 64 << 10;
+/// Most concurrent streams per HTTP/2 connection.
+pub const STREAMS_PER_CONNECTION_MAX: u32 = 1_024;
+
+/// What the service shares across its requests.
+#[derive(Debug)]
+pub struct Rls {
+    node: Arc<Node>,
+    clock: MonotonicClock,
+    rules: RwLock<Arc<Rules>>,
+    headers: RlsHeaders,
+}
+
+impl Rls {
+    /// The service of `node`, with the rules `--rls-config` named (loaded
+    /// by the caller, before the node started).
+    pub fn new(node: Arc<Node>, clock: MonotonicClock, rules: Rules) -> Rls {
+        tracing::info!(
+            domains = rules.domains(),
+            files = rules.files(),
+            "rate limit service rules loaded"
+        );
+        let headers = node.config.rls_headers;
+        Rls {
+            node,
+            clock,
+            rules: RwLock::new(Arc::new(rules)),
+            headers,
+        }
+    }
+
+    /// Reads the rules again (SIGHUP); a file with an error keeps the rules
+    /// in force.
+    pub fn reload(&self, trigger: &str) -> Result<(), String> {
+        let path = self
+            .node
+            .config
+            .rls_config
+            .as_deref()
+            .expect("set with --rls-port");
+        match Rules::load(path) {
+            Ok(rules) => {
+                tracing::info!(
+                    trigger,
+                    domains = rules.domains(),
+                    files = rules.files(),
+                    "rate limit service rules reloaded"
+                );
+                *self.rules.write().unwrap_or_else(|e| e.into_inner()) = Arc::new(rules);
+                Ok(())
+            }
+            Err(e) => {
+                let text = e.to_string();
+                tracing::warn!(trigger, error = %text, "rate limit rules refused; the old ones stay");
+                Err(text)
+            }
+        }
+    }
+
+    fn rules(&self) -> Arc<Rules> {
+        self.rules.read().unwrap_or_else(|e| e.into_inner()).clone()
+    }
+}
+
+/// Serves the rate limit service on `listener` until the process ends.
+pub async fn serve(listener: tokio::net::TcpListener, rls: Arc<Rls>) {
+    let service =
+        RateLimitServiceServer::from_arc(rls).max_decoding_message_size(MESSAGE_BYTES_MAX);
+    let served = tonic::transport::Server::builder()
+        .max_concurrent_streams(STREAMS_PER_CONNECTION_MAX)
+        .add_service(service)
+        .serve_with_incoming(tonic::transport::server::TcpIncoming::from(listener))
+        .await;
+    if let Err(e) = served {
+        tracing::error!(error = %e, "the rate limit service stopped");
+    }
+}
+
+/// Where a listener for the service is bound (for the start-up line).
+pub fn describe(addr: SocketAddr) -> String {
+    format!("sluiced rls listening on {addr}")
+}
+
+/// What one descriptor asks.
+#[derive(Debug)]
+struct Plan {
+    /// Its rule (or its own `limit` override); `None`: no limit applies.
+    rule: Option<Rule>,
+    /// Units.
+    cost: u64,
+    /// `is_negative_hits`: give `cost` back.
+    refund: bool,
+    /// Where its verdict is once decided: shard, item, limit index.
+    at: Option<(usize, usize, usize)>,
+}
+
+impl Plan {
+    fn limit(&self) -> Option<Limit> {
+        self.rule.as_ref()?.quota?.limit()
+    }
+
+    fn shadow(&self) -> bool {
+        self.rule.as_ref().is_some_and(|r| r.shadow_mode)
+    }
+
+    /// Spends units of a limit that can deny the request.
+    fn enforced(&self) -> bool {
+        !self.refund && !self.shadow() && self.rule.as_ref().is_some_and(|r| r.quota.is_some())
+    }
+
+    /// A spend no verdict can admit: 0 requests per unit, or more units
+    /// than the limit holds.
+    fn hopeless(&self) -> bool {
+        !self.refund
+            && self.rule.as_ref().is_some_and(|r| r.quota.is_some())
+            && self.limit().map_or(true, |l| self.cost > l.limit())
+    }
+}
+
+#[tonic::async_trait]
+impl RateLimitService for Rls {
+    async fn should_rate_limit(
+        &self,
+        request: tonic::Request<RateLimitRequest>,
+    ) -> Result<tonic::Response<RateLimitResponse>, tonic::Status> {
+        let request = request.into_inner();
+        if request.domain.is_empty() {
+            return Err(tonic::Status::invalid_argument(
+                "rate limit domain must not be empty",
+            ));
+        }
+        if request.descriptors.is_empty() {
+            return Err(tonic::Status::invalid_argument(
+                "rate limit descriptor list must not be empty",
+            ));
+        }
+        if request.descriptors.len() > DESCRIPTORS_MAX {
+            return Err(tonic::Status::invalid_argument(format!(
+                "{} descriptors; at most {DESCRIPTORS_MAX} in one request",
+                request.descriptors.len()
+            )));
+        }
+        if let Some(d) = request
+            .descriptors
+            .iter()
+            .find(|d| d.entries.len() > ENTRIES_MAX)
+        {
+            return Err(tonic::Status::invalid_argument(format!(
+                "a descriptor has {} entries; at most {ENTRIES_MAX}",
+                d.entries.len()
+            )));
+        }
+        let rules = self.rules();
+        let mut plans = plan(&rules, &request);
+        drop(rules);
+        let now_ns = self.clock.now_ns();
+        if !self.node.repl.admits(now_ns) {
+            return Err(tonic::Status::unavailable(
+                self.node.repl.not_primary_text(),
+            ));
+        }
+        let (decided, denied) = self.decide(&request, &mut plans).await?;
+        Ok(tonic::Response::new(
+            self.respond(&plans, &decided, denied, now_ns),
+        ))
+    }
+}
+
+/// Each descriptor's rule, cost and direction; replaced rules removed.
+fn plan(rules: &Rules, request: &RateLimitRequest) -> Vec<Plan> {
+    let request_cost = match request.hits_addend {
+        0 => 1,
+        n => u64::from(n),
+    };
+    let mut plans: Vec<Plan> = request
+        .descriptors
+        .iter()
+        .map(|d| Plan {
+            rule: rule_for(rules, &request.domain, d),
+            cost: d
+                .hits_addend
+                .as_ref()
+                .map_or(request_cost, |h| h.value.max(1)),
+            refund: d.is_negative_hits,
+            at: None,
+        })
+        .collect();
+    let replaced: Vec<String> = plans
+        .iter()
+        .filter_map(|p| p.rule.as_ref())
+        .flat_map(|r| r.replaces.iter().cloned())
+        .collect();
+    if !replaced.is_empty() {
+        for p in &mut plans {
+            if p.rule
+                .as_ref()
+                .is_some_and(|r| !r.name.is_empty() && replaced.contains(&r.name))
+            {
+                p.rule = None;
+            }
+        }
+    }
+    plans
+}
+
+fn rule_for(rules: &Rules, domain: &str, d: &RateLimitDescriptor) -> Option<Rule> {
+    if let Some(o) = &d.limit {
+        if let (true, Some(unit)) = (rules.has_domain(domain), rules::Unit::from_proto(o.unit)) {
+            return Some(Rule {
+                name: String::new(),
+                quota: Some(Quota {
+                    requests_per_unit: o.requests_per_unit,
+                    unit,
+                    algorithm: Algorithm::FixedWindow,
+                }),
+                replaces: Vec::new(),
+                shadow_mode: false,
+            });
+        }
+    }
+    rules
+        .find(
+            domain,
+            d.entries.iter().map(|e| (e.key.as_str(), e.value.as_str())),
+        )
+        .cloned()
+}
+
+/// The key a descriptor's limit is kept under: `rls/DOMAIN/KEY=VALUE/...`,
+/// each part with `%`, `/` and `=` percent-escaped (so that no two
+/// descriptors share a key).
+pub fn descriptor_key<'e>(
+    domain: &str,
+    entries: impl IntoIterator<Item = (&'e str, &'e str)>,
+) -> Vec<u8> {
+    fn push(out: &mut Vec<u8>, part: &str) {
+        for b in part.bytes() {
+            match b {
+                b'%' => out.extend_from_slice(b"%25"),
+                b'/' => out.extend_from_slice(b"%2F"),
+                b'=' => out.extend_from_slice(b"%3D"),
+                b => out.push(b),
+            }
+        }
+    }
+    let mut out = b"rls/".to_vec();
+    push(&mut out, domain);
+    for (k, v) in entries {
+        out.push(b'/');
+        push(&mut out, k);
+        out.push(b'=');
+        push(&mut out, v);
+    }
+    out
+}
+
+/// The shards' answers, by shard and item (`None`: not sent).
+type Decided = Vec<Vec<Option<Box<MultiVerdict>>>>;
+
+/// One DECIDE being put together for a shard.
+#[derive(Debug)]
+struct Pending {
+    op: DecideOp,
+    /// Other enforced spends of the same cost may join it.
+    joinable: bool,
+}
+
+impl Rls {
+    /// Decides every plan with a limit: one round of batches (one per
+    /// shard), and a second of refunds when an enforced limit denied.
+    /// `true` with the answers when the request is over a limit.
+    async fn decide(
+        &self,
+        request: &RateLimitRequest,
+        plans: &mut [Plan],
+    ) -> Result<(Decided, bool), tonic::Status> {
+        let hopeless = plans.iter().any(|p| p.enforced() && p.hopeless());
+        let mut pending: Vec<Vec<Pending>> =
+            (0..self.node.shards.len()).map(|_| Vec::new()).collect();
+        for (plan, d) in plans.iter_mut().zip(&request.descriptors) {
+            let Some(limit) = plan.limit() else { continue };
+            if plan.hopeless() {
+                continue;
+            }
+            let hash = key_hash(&descriptor_key(
+                &request.domain,
+                d.entries.iter().map(|e| (e.key.as_str(), e.value.as_str())),
+            ));
+            let shard = usize::from(shard_of(hash, self.node.shard_count));
+            let joinable = plan.enforced();
+            let r = LimitRef {
+                bucket: bucket_key(hash, limit.kind(), Slot::Inline(0)),
+                limit,
+                floor: 0,
+            };
+            let groups = &mut pending[shard];
+            let found = groups.iter().position(|p| {
+                let used = usize::from(p.op.count);
+                p.joinable
+                    && joinable
+                    && p.op.cost == plan.cost
+                    && used < p.op.refs.len()
+                    && !p.op.refs[..used].iter().any(|x| x.bucket == r.bucket)
+            });
+            let item = match found {
+                Some(item) => item,
+                None => {
+                    let mut op = DecideOp::EMPTY;
+                    // A request that cannot be admitted spends nothing: its
+                    // limits are only asked about.
+                    op.mode = match (plan.refund, hopeless) {
+                        (true, _) => Mode::Refund,
+                        (false, true) => Mode::Probe,
+                        (false, false) => Mode::Spend,
+                    };
+                    op.cost = plan.cost;
+                    groups.push(Pending { op, joinable });
+                    groups.len() - 1
+                }
+            };
+            let op = &mut groups[item].op;
+            let index = usize::from(op.count);
+            op.refs[index] = r;
+            op.count += 1;
+            plan.at = Some((shard, item, index));
+        }
+        let ops: Vec<Vec<DecideOp>> = pending
+            .iter()
+            .map(|groups| groups.iter().map(|g| g.op).collect())
+            .collect();
+        let decided = self.send(&ops).await?;
+        let denied = hopeless
+            || pending.iter().zip(&decided).any(|(groups, outs)| {
+                groups
+                    .iter()
+                    .zip(outs)
+                    .any(|(g, o)| g.joinable && !allowed(o))
+            });
+        if denied && !hopeless {
+            // All or nothing: every spend that went through is given back.
+            let undo: Vec<Vec<DecideOp>> = ops
+                .iter()
+                .zip(&decided)
+                .map(|(ops, outs)| {
+                    ops.iter()
+                        .zip(outs)
+                        .filter(|(op, o)| op.mode == Mode::Spend && allowed(o))
+                        .map(|(op, _)| DecideOp {
+                            mode: Mode::Refund,
+                            ..*op
+                        })
+                        .collect()
+                })
+                .collect();
+            self.send(&undo).await?;
+        }
+        Ok((decided, denied))
+    }
+
+    /// Sends each shard its DECIDEs as one batch and waits for every
+    /// answer.
+    async fn send(&self, ops: &[Vec<DecideOp>]) -> Result<Decided, tonic::Status> {
+        let mut decided: Decided = ops.iter().map(|ops| vec![None; ops.len()]).collect();
+        let (reply_tx, mut replies) = inbox::inbox::<BatchReply>();
+        let mut waiting = 0;
+        for (shard, ops) in ops.iter().enumerate() {
+            if ops.is_empty() {
+                continue;
+            }
+            let items = ops
+                .iter()
+                .enumerate()
+                .map(|(item, op)| FwdItem {
+                    // Which shard and item: the reply does not say.
+                    seq: (shard as u64) << 32 | item as u64,
+                    key: op.refs[0].bucket,
+                    op: Op::Decide(Box::new(*op)),
+                })
+                .collect();
+            let batch = Batch {
+                reply_to: reply_tx.clone(),
+                items,
+            };
+            if self.node.shards[shard]
+                .send(ShardMsg::Batch(batch))
+                .is_err()
+            {
+                return Err(tonic::Status::unavailable("sluiced is shutting down"));
+            }
+            waiting += 1;
+        }
+        drop(reply_tx);
+        let mut got = Vec::new();
+        while waiting > 0 {
+            if !replies.recv_many(&mut got).await {
+                return Err(tonic::Status::unavailable("sluiced is shutting down"));
+            }
+            for reply in got.drain(..) {
+                waiting -= 1;
+                for (seq, outcome) in reply.outcomes {
+                    let (shard, item) = ((seq >> 32) as usize, seq as u32 as usize);
+                    match outcome {
+                        Outcome::Multi(m) => decided[shard][item] = Some(m),
+                        Outcome::Refused(status) => return Err(refused(status, &self.node)),
+                        _ => return Err(tonic::Status::internal("a shard answered out of shape")),
+                    }
+                }
+            }
+        }
+        Ok(decided)
+    }
+
+    /// The reply: a status per descriptor, the overall code, the headers.
+    fn respond(
+        &self,
+        plans: &[Plan],
+        decided: &Decided,
+        denied: bool,
+        now_ns: u64,
+    ) -> RateLimitResponse {
+        let statuses: Vec<DescriptorStatus> = plans
+            .iter()
+            .map(|p| status(p, decided, denied, now_ns))
+            .collect();
+        let overall = if denied { Code::OverLimit } else { Code::Ok };
+        let mut response = RateLimitResponse {
+            overall_code: overall as i32,
+            ..Default::default()
+        };
+        let prefix = match self.headers {
+            RlsHeaders::Off => None,
+            RlsHeaders::Ratelimit => Some("RateLimit"),
+            RlsHeaders::XRatelimit => Some("X-RateLimit"),
+        };
+        let closest = statuses
+            .iter()
+            .filter(|s| s.current_limit.is_some())
+            .min_by_key(|s| s.limit_remaining);
+        if let (Some(prefix), Some(s)) = (prefix, closest) {
+            let limit = s.current_limit.as_ref().map_or(0, |l| l.requests_per_unit);
+            let reset = s
+                .duration_until_reset
+                .as_ref()
+                .map_or(0, |d| d.seconds + i64::from(d.nanos > 0));
+            response.response_headers_to_add = vec![
+                header(format!("{prefix}-Limit"), limit.to_string()),
+                header(format!("{prefix}-Remaining"), s.limit_remaining.to_string()),
+                header(format!("{prefix}-Reset"), reset.to_string()),
+            ];
+        }
+        response.statuses = statuses;
+        response
+    }
+}
+
+fn allowed(outcome: &Option<Box<MultiVerdict>>) -> bool {
+    outcome.as_ref().is_some_and(|m| m.allowed)
+}
+
+/// A shard's refusal as gRPC's status.
+fn refused(status: sluice_protocol::Status, node: &Node) -> tonic::Status {
+    match status {
+        sluice_protocol::Status::NotPrimary => {
+            tonic::Status::unavailable(node.repl.not_primary_text())
+        }
+        sluice_protocol::Status::KeysFull => tonic::Status::resource_exhausted(
+            "the node holds --keys-max buckets and none can be dropped",
+        ),
+        other => tonic::Status::unavailable(format!("refused: {other:?}")),
+    }
+}
+
+fn header(key: String, value: String) -> HeaderValue {
+    HeaderValue {
+        key,
+        value,
+        ..Default::default()
+    }
+}
+
+/// A descriptor's status: its own verdict (OVER_LIMIT only for an enforced
+/// limit that denies), what it has left as the request leaves it (a request
+/// denied elsewhere took nothing), the time to its reset.
+fn status(p: &Plan, decided: &Decided, denied: bool, now_ns: u64) -> DescriptorStatus {
+    let Some(rule) = &p.rule else {
+        return DescriptorStatus {
+            code: Code::Ok as i32,
+            ..Default::default()
+        };
+    };
+    let Some(quota) = rule.quota else {
+        return DescriptorStatus {
+            code: Code::Ok as i32,
+            limit_remaining: u32::MAX,
+            ..Default::default()
+        };
+    };
+    let verdict = p.at.and_then(|(shard, item, index)| {
+        decided[shard][item]
+            .as_ref()
+            .map(|m| m.verdicts[index].verdict)
+    });
+    let (own_allowed, remaining, reset_ns) = match verdict {
+        Some(v) => {
+            let remaining = if v.allowed && denied && !p.refund {
+                // Asked about, or spent and given back: what it has now.
+                (v.remaining + p.cost).min(v.limit)
+            } else {
+                v.remaining
+            };
+            (v.allowed || p.refund, remaining, v.reset_after_ns)
+        }
+        None => (p.refund, 0, 0),
+    };
+    let code = if own_allowed || rule.shadow_mode {
+        Code::Ok
+    } else {
+        Code::OverLimit
+    };
+    let reset = match quota.algorithm {
+        Algorithm::FixedWindow => {
+            let window_ns = quota.unit.seconds() * NS_PER_S;
+            window_ns - now_ns % window_ns
+        }
+        _ => reset_ns,
+    };
+    DescriptorStatus {
+        code: code as i32,
+        current_limit: Some(RateLimit {
+            name: rule.name.clone(),
+            requests_per_unit: quota.requests_per_unit,
+            unit: quota.unit.proto(),
+        }),
+        limit_remaining: u32::try_from(remaining).unwrap_or(u32::MAX),
+        duration_until_reset: Some(ProtoDuration {
+            seconds: (reset / NS_PER_S) as i64,
+            nanos: (reset % NS_PER_S) as i32,
+        }),
+        quota: None,
+    }
+}
+
+const NS_PER_S: u64 = 1_000_000_000;
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn descriptor_keys_are_distinct_for_distinct_descriptors() {
+        let a = descriptor_key("d", [("a", "b/c=d")]);
+        let b = descriptor_key("d", [("a", "b"), ("c", "d")]);
+        assert_ne!(a, b);
+        assert_eq!(b, b"rls/d/a=b/c=d");
+        assert_eq!(a, b"rls/d/a=b%2Fc%3Dd");
+        assert_ne!(
+            descriptor_key("d/a=b", []),
+            descriptor_key("d", [("a", "b")])
+        );
+        assert_eq!(descriptor_key("%", [("k", "")]), b"rls/%25/k=");
+    }
+}

@@ -1,0 +1,682 @@
+//! envoyproxy/ratelimit's rule files, read as that service reads them, and
+//! the lookup that finds a request descriptor's rule.
+//!
+//! A file holds one domain and a tree of descriptors:
+//!
+//! ```yaml
+//! domain: edge
+//! descriptors:
+//!   - key: remote_address          # no value: one limit per address
+//!     rate_limit: { unit: minute, requests_per_unit: 60 }
+//!   - key: path
+//!     value: "/api/*"              # trailing *: any value with this prefix
+//!     shadow_mode: true            # counted, never denies
+//!     rate_limit: { unit: second, requests_per_unit: 100, name: api }
+//!   - key: user
+//!     descriptors:                 # nested: (user, plan) pairs
+//!       - key: plan
+//!         value: free
+//!         rate_limit:
+//!           unit: hour
+//!           requests_per_unit: 1000
+//!           algorithm: token_bucket  # Sluice's own key (see below)
+//! ```
+//!
+//! What envoyproxy/ratelimit does, and this does too:
+//! - At each level an entry matches the descriptor with its key and value,
+//!   else the first wildcard (`value` ending in `*`) whose prefix the value
+//!   has, else the descriptor with its key and no value.
+//! - A rule applies only where the request's descriptor ends: a request
+//!   descriptor with more entries than the matching branch is deep gets no
+//!   limit from it.
+//! - `unlimited: true` never counts; `shadow_mode` counts and never denies;
+//!   `replaces: [{name}]` drops the named rule's limit from a request that
+//!   also matches this one.
+//! - Units `second`, `minute`, `hour`, `day`, `week` (7 days), `month` (30
+//!   days) and `year` (365 days), any case; windows aligned to the Unix
+//!   epoch.
+//! - `detailed_metric`, `value_to_metric` and `share_threshold` are accepted
+//!   and change nothing here (they are about envoyproxy/ratelimit's stats).
+//!
+//! Sluice's addition: `rate_limit.algorithm` is `fixed_window` (the default:
+//! envoyproxy/ratelimit's semantics), `token_bucket` (`requests_per_unit`
+//! per unit, all of it at once at most), `sliding_window` (an estimated
+//! rolling window, 32 bytes a key) or `sliding_log` (an exact rolling
+//! window, at most 65,536 per unit).
+//!
+//! Anything else is refused with the file and the descriptor's path: an
+//! unknown key, an empty key, two descriptors with the same key and value at
+//! one level, a unit that does not exist, a unit with `unlimited`, a
+//! `replaces` entry without a name, a limit beyond what its algorithm can
+//! hold, two files with the same domain.
+
+use std::collections::HashMap;
+use std::path::{Path, PathBuf};
+
+use serde::Deserialize;
+use sluice_protocol::limit::{Limit, Window};
+use sluice_protocol::Policy;
+
+const NS_PER_S: u64 = 1_000_000_000;
+
+/// A window's length, as envoyproxy/ratelimit names it.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Unit {
+    /// 1 s.
+    Second,
+    /// 60 s.
+    Minute,
+    /// 3,600 s.
+    Hour,
+    /// 86,400 s.
+    Day,
+    /// 7 days.
+    Week,
+    /// 30 days.
+    Month,
+    /// 365 days.
+    Year,
+}
+
+impl Unit {
+    /// From a rule file's `unit` (any case).
+    fn parse(text: &str) -> Option<Unit> {
+        Some(match text.to_ascii_lowercase().as_str() {
+            "second" => Unit::Second,
+            "minute" => Unit::Minute,
+            "hour" => Unit::Hour,
+            "day" => Unit::Day,
+            "week" => Unit::Week,
+            "month" => Unit::Month,
+            "year" => Unit::Year,
+            _ => return None,
+        })
+    }
+
+    /// The unit's length in seconds.
+    pub fn seconds(self) -> u64 {
+        match self {
+            Unit::Second => 1,
+            Unit::Minute => 60,
+            Unit::Hour => 3_600,
+            Unit::Day => 86_400,
+            Unit::Week => 7 * 86_400,
+            Unit::Month => 30 * 86_400,
+            Unit::Year => 365 * 86_400,
+        }
+    }
+
+    /// Its number in Envoy's `RateLimitResponse.RateLimit.Unit`.
+    pub fn proto(self) -> i32 {
+        match self {
+            Unit::Second => 1,
+            Unit::Minute => 2,
+            Unit::Hour => 3,
+            Unit::Day => 4,
+            Unit::Month => 5,
+            Unit::Year => 6,
+            Unit::Week => 7,
+        }
+    }
+
+    /// From Envoy's enum number (a descriptor's `limit` override); `None`
+    /// for UNKNOWN and numbers Envoy does not define.
+    pub fn from_proto(code: i32) -> Option<Unit> {
+        Some(match code {
+            1 => Unit::Second,
+            2 => Unit::Minute,
+            3 => Unit::Hour,
+            4 => Unit::Day,
+            5 => Unit::Month,
+            6 => Unit::Year,
+            7 => Unit::Week,
+            _ => return None,
+        })
+    }
+}
+
+/// How a rule's limit is kept.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum Algorithm {
+    /// envoyproxy/ratelimit's: `requests_per_unit` per aligned window.
+    #[default]
+    FixedWindow,
+    /// GCRA: `requests_per_unit` per unit, spread evenly, the whole of it
+    /// at once at most.
+    TokenBucket,
+    /// A rolling window, estimated from two fixed windows.
+    SlidingWindow,
+    /// A rolling window, exact (one entry per admitted request).
+    SlidingLog,
+}
+
+impl Algorithm {
+    fn parse(text: &str) -> Option<Algorithm> {
+        Some(match text {
+            "fixed_window" => Algorithm::FixedWindow,
+            "token_bucket" => Algorithm::TokenBucket,
+            "sliding_window" => Algorithm::SlidingWindow,
+            "sliding_log" => Algorithm::SlidingLog,
+            _ => return None,
+        })
+    }
+}
+
+/// A limit's numbers: `requests_per_unit` per `unit`, kept by `algorithm`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Quota {
+    /// Requests per unit; 0 denies every request.
+    pub requests_per_unit: u32,
+    /// The window.
+    pub unit: Unit,
+    /// How it is kept.
+    pub algorithm: Algorithm,
+}
+
+impl Quota {
+    /// The Sluice limit that keeps this quota; `None` for 0 requests (no
+    /// request is ever admitted, so nothing is stored).
+    pub fn limit(&self) -> Option<Limit> {
+        let n = u64::from(self.requests_per_unit);
+        let window_ns = self.unit.seconds() * NS_PER_S;
+        if n == 0 {
+            return None;
+        }
+        let window = Window {
+            limit: n,
+            window_ns,
+        };
+        Some(match self.algorithm {
+            Algorithm::FixedWindow => Limit::FixedWindow(window),
+            Algorithm::SlidingWindow => Limit::SlidingCounter(window),
+            Algorithm::SlidingLog => Limit::SlidingLog(window),
+            Algorithm::TokenBucket => Limit::TokenBucket(Policy {
+                count: n,
+                period_ns: window_ns,
+                burst: n,
+            }),
+        })
+    }
+}
+
+/// What a descriptor of the tree does to a request it matches.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Rule {
+    /// `rate_limit.name`, for `replaces` and for the reply's `current_limit`.
+    pub name: String,
+    /// `None`: `unlimited: true`.
+    pub quota: Option<Quota>,
+    /// Names of rules this one replaces.
+    pub replaces: Vec<String>,
+    /// Counted, never denies.
+    pub shadow_mode: bool,
+}
+
+/// One level of a domain's tree.
+#[derive(Debug, Default)]
+struct Level {
+    /// `key` -> `value` -> descriptor.
+    exact: HashMap<String, HashMap<String, Node>>,
+    /// `(key, prefix, descriptor)`, in file order.
+    wildcards: Vec<(String, String, Node)>,
+    /// `key` -> the descriptor with that key and no value.
+    defaults: HashMap<String, Node>,
+}
+
+#[derive(Debug, Default)]
+struct Node {
+    rule: Option<Rule>,
+    children: Level,
+}
+
+impl Level {
+    fn find(&self, key: &str, value: &str) -> Option<&Node> {
+        if let Some(node) = self.exact.get(key).and_then(|values| values.get(value)) {
+            return Some(node);
+        }
+        if let Some((_, _, node)) = self
+            .wildcards
+            .iter()
+            .find(|(k, prefix, _)| k == key && value.starts_with(prefix.as_str()))
+        {
+            return Some(node);
+        }
+        self.defaults.get(key)
+    }
+}
+
+/// Every domain's rules.
+#[derive(Debug, Default)]
+pub struct Rules {
+    domains: HashMap<String, Level>,
+    /// The files they came from.
+    files: usize,
+}
+
+impl Rules {
+    /// The rule for a request descriptor's entries (`(key, value)`, in
+    /// order) in `domain`, if one applies.
+    pub fn find<'e>(
+        &self,
+        domain: &str,
+        entries: impl IntoIterator<Item = (&'e str, &'e str)>,
+    ) -> Option<&Rule> {
+        let mut level = self.domains.get(domain)?;
+        let mut entries = entries.into_iter().peekable();
+        while let Some((key, value)) = entries.next() {
+            let node = level.find(key, value)?;
+            if entries.peek().is_none() {
+                return node.rule.as_ref();
+            }
+            level = &node.children;
+        }
+        None
+    }
+
+    /// Whether `domain` has rules (a descriptor's `limit` override applies
+    /// only in a known domain, as in envoyproxy/ratelimit).
+    pub fn has_domain(&self, domain: &str) -> bool {
+        self.domains.contains_key(domain)
+    }
+
+    /// How many domains.
+    pub fn domains(&self) -> usize {
+        self.domains.len()
+    }
+
+    /// How many files they were read from.
+    pub fn files(&self) -> usize {
+        self.files
+    }
+
+    /// Reads `path`: one rule file, or every `*.yaml` / `*.yml` file of a
+    /// directory (not its subdirectories), in name order.
+    pub fn load(path: &Path) -> Result<Rules, RulesError> {
+        let io = |e: std::io::Error| RulesError {
+            path: path.to_owned(),
+            message: e.to_string(),
+        };
+        let meta = std::fs::metadata(path).map_err(io)?;
+        let files: Vec<PathBuf> = if meta.is_dir() {
+            let mut files = Vec::new();
+            for entry in std::fs::read_dir(path).map_err(io)? {
+                let p = entry.map_err(io)?.path();
+                let yaml = matches!(p.extension().and_then(|e| e.to_str()), Some("yaml" | "yml"));
+                if yaml && p.is_file() {
+                    files.push(p);
+                }
+            }
+            files.sort();
+            if files.is_empty() {
+                return Err(RulesError {
+                    path: path.to_owned(),
+                    message: "no *.yaml or *.yml file in this directory".into(),
+                });
+            }
+            files
+        } else {
+            vec![path.to_owned()]
+        };
+        let mut rules = Rules::default();
+        for file in &files {
+            let text = std::fs::read_to_string(file).map_err(|e| RulesError {
+                path: file.clone(),
+                message: e.to_string(),
+            })?;
+            rules.add(&text).map_err(|message| RulesError {
+                path: file.clone(),
+                message,
+            })?;
+        }
+        Ok(rules)
+    }
+
+    /// Adds one file's domain, from its text.
+    pub fn add(&mut self, text: &str) -> Result<(), String> {
+        let file: FileYaml = serde_norway::from_str(text).map_err(|e| e.to_string())?;
+        if file.domain.is_empty() {
+            return Err("the domain is empty".into());
+        }
+        if self.domains.contains_key(&file.domain) {
+            return Err(format!("domain {:?} is in another file too", file.domain));
+        }
+        let level = level(&file.descriptors, &file.domain)?;
+        self.domains.insert(file.domain, level);
+        self.files += 1;
+        Ok(())
+    }
+}
+
+fn level(descriptors: &[DescriptorYaml], at: &str) -> Result<Level, String> {
+    let mut out = Level::default();
+    for d in descriptors {
+        let here = match &d.value {
+            Some(v) => format!("{at}.{}_{v}", d.key),
+            None => format!("{at}.{}", d.key),
+        };
+        if d.key.is_empty() {
+            return Err(format!("{here}: a descriptor with an empty key"));
+        }
+        let rule = match &d.rate_limit {
+            None => {
+                if d.shadow_mode {
+                    return Err(format!("{here}: shadow_mode without a rate_limit"));
+                }
+                None
+            }
+            Some(r) => Some(rule(r, d.shadow_mode, &here)?),
+        };
+        let node = Node {
+            rule,
+            children: level(&d.descriptors, &here)?,
+        };
+        let duplicate = match &d.value {
+            None => out.defaults.insert(d.key.clone(), node).is_some(),
+            Some(v) => match v.strip_suffix('*') {
+                Some(prefix) => {
+                    let dup = out
+                        .wildcards
+                        .iter()
+                        .any(|(k, p, _)| *k == d.key && p == prefix);
+                    out.wildcards.push((d.key.clone(), prefix.to_owned(), node));
+                    dup
+                }
+                None => out
+                    .exact
+                    .entry(d.key.clone())
+                    .or_default()
+                    .insert(v.clone(), node)
+                    .is_some(),
+            },
+        };
+        if duplicate {
+            return Err(format!(
+                "{here}: a second descriptor with this key and value"
+            ));
+        }
+    }
+    Ok(out)
+}
+
+fn rule(r: &RateLimitYaml, shadow_mode: bool, here: &str) -> Result<Rule, String> {
+    let mut replaces = Vec::new();
+    for rep in &r.replaces {
+        match &rep.name {
+            Some(n) if !n.is_empty() => {
+                if r.name.as_deref() == Some(n.as_str()) {
+                    return Err(format!("{here}: a rate_limit replaces itself ({n:?})"));
+                }
+                replaces.push(n.clone());
+            }
+            _ => return Err(format!("{here}: a replaces entry without a name")),
+        }
+    }
+    let algorithm = match &r.algorithm {
+        None => Algorithm::default(),
+        Some(a) => Algorithm::parse(a).ok_or_else(|| {
+            format!("{here}: algorithm {a:?} is not one of fixed_window, token_bucket, sliding_window, sliding_log")
+        })?,
+    };
+    let quota = if r.unlimited {
+        if r.unit.is_some() || r.requests_per_unit.is_some() || r.algorithm.is_some() {
+            return Err(format!(
+                "{here}: an unlimited rate_limit has no unit, requests_per_unit or algorithm"
+            ));
+        }
+        None
+    } else {
+        let unit = r
+            .unit
+            .as_deref()
+            .ok_or_else(|| format!("{here}: a rate_limit without a unit"))?;
+        let unit = Unit::parse(unit).ok_or_else(|| {
+            format!(
+                "{here}: unit {unit:?} is not one of second, minute, hour, day, week, month, year"
+            )
+        })?;
+        let quota = Quota {
+            requests_per_unit: r
+                .requests_per_unit
+                .ok_or_else(|| format!("{here}: a rate_limit without requests_per_unit"))?,
+            unit,
+            algorithm,
+        };
+        if let Some(limit) = quota.limit() {
+            limit.validate().map_err(|e| format!("{here}: {e}"))?;
+        }
+        Some(quota)
+    };
+    Ok(Rule {
+        name: r.name.clone().unwrap_or_default(),
+        quota,
+        replaces,
+        shadow_mode,
+    })
+}
+
+/// A rule file (or directory) that cannot be served.
+#[derive(Debug, thiserror::Error)]
+#[error("{path}: {message}")]
+pub struct RulesError {
+    /// The file (or directory).
+    pub path: PathBuf,
+    /// What is wrong, with the descriptor's path (`domain.key_value...`).
+    pub message: String,
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct FileYaml {
+    domain: String,
+    #[serde(default)]
+    descriptors: Vec<DescriptorYaml>,
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct DescriptorYaml {
+    key: String,
+    value: Option<String>,
+    rate_limit: Option<RateLimitYaml>,
+    #[serde(default)]
+    descriptors: Vec<DescriptorYaml>,
+    #[serde(default)]
+    shadow_mode: bool,
+    #[serde(default, rename = "detailed_metric")]
+    _detailed_metric: bool,
+    #[serde(default, rename = "value_to_metric")]
+    _value_to_metric: bool,
+    #[serde(default, rename = "share_threshold")]
+    _share_threshold: bool,
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct RateLimitYaml {
+    unit: Option<String>,
+    requests_per_unit: Option<u32>,
+    #[serde(default)]
+    unlimited: bool,
+    name: Option<String>,
+    #[serde(default)]
+    replaces: Vec<ReplacesYaml>,
+    /// Sluice's: how the limit is kept.
+    algorithm: Option<String>,
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct ReplacesYaml {
+    name: Option<String>,
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn rules(text: &str) -> Rules {
+        let mut r = Rules::default();
+        r.add(text).unwrap();
+        r
+    }
+
+    fn refused(text: &str) -> String {
+        Rules::default().add(text).unwrap_err()
+    }
+
+    /// envoyproxy/ratelimit's README, example 1 and 2 (a nested key with a
+    /// default, and key with a value).
+    #[test]
+    fn lookup_follows_the_tree_as_envoyproxy_ratelimit_does() {
+        let r = rules(
+            r#"
+domain: mongo_cps
+descriptors:
+  - key: database
+    value: users
+    rate_limit: { unit: second, requests_per_unit: 500 }
+  - key: database
+    value: default
+    rate_limit: { unit: second, requests_per_unit: 500 }
+  - key: to_number
+    rate_limit: { unit: day, requests_per_unit: 100 }
+    descriptors:
+      - key: from_number
+        value: "9"
+        rate_limit: { unit: day, requests_per_unit: 10 }
+  - key: path
+    value: "/api/*"
+    rate_limit: { unit: Minute, requests_per_unit: 7 }
+  - key: path
+    value: "/api/v2/*"
+    rate_limit: { unit: minute, requests_per_unit: 9 }
+"#,
+        );
+        let rpu = |d: &str, e: &[(&str, &str)]| {
+            r.find(d, e.iter().copied())
+                .map(|rule| rule.quota.unwrap().requests_per_unit)
+        };
+        assert_eq!(rpu("mongo_cps", &[("database", "users")]), Some(500));
+        assert_eq!(rpu("mongo_cps", &[("database", "other")]), None);
+        assert_eq!(rpu("mongo_cps", &[("to_number", "1")]), Some(100));
+        assert_eq!(
+            rpu("mongo_cps", &[("to_number", "1"), ("from_number", "9")]),
+            Some(10)
+        );
+        // Deeper than the branch: no limit.
+        assert_eq!(
+            rpu("mongo_cps", &[("to_number", "1"), ("from_number", "8")]),
+            None
+        );
+        assert_eq!(
+            rpu("mongo_cps", &[("database", "users"), ("extra", "x")]),
+            None
+        );
+        // Wildcards in file order.
+        assert_eq!(rpu("mongo_cps", &[("path", "/api/v2/x")]), Some(7));
+        assert_eq!(rpu("mongo_cps", &[("path", "/other")]), None);
+        assert_eq!(rpu("other_domain", &[("database", "users")]), None);
+        let unit = r
+            .find("mongo_cps", [("path", "/api/")])
+            .unwrap()
+            .quota
+            .unwrap()
+            .unit;
+        assert_eq!(unit, Unit::Minute);
+    }
+
+    #[test]
+    fn flags_and_algorithms_are_read() {
+        let r = rules(
+            r#"
+domain: d
+descriptors:
+  - key: a
+    shadow_mode: true
+    rate_limit: { unit: hour, requests_per_unit: 3, name: a, replaces: [{name: b}], algorithm: token_bucket }
+  - key: u
+    rate_limit: { unlimited: true }
+"#,
+        );
+        let a = r.find("d", [("a", "1")]).unwrap();
+        assert!(a.shadow_mode);
+        assert_eq!(a.replaces, ["b"]);
+        assert_eq!(
+            a.quota.unwrap().limit(),
+            Some(Limit::TokenBucket(Policy {
+                count: 3,
+                period_ns: 3_600 * NS_PER_S,
+                burst: 3
+            }))
+        );
+        assert_eq!(r.find("d", [("u", "x")]).unwrap().quota, None);
+    }
+
+    #[test]
+    fn bad_files_are_refused_with_where_and_why() {
+        let cases = [
+            ("domain: ''", "the domain is empty"),
+            ("domain: d\ndescriptors: [{key: ''}]", "d.: a descriptor with an empty key"),
+            ("domain: d\nbogus: 1", "unknown field `bogus`"),
+            (
+                "domain: d\ndescriptors: [{key: k, rate_limit: {unit: fortnight, requests_per_unit: 1}}]",
+                "d.k: unit \"fortnight\" is not one of",
+            ),
+            (
+                "domain: d\ndescriptors: [{key: k, rate_limit: {unlimited: true, unit: second}}]",
+                "d.k: an unlimited rate_limit has no unit",
+            ),
+            (
+                "domain: d\ndescriptors: [{key: k, value: v}, {key: k, value: v}]",
+                "d.k_v: a second descriptor with this key and value",
+            ),
+            (
+                "domain: d\ndescriptors: [{key: k, rate_limit: {unit: second, requests_per_unit: 1, replaces: [{}]}}]",
+                "d.k: a replaces entry without a name",
+            ),
+            (
+                "domain: d\ndescriptors: [{key: k, rate_limit: {unit: second}}]",
+                "d.k: a rate_limit without requests_per_unit",
+            ),
+            (
+                "domain: d\ndescriptors: [{key: k, rate_limit: {unit: second, requests_per_unit: 100000, algorithm: sliding_log}}]",
+                "d.k: ",
+            ),
+            (
+                "domain: d\ndescriptors: [{key: k, rate_limit: {unit: second, requests_per_unit: 1, algorithm: leaky}}]",
+                "d.k: algorithm \"leaky\"",
+            ),
+            (
+                "domain: d\ndescriptors: [{key: k, descriptors: [{key: j, rate_limit: {requests_per_unit: 1}}]}]",
+                "d.k.j: a rate_limit without a unit",
+            ),
+        ];
+        for (text, want) in cases {
+            let got = refused(text);
+            assert!(got.contains(want), "{text:?}: {got:?} lacks {want:?}");
+        }
+        let mut r = rules("domain: d");
+        assert_eq!(
+            r.add("domain: d").unwrap_err(),
+            "domain \"d\" is in another file too"
+        );
+    }
+
+    #[test]
+    fn a_directory_is_every_yaml_file_in_it() {
+        let dir = std::env::temp_dir().join(format!("sluice-rls-rules-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&dir);
+        std::fs::create_dir_all(&dir).unwrap();
+        std::fs::write(dir.join("a.yaml"), "domain: a").unwrap();
+        std::fs::write(dir.join("b.yml"), "domain: b").unwrap();
+        std::fs::write(dir.join("notes.txt"), "not yaml: [").unwrap();
+        let r = Rules::load(&dir).unwrap();
+        assert_eq!((r.domains(), r.files()), (2, 2));
+        std::fs::write(dir.join("c.yaml"), "domain: a").unwrap();
+        let e = Rules::load(&dir).unwrap_err();
+        assert_eq!(e.path, dir.join("c.yaml"));
+        std::fs::remove_dir_all(&dir).unwrap();
+        let e = Rules::load(&dir).unwrap_err();
+        assert_eq!(e.path, dir);
+    }
+}

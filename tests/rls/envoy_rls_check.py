@@ -1,0 +1,268 @@
+"""Envoy's rate limit API, asked of a real sluiced by a gRPC client no one
+here wrote: grpcio, with Envoy's message types from PyPI's xds-protos
+(generated from envoyproxy/data-plane-api). The cases follow what
+envoyproxy/ratelimit's README documents for the rule files in
+tests/rls/rules/, plus Sluice's own (all or nothing, refunds, algorithms).
+
+Usage: envoy_rls_check.py PORT MODE [ARGS]
+  examples         every documented case; prints "CASE: ok" for each
+  headers PREFIX   the reply carries PREFIX-Limit/-Remaining/-Reset
+  limit D K V      prints the requests_per_unit of (K, V) in domain D, or none
+  unavailable      every request is refused with UNAVAILABLE (a follower)
+"""
+
+import sys
+import time
+
+import grpc
+from envoy.extensions.common.ratelimit.v3 import ratelimit_pb2
+from envoy.service.ratelimit.v3 import rls_pb2, rls_pb2_grpc
+from google.protobuf import wrappers_pb2
+
+OK = rls_pb2.RateLimitResponse.OK
+OVER = rls_pb2.RateLimitResponse.OVER_LIMIT
+Unit = rls_pb2.RateLimitResponse.RateLimit
+U32_MAX = 2**32 - 1
+
+port = sys.argv[1]
+mode = sys.argv[2]
+stub = rls_pb2_grpc.RateLimitServiceStub(grpc.insecure_channel(f"127.0.0.1:{port}"))
+
+
+def descriptor(entries, hits=None, negative=False, limit=None):
+    d = ratelimit_pb2.RateLimitDescriptor(
+        entries=[ratelimit_pb2.RateLimitDescriptor.Entry(key=k, value=v) for k, v in entries]
+    )
+    if hits is not None:
+        d.hits_addend.CopyFrom(wrappers_pb2.UInt64Value(value=hits))
+    if negative:
+        # is_negative_hits is field 4 (bool) of RateLimitDescriptor, newer
+        # than xds-protos 1.85: encoded by hand from its published number,
+        # and carried as an unknown field.
+        d = ratelimit_pb2.RateLimitDescriptor.FromString(d.SerializeToString() + b"\x20\x01")
+    if limit is not None:
+        d.limit.CopyFrom(
+            ratelimit_pb2.RateLimitDescriptor.RateLimitOverride(
+                requests_per_unit=limit[0], unit=limit[1]
+            )
+        )
+    return d
+
+
+def ask(domain, *descriptors, hits=0):
+    ds = [d if isinstance(d, ratelimit_pb2.RateLimitDescriptor) else descriptor(d) for d in descriptors]
+    request = rls_pb2.RateLimitRequest(domain=domain, descriptors=ds, hits_addend=hits)
+    return stub.ShouldRateLimit(request, timeout=10)
+
+
+def expect(response, overall, *statuses):
+    """statuses: (code, requests_per_unit or None, remaining or None)."""
+    assert response.overall_code == overall, response
+    assert len(response.statuses) == len(statuses), response
+    for s, (code, rpu, remaining) in zip(response.statuses, statuses):
+        assert s.code == code, (response, statuses)
+        if rpu is None:
+            assert not s.HasField("current_limit"), response
+        else:
+            assert s.current_limit.requests_per_unit == rpu, response
+        if remaining is not None:
+            assert s.limit_remaining == remaining, (response, statuses)
+
+
+def in_one_second(case):
+    """Runs a case whose limits are per second within one aligned second:
+    starts it early in a second (an alignment wait, not a wait for time to
+    pass in the algorithm) and runs it again with fresh keys if it spilled
+    into the next."""
+    for attempt in range(5):
+        frac = time.time() % 1
+        if frac > 0.3 or attempt > 0:
+            time.sleep(1.02 - frac)
+        start = time.time()
+        try:
+            case(f"{attempt}")
+        except AssertionError:
+            if int(time.time()) != int(start):
+                continue
+            raise
+        if int(time.time()) == int(start):
+            return
+    raise AssertionError("five attempts each crossed a second")
+
+
+def examples():
+    # Example 1: 500 a second for database=users and database=default.
+    def mongo(run):
+        # Fresh values per attempt are not possible (the rule names them), so
+        # an attempt that spilled into the next second starts a fresh window.
+        expect(ask("mongo_cps", [("database", "users")], hits=500), OK, (OK, 500, 0))
+        expect(ask("mongo_cps", [("database", "users")]), OVER, (OVER, 500, 0))
+        expect(ask("mongo_cps", [("database", "default")], hits=499), OK, (OK, 500, 1))
+
+    in_one_second(mongo)
+    r = ask("mongo_cps", [("database", "users")])
+    assert r.statuses[0].current_limit.unit == Unit.SECOND, r
+    expect(ask("mongo_cps", [("database", "other")]), OK, (OK, None, 0))
+    print("mongo_cps: ok")
+
+    # Example 2: 5 marketing messages a day per number; 100 a day per number.
+    marketing = lambda n: [("message_type", "marketing"), ("to_number", n)]
+    for left in [4, 3, 2, 1, 0]:
+        expect(ask("messaging", marketing("2061111111")), OK, (OK, 5, left))
+    expect(ask("messaging", marketing("2061111111")), OVER, (OVER, 5, 0))
+    expect(ask("messaging", marketing("2062222222")), OK, (OK, 5, 4))
+    expect(ask("messaging", [("to_number", "2061111111")]), OK, (OK, 100, 99))
+    expect(ask("messaging", [("message_type", "marketing")]), OK, (OK, None, 0))
+    r = ask("messaging", [("to_number", "2061111111")])
+    assert r.statuses[0].current_limit.unit == Unit.DAY, r
+    reset = r.statuses[0].duration_until_reset.seconds
+    assert abs(reset - (86400 - time.time() % 86400)) < 3, r
+    print("messaging: ok")
+
+    # Example 3: 10 a second per address; 50.0.0.5 always limited.
+    for _ in range(3):
+        expect(ask("edge_proxy_per_ip", [("remote_address", "50.0.0.5")]), OVER, (OVER, 0, 0))
+
+    def per_ip(run):
+        a, b = f"10.0.{run}.1", f"10.0.{run}.2"
+        expect(ask("edge_proxy_per_ip", [("remote_address", a)], hits=10), OK, (OK, 10, 0))
+        expect(ask("edge_proxy_per_ip", [("remote_address", a)]), OVER, (OVER, 10, 0))
+        expect(ask("edge_proxy_per_ip", [("remote_address", b)]), OK, (OK, 10, 9))
+
+    in_one_second(per_ip)
+    print("edge_proxy_per_ip: ok")
+
+    # replaces: bar's rule replaces key_value's in a request that has both.
+    for left in [2, 1, 0]:
+        expect(
+            ask("example4", [("key", "value")], [("bar", "x")]),
+            OK,
+            (OK, None, 0),
+            (OK, 3, left),
+        )
+    expect(ask("example4", [("key", "value")], [("bar", "x")]), OVER, (OK, None, 0), (OVER, 3, 0))
+    # Alone, key_value's limit applies, and the requests above never counted.
+    expect(ask("example4", [("key", "value")]), OK, (OK, 10, 9))
+    print("replaces: ok")
+
+    # shadow_mode: counted, never denied.
+    def shadow(run):
+        ip = f"10.1.{run}.1"
+        expect(ask("example5", [("remote_address", ip)], hits=10), OK, (OK, 10, 0))
+        for _ in range(3):
+            expect(ask("example5", [("remote_address", ip)]), OK, (OK, 10, 0))
+        expect(ask("example5", [("remote_address", f"10.1.{run}.2")], hits=4), OK, (OK, 10, 6))
+
+    in_one_second(shadow)
+    expect(ask("example5", [("remote_address", "10.1.9.9")], hits=11), OK, (OK, 10, 0))
+    print("shadow_mode: ok")
+
+    # Wildcards: each bb* destination its own limit of 1 a second.
+    def wildcard(run):
+        dest = lambda d: [("source_cluster", "proxy"), ("destination_cluster", d)]
+        expect(ask("example6", dest(f"bb{run}a")), OK, (OK, 1, 0))
+        expect(ask("example6", dest(f"bb{run}a")), OVER, (OVER, 1, 0))
+        expect(ask("example6", dest(f"bb{run}b")), OK, (OK, 1, 0))
+        expect(ask("example6", dest(f"cc{run}")), OK, (OK, None, 0))
+
+    in_one_second(wildcard)
+    print("wildcard: ok")
+
+    # unlimited: never counted, never denied; its sibling is limited.
+    for _ in range(5):
+        expect(
+            ask("example7", [("key1", "value1"), ("user", "alice")], hits=1_000_000),
+            OK,
+            (OK, None, U32_MAX),
+        )
+    expect(ask("example7", [("key1", "value1"), ("key2", "k")], hits=10), OK, (OK, 10, 0))
+    expect(ask("example7", [("key1", "value1"), ("key2", "k")]), OVER, (OVER, 10, 0))
+    print("unlimited: ok")
+
+    # Sluice: a request over any limit consumes none of the others.
+    # Eight pairs of keys: on 4 shards, some pairs are surely split.
+    for i in range(8):
+        a, b = ("a", f"x{i}"), ("b", f"x{i}")
+        expect(ask("sluice", [a], [b]), OK, (OK, 5, 4), (OK, 1, 0))
+        for _ in range(3):
+            expect(ask("sluice", [a], [b]), OVER, (OK, 5, 4), (OVER, 1, 0))
+        for left in [3, 2, 1, 0]:
+            expect(ask("sluice", [a]), OK, (OK, 5, left))
+        expect(ask("sluice", [a]), OVER, (OVER, 5, 0))
+    # A cost over the limit: denied, and nothing else is spent.
+    expect(ask("sluice", [("a", "y")], [("b", "y")], hits=2), OVER, (OK, 5, 5), (OVER, 1, 0))
+    expect(ask("sluice", [("a", "y")]), OK, (OK, 5, 4))
+    print("all_or_nothing: ok")
+
+    # Per-descriptor hits override the request's; negative hits give back.
+    expect(ask("sluice", descriptor([("a", "h")], hits=3), hits=1), OK, (OK, 5, 2))
+    expect(ask("sluice", descriptor([("a", "h")], hits=2, negative=True)), OK, (OK, 5, 4))
+    expect(ask("sluice", [("a", "h")], hits=3), OK, (OK, 5, 1))
+    expect(ask("sluice", [("a", "h")], hits=2), OVER, (OVER, 5, 1))
+    print("hits_addend: ok")
+
+    # A descriptor's own limit, in a known domain.
+    over = descriptor([("database", "users2")], limit=(2, Unit.MINUTE))
+    expect(ask("mongo_cps", over), OK, (OK, 2, 1))
+    expect(ask("mongo_cps", over), OK, (OK, 2, 0))
+    expect(ask("mongo_cps", over), OVER, (OVER, 2, 0))
+    expect(ask("no_such_domain", descriptor([("k", "v")], limit=(2, Unit.MINUTE))), OK, (OK, None, 0))
+    print("override: ok")
+
+    # The other algorithms.
+    for left in [2, 1, 0]:
+        expect(ask("sluice", [("bucket", "x")]), OK, (OK, 3, left))
+    r = ask("sluice", [("bucket", "x")])
+    expect(r, OVER, (OVER, 3, 0))
+    assert r.statuses[0].duration_until_reset.seconds > 3000, r
+    for kind in ["rolling", "log"]:
+        expect(ask("sluice", [(kind, "x")]), OK, (OK, 2, 1))
+        expect(ask("sluice", [(kind, "x")]), OK, (OK, 2, 0))
+        expect(ask("sluice", [(kind, "x")]), OVER, (OVER, 2, 0))
+    print("algorithms: ok")
+
+    # Requests Envoy never sends: clear errors.
+    for request, text in [
+        (rls_pb2.RateLimitRequest(domain="", descriptors=[descriptor([("a", "b")])]), "domain"),
+        (rls_pb2.RateLimitRequest(domain="sluice"), "descriptor"),
+        (
+            rls_pb2.RateLimitRequest(domain="sluice", descriptors=[descriptor([("a", "b")])] * 65),
+            "at most 64",
+        ),
+    ]:
+        try:
+            stub.ShouldRateLimit(request, timeout=10)
+            raise AssertionError(f"{request} was answered")
+        except grpc.RpcError as e:
+            assert e.code() == grpc.StatusCode.INVALID_ARGUMENT, e
+            assert text in e.details(), e.details()
+    print("invalid: ok")
+
+
+if mode == "examples":
+    examples()
+elif mode == "headers":
+    prefix = sys.argv[3]
+    r = ask("sluice", [("a", "x")], [("b", "x")])
+    headers = {h.key: h.value for h in r.response_headers_to_add}
+    # The limit closest to its end: b, 1 a day, 0 left.
+    assert headers[f"{prefix}-Limit"] == "1", headers
+    assert headers[f"{prefix}-Remaining"] == "0", headers
+    reset = int(headers[f"{prefix}-Reset"])
+    assert 0 < reset <= 86400, headers
+    assert len(headers) == 3, headers
+    print("headers: ok")
+elif mode == "limit":
+    domain, key, value = sys.argv[3:6]
+    r = ask(domain, [(key, value)])
+    s = r.statuses[0]
+    print(s.current_limit.requests_per_unit if s.HasField("current_limit") else "none")
+elif mode == "unavailable":
+    try:
+        ask("sluice", [("a", "x")])
+        raise AssertionError("a follower answered")
+    except grpc.RpcError as e:
+        assert e.code() == grpc.StatusCode.UNAVAILABLE, e
+        print(f"unavailable: {e.details()}")
+else:
+    raise SystemExit(f"unknown mode {mode}")

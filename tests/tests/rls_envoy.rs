@@ -1,0 +1,180 @@
+//! Envoy's rate limit service (`--rls-port`) of a real `sluiced`, asked by
+//! a gRPC client no one here wrote: Python's grpcio with Envoy's message
+//! types from PyPI's xds-protos (`scripts/deps.sh` puts both in
+//! `target/redis-py`), with envoyproxy/ratelimit's documented example rule
+//! files (tests/rls/rules/).
+
+use std::path::PathBuf;
+use std::process::Command;
+use std::time::{Duration, Instant};
+
+use sluice_tests::support::{binary, Sluiced};
+
+fn root() -> PathBuf {
+    PathBuf::from(env!("CARGO_MANIFEST_DIR"))
+}
+
+/// The venv `scripts/deps.sh` makes.
+fn python() -> PathBuf {
+    let py = root().join("../target/redis-py/bin/python");
+    assert!(
+        py.exists(),
+        "{} is missing: run `bash scripts/deps.sh` (it installs grpcio and xds-protos from PyPI)",
+        py.display()
+    );
+    py
+}
+
+/// Runs the checking script against `server` in `mode`; its stdout.
+fn check(server: &Sluiced, args: &[&str]) -> String {
+    let port = server.rls_addr.expect("rls listener").port().to_string();
+    let out = Command::new(python())
+        .arg(root().join("rls/envoy_rls_check.py"))
+        .arg(&port)
+        .args(args)
+        .output()
+        .expect("python runs");
+    let stdout = String::from_utf8_lossy(&out.stdout).to_string();
+    assert!(
+        out.status.success(),
+        "{stdout}\n{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    stdout
+}
+
+fn rules_dir() -> String {
+    root().join("rls/rules").display().to_string()
+}
+
+fn examples(shards: &str) {
+    let dir = rules_dir();
+    let server = Sluiced::start(&["--shards", shards, "--rls-port", "0", "--rls-config", &dir]);
+    let out = check(&server, &["examples"]);
+    for case in [
+        "mongo_cps",
+        "messaging",
+        "edge_proxy_per_ip",
+        "replaces",
+        "shadow_mode",
+        "wildcard",
+        "unlimited",
+        "all_or_nothing",
+        "hits_addend",
+        "override",
+        "algorithms",
+        "invalid",
+    ] {
+        assert!(
+            out.contains(&format!("{case}: ok")),
+            "{case} missing:\n{out}"
+        );
+    }
+}
+
+/// One shard: a request's limits are one DECIDE.
+#[test]
+fn documented_examples_give_documented_codes_on_one_shard() {
+    examples("1");
+}
+
+/// Four shards: a request's limits are spread over shards, spent and, when
+/// one denies, refunded.
+#[test]
+fn documented_examples_give_documented_codes_across_shards() {
+    examples("4");
+}
+
+#[test]
+fn rate_limit_headers_are_added_when_asked() {
+    let dir = rules_dir();
+    for (flag, prefix) in [("ratelimit", "RateLimit"), ("x-ratelimit", "X-RateLimit")] {
+        let server = Sluiced::start(&[
+            "--rls-port",
+            "0",
+            "--rls-config",
+            &dir,
+            "--rls-headers",
+            flag,
+        ]);
+        assert!(check(&server, &["headers", prefix]).contains("headers: ok"));
+    }
+}
+
+fn write(path: &std::path::Path, text: &str) {
+    std::fs::write(path, text).expect("write the rules");
+}
+
+#[test]
+fn bad_rules_are_refused_at_start_and_on_reload() {
+    let dir = std::env::temp_dir().join(format!("sluice-rls-reload-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    std::fs::create_dir_all(&dir).unwrap();
+    let file = dir.join("d.yaml");
+    let good = |n: u32| {
+        format!("domain: d\ndescriptors:\n  - key: k\n    rate_limit: {{ unit: day, requests_per_unit: {n} }}\n")
+    };
+    let bad = "domain: d\ndescriptors:\n  - key: k\n    rate_limit: { unit: fortnight, requests_per_unit: 1 }\n";
+
+    // At start: exit 2, naming the file and what is wrong.
+    write(&file, bad);
+    let out = Command::new(binary("sluiced"))
+        .args(["--port", "0", "--rls-port", "0", "--rls-config"])
+        .arg(&file)
+        .output()
+        .expect("sluiced runs");
+    assert_eq!(out.status.code(), Some(2), "{out:?}");
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        stderr.contains("d.yaml") && stderr.contains("d.k: unit \"fortnight\""),
+        "{stderr}"
+    );
+    // --rls-port without rules, and rules without a port's worth of sense.
+    let out = Command::new(binary("sluiced"))
+        .args(["--port", "0", "--rls-port", "0"])
+        .output()
+        .expect("sluiced runs");
+    assert_eq!(out.status.code(), Some(2), "{out:?}");
+    assert!(
+        String::from_utf8_lossy(&out.stderr).contains("--rls-config"),
+        "{out:?}"
+    );
+
+    // On reload (SIGHUP): a bad file keeps the rules in force, a good one
+    // replaces them.
+    write(&file, &good(5));
+    let server = Sluiced::start(&["--rls-port", "0", "--rls-config", dir.to_str().unwrap()]);
+    let limit = || check(&server, &["limit", "d", "k", "v"]).trim().to_owned();
+    assert_eq!(limit(), "5");
+    write(&file, bad);
+    server.hangup();
+    let until = Instant::now() + Duration::from_millis(500);
+    while Instant::now() < until {
+        assert_eq!(limit(), "5", "a bad file replaced the rules");
+    }
+    write(&file, &good(7));
+    server.hangup();
+    let until = Instant::now() + Duration::from_secs(10);
+    while limit() != "7" {
+        assert!(Instant::now() < until, "the good file was not loaded");
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    std::fs::remove_dir_all(&dir).unwrap();
+}
+
+#[test]
+fn a_follower_refuses_with_unavailable_and_names_its_primary() {
+    let dir = rules_dir();
+    let primary = Sluiced::start(&[]);
+    let addr = primary.addr.to_string();
+    let follower = Sluiced::start(&[
+        "--replica-of",
+        &addr,
+        "--rls-port",
+        "0",
+        "--rls-config",
+        &dir,
+    ]);
+    let out = check(&follower, &["unavailable"]);
+    assert!(out.contains("unavailable:") && out.contains(&addr), "{out}");
+}
