@@ -333,6 +333,11 @@ priority = os.path.join(os.path.dirname(os.path.abspath(__file__)), "priority.md
 if os.path.exists(priority):
     with open(priority) as f:
         w(f.read())
+# The rate limit service's section, from its own script (benches/rls.sh).
+rls = os.path.join(os.path.dirname(os.path.abspath(__file__)), "rls.md")
+if os.path.exists(rls):
+    with open(rls) as f:
+        w(f.read())
 notes = os.path.join(os.path.dirname(os.path.abspath(__file__)), "notes.md")
 if os.path.exists(notes):
     with open(notes) as f:

@@ -177,6 +177,12 @@ pub struct Config {
     #[arg(long, value_enum, default_value_t = RlsHeaders::Off)]
     pub rls_headers: RlsHeaders,
 
+    /// Threads that serve the rate limit service (HTTP/2, protobuf, the
+    /// rule lookup; decisions stay on the shards), each taking connections
+    /// from the one socket; default 1.
+    #[arg(long, value_name = "N")]
+    pub rls_threads: Option<u16>,
+
     /// Shard threads; default one per core.
     #[arg(long)]
     pub shards: Option<u16>,
@@ -405,6 +411,7 @@ struct FileConfig {
     rls_port: Option<u16>,
     rls_config: Option<PathBuf>,
     rls_headers: Option<RlsHeaders>,
+    rls_threads: Option<u16>,
     shards: Option<u16>,
     connections_max: Option<usize>,
     frame_bytes_max: Option<u32>,
@@ -556,6 +563,11 @@ impl Config {
                     config.rls_port = Some(v);
                 }
             }
+            if let Some(v) = file.rls_threads {
+                if from_file("rls_threads") {
+                    config.rls_threads = Some(v);
+                }
+            }
             if let Some(v) = file.rls_config.clone() {
                 if from_file("rls_config") {
                     config.rls_config = Some(v);
@@ -691,6 +703,9 @@ impl Config {
         }
         if let Some(t) = &self.auth_token {
             check("auth-token length", t.len(), 1, TOKEN_BYTES_MAX)?;
+        }
+        if let Some(n) = self.rls_threads {
+            check("rls-threads", n, 1, SHARDS_MAX)?;
         }
         if let Some(port) = self.rls_port {
             let bad = |range: &str| ConfigError {

@@ -78,7 +78,7 @@ pub struct Server {
     unauthed: Arc<crate::shard::Unauthed>,
     /// The rate limit service's listener and state, with --rls-port.
     #[cfg(feature = "rls")]
-    rls: Option<(TcpListener, Arc<crate::rls::Rls>)>,
+    rls: Option<(std::net::TcpListener, Arc<crate::rls::Rls>)>,
     /// SIGHUP's handler, installed at bind: a SIGHUP that comes right after
     /// the port is announced reloads instead of ending the process.
     hangup: Hangup,
@@ -165,6 +165,12 @@ impl Server {
             let rls = crate::rls::Rls::new(node.clone(), clock, rules);
             (listener, Arc::new(rls))
         });
+        #[cfg(feature = "rls")]
+        let rls = match rls {
+            // Served from its own runtime's threads: off this one.
+            Some((listener, rls)) => Some((listener.into_std().map_err(StartError::Thread)?, rls)),
+            None => None,
+        };
         Ok(Server {
             #[cfg(feature = "rls")]
             rls,
@@ -199,7 +205,7 @@ impl Server {
     pub fn rls_addr(&self) -> Option<SocketAddr> {
         #[cfg(feature = "rls")]
         if let Some((listener, _)) = &self.rls {
-            return Some(bound_addr(listener));
+            return listener.local_addr().ok();
         }
         None
     }
@@ -217,10 +223,16 @@ impl Server {
             tokio::spawn(crate::admin::serve(listener, self.admin.clone()));
         }
         #[cfg(feature = "rls")]
-        let rls = self.rls.take().map(|(listener, rls)| {
-            tokio::spawn(crate::rls::serve(listener, rls.clone()));
-            rls
-        });
+        let rls = match self.rls.take() {
+            Some((listener, rls)) => {
+                let threads = self.node.config.rls_threads.unwrap_or(1);
+                if let Err(e) = crate::rls::start(listener, rls.clone(), threads) {
+                    tracing::error!(error = %e, "cannot start the rate limit service's threads");
+                }
+                Some(rls)
+            }
+            None => None,
+        };
         let snapshots = Arc::new(tokio::sync::Mutex::new(()));
         let interval_s = self.node.config.snapshot_interval_s;
         if let (Some(dir), true) = (self.node.config.snapshot_dir.clone(), interval_s > 0) {

@@ -47,9 +47,18 @@ fn rules_dir() -> String {
     root().join("rls/rules").display().to_string()
 }
 
-fn examples(shards: &str) {
+fn examples(shards: &str, threads: &str) {
     let dir = rules_dir();
-    let server = Sluiced::start(&["--shards", shards, "--rls-port", "0", "--rls-config", &dir]);
+    let server = Sluiced::start(&[
+        "--shards",
+        shards,
+        "--rls-threads",
+        threads,
+        "--rls-port",
+        "0",
+        "--rls-config",
+        &dir,
+    ]);
     let out = check(&server, &["examples"]);
     for case in [
         "mongo_cps",
@@ -75,14 +84,14 @@ fn examples(shards: &str) {
 /// One shard: a request's limits are one DECIDE.
 #[test]
 fn documented_examples_give_documented_codes_on_one_shard() {
-    examples("1");
+    examples("1", "1");
 }
 
 /// Four shards: a request's limits are spread over shards, spent and, when
-/// one denies, refunded.
+/// one denies, refunded. Two service threads share the socket.
 #[test]
 fn documented_examples_give_documented_codes_across_shards() {
-    examples("4");
+    examples("4", "2");
 }
 
 #[test]

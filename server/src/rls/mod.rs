@@ -37,7 +37,6 @@
 
 pub mod rules;
 
-use std::net::SocketAddr;
 use std::sync::{Arc, RwLock};
 
 use envoy_types::pb::envoy::config::core::v3::HeaderValue;
@@ -132,8 +131,34 @@ impl Rls {
     }
 }
 
-/// Serves the rate limit service on `listener` until the process ends.
-pub async fn serve(listener: tokio::net::TcpListener, rls: Arc<Rls>) {
+/// Serves the rate limit service on `listener` from `threads` threads, each
+/// a single-threaded runtime accepting from the same socket (the kernel
+/// hands each connection to one of them, which serves it from then on, as
+/// the shards serve theirs), until the process ends.
+pub fn start(listener: std::net::TcpListener, rls: Arc<Rls>, threads: u16) -> std::io::Result<()> {
+    for i in 0..threads.max(1) {
+        let listener = listener.try_clone()?;
+        let rls = rls.clone();
+        let runtime = tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()?;
+        std::thread::Builder::new()
+            .name(format!("sluice-rls-{i}"))
+            .spawn(move || {
+                runtime.block_on(async move {
+                    match tokio::net::TcpListener::from_std(listener) {
+                        Ok(listener) => serve(listener, rls).await,
+                        Err(e) => {
+                            tracing::error!(error = %e, "the rate limit service cannot listen")
+                        }
+                    }
+                })
+            })?;
+    }
+    Ok(())
+}
+
+async fn serve(listener: tokio::net::TcpListener, rls: Arc<Rls>) {
     let service =
         RateLimitServiceServer::from_arc(rls).max_decoding_message_size(MESSAGE_BYTES_MAX);
     let served = tonic::transport::Server::builder()
@@ -144,11 +169,6 @@ pub async fn serve(listener: tokio::net::TcpListener, rls: Arc<Rls>) {
     if let Err(e) = served {
         tracing::error!(error = %e, "the rate limit service stopped");
     }
-}
-
-/// Where a listener for the service is bound (for the start-up line).
-pub fn describe(addr: SocketAddr) -> String {
-    format!("sluiced rls listening on {addr}")
 }
 
 /// What one descriptor asks.
