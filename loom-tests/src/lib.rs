@@ -17,7 +17,11 @@
 //! - [`inbox`]: the server's MPSC inbox, as is.
 //! - [`lease`]: a follower's receipts and its decision to promote itself.
 //! - `tests/handoff.rs`: connection to shard and back, several producers,
-//!   shutdown racing with sends, end of stream.
+//!   shutdown racing with sends, end of stream; a shard's one answer
+//!   through `inbox::oneshot` (or its absence), and shards reporting they
+//!   drained. Every channel between the server's threads is an inbox (the
+//!   tokio channels the shards used for these went: loom cannot see into
+//!   them).
 //! - `tests/promotion.rs`: no ack renews the old primary's lease once the
 //!   follower has decided to promote.
 

@@ -12,7 +12,7 @@ use std::sync::{Arc, Mutex};
 
 use loom::future::block_on;
 use loom::thread;
-use sluice_loom_tests::inbox::{inbox, Receiver, Sender};
+use sluice_loom_tests::inbox::{inbox, oneshot, Receiver, Sender};
 
 /// A request as a connection forwards it to a shard: the reply inbox's
 /// sender travels with it, as in `ShardMsg::Batch`.
@@ -222,4 +222,57 @@ fn receiver_drop_releases_queued_senders() {
     });
     // Both cases ran: queued at the drop (the cycle), and refused after it.
     assert_eq!(reached.get(), [false, true].into(), "outcomes reached");
+}
+
+/// A shard's one answer (a reset, a handover, a snapshot part, an apply)
+/// through `inbox::oneshot`, which replaced tokio's oneshot so that loom
+/// sees it: the waiter on the main thread gets the answer, or `None` when
+/// the shard's side is dropped without answering (a stopping shard), and
+/// never hangs (a lost wake-up is a loom deadlock), whichever comes first.
+#[test]
+fn a_oneshot_answer_or_its_absence_always_reaches_the_waiter() {
+    let reached = Reached::default();
+    let outcomes = reached.clone();
+    loom::model(move || {
+        for answers in [true, false] {
+            let (tx, rx) = oneshot::<u32>();
+            let shard = thread::spawn(move || {
+                if answers {
+                    tx.send(7).expect("the waiter is there");
+                } else {
+                    drop(tx);
+                }
+            });
+            let got = block_on(rx.recv());
+            assert_eq!(got, answers.then_some(7));
+            outcomes.insert(got);
+            shard.join().unwrap();
+        }
+    });
+    assert_eq!(reached.get(), [None, Some(7)].into(), "outcomes reached");
+}
+
+/// Shards reporting that they drained (each sends its id once, then drops
+/// its sender) to the main thread, which counts them: it sees every id,
+/// and its wait ends when the last sender is gone, in every interleaving.
+#[test]
+fn every_drained_report_is_counted() {
+    loom::model(|| {
+        let (tx, mut rx) = inbox::<u16>();
+        let shards: Vec<_> = (0..2u16)
+            .map(|id| {
+                let tx = tx.clone();
+                thread::spawn(move || {
+                    tx.send(id).expect("the counter is there");
+                })
+            })
+            .collect();
+        drop(tx);
+        let mut ids = drain(&mut rx);
+        ids.sort_unstable();
+        assert_eq!(ids, [0, 1]);
+        for s in shards {
+            s.join().unwrap();
+        }
+    });
 }

@@ -15,6 +15,12 @@
 //!
 //! The decision path never touches this: a shard's table is reached only
 //! from its own thread.
+//!
+//! Every channel between threads is one of these, so loom sees them all:
+//! [`oneshot`] (one answer: a shard's reply to a reset, a handover, a
+//! snapshot, an apply) is an inbox whose one sender is consumed by its one
+//! send, and the many-to-one channels (shards reporting they drained,
+//! flows reporting they ended) are inboxes as they are.
 
 use std::collections::VecDeque;
 use std::future::poll_fn;
@@ -162,5 +168,40 @@ impl<T> Drop for Receiver<T> {
         };
         // Dropped outside the lock: a message may own a sender of this inbox.
         drop(dropped);
+    }
+}
+
+/// The sending side of a [`oneshot`]: one message, then it is gone.
+#[derive(Debug)]
+pub struct OnceSender<T>(Sender<T>);
+
+/// The receiving side of a [`oneshot`].
+#[derive(Debug)]
+pub struct OnceReceiver<T>(Receiver<T>);
+
+/// A channel for one answer across threads, on an inbox (so that loom can
+/// check it): the receiver gets the message, or `None` once the sender is
+/// gone without sending (the other thread stopped).
+pub fn oneshot<T>() -> (OnceSender<T>, OnceReceiver<T>) {
+    let (tx, rx) = inbox();
+    (OnceSender(tx), OnceReceiver(rx))
+}
+
+impl<T> OnceSender<T> {
+    /// Sends the answer; `Err(msg)` if the receiver is gone.
+    pub fn send(self, msg: T) -> Result<(), T> {
+        self.0.send(msg)
+    }
+}
+
+impl<T> OnceReceiver<T> {
+    /// The answer, or `None` if the sender went away without one.
+    pub async fn recv(mut self) -> Option<T> {
+        let mut out = Vec::with_capacity(1);
+        if self.0.recv_many(&mut out).await {
+            out.into_iter().next()
+        } else {
+            None
+        }
     }
 }

@@ -14,7 +14,6 @@ use sluice_protocol::codec::FrameWriter;
 use sluice_protocol::{message, MonotonicClock, Status};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::{TcpListener, TcpStream};
-use tokio::sync::mpsc;
 
 use crate::config::Config;
 use crate::inbox;
@@ -69,7 +68,7 @@ pub struct Server {
     /// The shard threads, joined at shutdown.
     threads: Vec<std::thread::JoinHandle<()>>,
     /// Shards report here once drained.
-    drained_rx: mpsc::UnboundedReceiver<u16>,
+    drained_rx: inbox::Receiver<u16>,
     /// The admin HTTP listener, with --admin-port; served from `serve`.
     admin_listener: Option<TcpListener>,
     /// What it reads (the open-connection count lives there too).
@@ -110,7 +109,7 @@ impl Server {
         };
         let shard_count = config.shard_count();
         let clock = MonotonicClock::new();
-        let (drained_tx, drained_rx) = mpsc::unbounded_channel();
+        let (drained_tx, drained_rx) = inbox::inbox();
         let mut senders = Vec::new();
         let mut node_txs = Vec::new();
         let mut threads = Vec::new();
@@ -301,8 +300,10 @@ impl Server {
         let drain = Duration::from_millis(self.node.config.drain_ms);
         let mut drained = 0;
         let all_drained = tokio::time::timeout(drain, async {
-            while drained < self.node.shards.len() && self.drained_rx.recv().await.is_some() {
-                drained += 1;
+            let mut ids = Vec::new();
+            while drained < self.node.shards.len() && self.drained_rx.recv_many(&mut ids).await {
+                drained += ids.len();
+                ids.clear();
             }
         });
         if all_drained.await.is_err() {
@@ -452,16 +453,16 @@ async fn write_snapshot(
     let started = Instant::now();
     let mut waits = Vec::new();
     for tx in &node.shards {
-        let (done, rx) = tokio::sync::oneshot::channel();
+        let (done, rx) = crate::inbox::oneshot();
         if tx.send(ShardMsg::Snapshot(done)).is_ok() {
             waits.push(rx);
         }
     }
     let mut parts = Vec::new();
     for rx in waits {
-        match rx.await {
-            Ok(part) => parts.push(part),
-            Err(_) => {
+        match rx.recv().await {
+            Some(part) => parts.push(part),
+            None => {
                 admin
                     .snapshot_failures
                     .fetch_add(1, crate::sync::Ordering::Relaxed);

@@ -17,7 +17,6 @@ use std::rc::Rc;
 
 use sluice_protocol::limit::Kind;
 use sluice_protocol::{Clock, MonotonicClock, Status};
-use tokio::sync::mpsc;
 
 use crate::connection;
 use crate::inbox::Receiver;
@@ -33,7 +32,7 @@ pub fn spawn(
     id: u16,
     rx: Receiver<ShardMsg>,
     node_rx: crate::sync::mpsc::Receiver<Arc<Node>>,
-    drained_tx: mpsc::UnboundedSender<u16>,
+    drained_tx: crate::inbox::Sender<u16>,
     clock: MonotonicClock,
 ) -> std::io::Result<std::thread::JoinHandle<()>> {
     std::thread::Builder::new()

@@ -15,6 +15,7 @@
 use std::rc::Rc;
 use std::time::Duration;
 
+use crate::inbox::{self, oneshot, OnceSender};
 use bytes::BytesMut;
 use sluice_protocol::codec::{FrameDecoder, FrameWriter};
 use sluice_protocol::limit::Kind;
@@ -26,7 +27,6 @@ use sluice_protocol::routing::shard_of;
 use sluice_protocol::{Clock, PROTOCOL_VERSION};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::TcpStream;
-use tokio::sync::{mpsc, oneshot};
 use tokio_util::codec::Decoder;
 
 use super::RECONNECT_MS;
@@ -44,7 +44,7 @@ pub struct Apply {
     /// The records, in stream order.
     pub records: Vec<Record>,
     /// Told once they are applied.
-    pub done: oneshot::Sender<()>,
+    pub done: OnceSender<()>,
 }
 
 /// Start one flow on this shard.
@@ -57,7 +57,7 @@ pub struct StartFlow {
     /// The primary shard this flow streams.
     pub primary_shard: u16,
     /// Told when the flow ends (any reason).
-    pub ended: mpsc::UnboundedSender<u64>,
+    pub ended: inbox::Sender<u64>,
 }
 
 /// Clear the table for a new full sync, then say so.
@@ -66,7 +66,7 @@ pub struct Reset {
     /// The following attempt that starts.
     pub generation: u64,
     /// Told once the table is empty.
-    pub done: oneshot::Sender<()>,
+    pub done: OnceSender<()>,
 }
 
 /// Why one attempt to follow failed.
@@ -213,7 +213,7 @@ async fn attempt(core: &Rc<ShardCore>, primary: &str, generation: u64) -> Result
     tracing::info!(primary = %primary, primary_shards = hello.shard_count, epoch = hello.epoch, "following: full sync");
     let mut resets = Vec::new();
     for tx in &core.node.shards {
-        let (done, rx) = oneshot::channel();
+        let (done, rx) = oneshot();
         if tx
             .send(ShardMsg::Reset(Reset { generation, done }))
             .is_err()
@@ -223,9 +223,9 @@ async fn attempt(core: &Rc<ShardCore>, primary: &str, generation: u64) -> Result
         resets.push(rx);
     }
     for rx in resets {
-        let _ = rx.await;
+        let _ = rx.recv().await;
     }
-    let (ended_tx, mut ended_rx) = mpsc::unbounded_channel();
+    let (ended_tx, mut ended_rx) = inbox::inbox();
     for i in 0..hello.shard_count {
         let start = StartFlow {
             generation,
@@ -239,7 +239,7 @@ async fn attempt(core: &Rc<ShardCore>, primary: &str, generation: u64) -> Result
     drop(ended_tx);
     // Any flow ending ends the attempt: the others stop at their next
     // message (the generation moves on).
-    let _ = ended_rx.recv().await;
+    let _ = ended_rx.recv_many(&mut Vec::new()).await;
     repl.follow_gen
         .compare_exchange(
             generation,
@@ -481,7 +481,7 @@ async fn apply(core: &ShardCore, generation: u64, records: Vec<Record>) {
         if records.is_empty() {
             continue;
         }
-        let (done, rx) = oneshot::channel();
+        let (done, rx) = oneshot();
         let msg = ShardMsg::Apply(Apply {
             generation,
             records,
@@ -492,6 +492,6 @@ async fn apply(core: &ShardCore, generation: u64, records: Vec<Record>) {
         }
     }
     for rx in waits {
-        let _ = rx.await;
+        let _ = rx.recv().await;
     }
 }

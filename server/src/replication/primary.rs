@@ -475,14 +475,14 @@ pub async fn failover(core: Rc<ShardCore>) -> Result<FailoverOk, String> {
     tracing::warn!(follower = %target, "planned failover: handing over");
     let mut waits = Vec::new();
     for tx in &core.node.shards {
-        let (done, rx) = tokio::sync::oneshot::channel();
+        let (done, rx) = crate::inbox::oneshot();
         if tx.send(crate::shard::ShardMsg::Handover(done)).is_ok() {
             waits.push(rx);
         }
     }
     let mut all = waits.len() == core.node.shards.len();
     for rx in waits {
-        all &= rx.await.unwrap_or(false);
+        all &= rx.recv().await.unwrap_or(false);
     }
     if !all {
         repl.handing_over.store(0, Ordering::Release);

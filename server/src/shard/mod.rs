@@ -26,7 +26,7 @@ use sluice_protocol::cell::{CellPolicy, CellVerdict};
 use sluice_protocol::gcra::Verdict;
 use sluice_protocol::limit::{Concurrency, Limit};
 use sluice_protocol::{MonotonicClock, Policy, Status};
-use tokio::sync::{mpsc, watch};
+use tokio::sync::watch;
 
 use crate::config::Config;
 use crate::inbox::Sender;
@@ -63,12 +63,12 @@ pub enum ShardMsg {
     Reserve(u64, [u64; 5]),
     /// Planned failover: say once the follower has everything this shard
     /// changed.
-    Handover(tokio::sync::oneshot::Sender<bool>),
+    Handover(crate::inbox::OnceSender<bool>),
     /// Planned failover: this shard's flow hands over at this epoch.
     Takeover(u64),
     /// Snapshot: encode this shard's buckets (a chunk of keys at a time,
     /// between other work) and send them.
-    Snapshot(tokio::sync::oneshot::Sender<crate::snapshot::ShardPart>),
+    Snapshot(crate::inbox::OnceSender<crate::snapshot::ShardPart>),
     /// Snapshot, at start (before any connection): store these buckets.
     Load(
         Vec<sluice_protocol::replication::Record>,
@@ -530,7 +530,7 @@ pub struct ShardCore {
     /// [`ShardCore::sync_epoch`]).
     pub lease_epoch: Cell<u64>,
     /// Told this shard's id once it has drained.
-    drained_tx: mpsc::UnboundedSender<u16>,
+    drained_tx: crate::inbox::Sender<u16>,
     /// Whether `drained_tx` has been used.
     drained_sent: Cell<bool>,
     /// Bytes read from and written to this shard's client connections.
@@ -556,7 +556,7 @@ impl ShardCore {
         id: u16,
         node: Arc<Node>,
         clock: MonotonicClock,
-        drained_tx: mpsc::UnboundedSender<u16>,
+        drained_tx: crate::inbox::Sender<u16>,
     ) -> ShardCore {
         let tiers = RefCell::new(Arc::new(node.config.tiers.clone()));
         // Lease ids are unique per node and epoch: each shard counts in
