@@ -16,6 +16,7 @@
 //! Layout:
 //! - [`inbox`]: the server's MPSC inbox, as is.
 //! - [`lease`]: a follower's receipts and its decision to promote itself.
+//! - [`signal`]: the permit that evicts an unauthenticated connection.
 //! - `tests/handoff.rs`: connection to shard and back, several producers,
 //!   shutdown racing with sends, end of stream; a shard's one answer
 //!   through `inbox::oneshot` (or its absence), and shards reporting they
@@ -39,3 +40,7 @@ pub mod inbox;
 #[cfg(sluice_loom)]
 #[path = "../../server/src/replication/lease.rs"]
 pub mod lease;
+
+#[cfg(sluice_loom)]
+#[path = "../../server/src/signal.rs"]
+pub mod signal;

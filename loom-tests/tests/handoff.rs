@@ -13,6 +13,7 @@ use std::sync::{Arc, Mutex};
 use loom::future::block_on;
 use loom::thread;
 use sluice_loom_tests::inbox::{inbox, oneshot, Receiver, Sender};
+use sluice_loom_tests::signal::Signal;
 
 /// A request as a connection forwards it to a shard: the reply inbox's
 /// sender travels with it, as in `ShardMsg::Batch`.
@@ -275,4 +276,43 @@ fn every_drained_report_is_counted() {
             s.join().unwrap();
         }
     });
+}
+
+/// The acceptor evicts an unauthenticated connection on a shard thread
+/// (`Unauthed::evict_oldest`, through `signal::Signal`): the permit is
+/// seen whether it comes before the connection waits, while it registers,
+/// or after it parks; and it is taken once.
+#[test]
+fn an_eviction_is_never_lost() {
+    loom::model(|| {
+        let signal = std::sync::Arc::new(Signal::new());
+        let acceptor = {
+            let signal = signal.clone();
+            thread::spawn(move || signal.notify())
+        };
+        block_on(signal.wait());
+        acceptor.join().unwrap();
+        // Taken: a second wait would park (checked without waiting).
+        let waker = futures_waker();
+        let mut cx = std::task::Context::from_waker(&waker);
+        assert!(
+            signal.poll_wait(&mut cx).is_pending(),
+            "the permit was taken once"
+        );
+    });
+}
+
+/// A waker that does nothing, for one poll outside `block_on`.
+fn futures_waker() -> std::task::Waker {
+    use std::task::{RawWaker, RawWakerVTable};
+    fn clone(_: *const ()) -> RawWaker {
+        RawWaker::new(std::ptr::null(), &VTABLE)
+    }
+    fn noop(_: *const ()) {}
+    static VTABLE: RawWakerVTable = RawWakerVTable::new(clone, noop, noop, noop);
+    // SAFETY: every function of the vtable ignores the data pointer.
+    #[allow(unsafe_code)]
+    unsafe {
+        std::task::Waker::from_raw(RawWaker::new(std::ptr::null(), &VTABLE))
+    }
 }

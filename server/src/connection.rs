@@ -274,7 +274,7 @@ impl Handler for Connection {
         self.authed
     }
 
-    fn eviction(&self) -> Option<std::sync::Arc<tokio::sync::Notify>> {
+    fn eviction(&self) -> Option<std::sync::Arc<crate::signal::Signal>> {
         self.guard.eviction()
     }
 

@@ -95,7 +95,7 @@ pub(crate) trait Handler: Sized {
     fn authed(&self) -> bool;
     /// Until authenticated: notified when a newer connection takes this
     /// one's place at the connection limit.
-    fn eviction(&self) -> Option<std::sync::Arc<tokio::sync::Notify>>;
+    fn eviction(&self) -> Option<std::sync::Arc<crate::signal::Signal>>;
     /// Whether to linger on close (see [`ERROR_LINGER_MS`]).
     fn linger_on_close(&self) -> bool {
         false
@@ -255,7 +255,7 @@ async fn serve<H: Handler>(
     let eviction = h.eviction();
     let evicted = async {
         match &eviction {
-            Some(notify) => notify.notified().await,
+            Some(signal) => signal.wait().await,
             None => std::future::pending().await,
         }
     };

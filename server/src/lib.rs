@@ -36,6 +36,7 @@ pub mod resp;
 pub mod rls;
 pub mod server;
 pub mod shard;
+pub mod signal;
 pub mod snapshot;
 mod sync;
 pub mod tiers;

@@ -179,7 +179,7 @@ impl Handler for RespConnection {
         self.session.authed
     }
 
-    fn eviction(&self) -> Option<std::sync::Arc<tokio::sync::Notify>> {
+    fn eviction(&self) -> Option<std::sync::Arc<crate::signal::Signal>> {
         self.session.guard.eviction()
     }
 

@@ -286,7 +286,7 @@ impl ConnectionGuard {
 
     /// Notified when a newer connection takes this one's place (none once
     /// authenticated, or on a node without a token).
-    pub fn eviction(&self) -> Option<Arc<tokio::sync::Notify>> {
+    pub fn eviction(&self) -> Option<Arc<crate::signal::Signal>> {
         self.waiting.as_ref().map(|t| t.notify.clone())
     }
 
@@ -303,13 +303,13 @@ impl ConnectionGuard {
 #[derive(Debug, Default)]
 pub struct Unauthed {
     next: crate::sync::AtomicU64,
-    waiting: crate::sync::Mutex<std::collections::BTreeMap<u64, Arc<tokio::sync::Notify>>>,
+    waiting: crate::sync::Mutex<std::collections::BTreeMap<u64, Arc<crate::signal::Signal>>>,
 }
 
 impl Unauthed {
     fn register(self: &Arc<Self>) -> AuthTicket {
         let id = self.next.fetch_add(1, Ordering::Relaxed);
-        let notify = Arc::new(tokio::sync::Notify::new());
+        let notify = Arc::new(crate::signal::Signal::new());
         self.lock().insert(id, notify.clone());
         AuthTicket {
             id,
@@ -324,7 +324,7 @@ impl Unauthed {
         match self.lock().pop_first() {
             Some((_, notify)) => {
                 // A permit: seen even if the connection is not waiting now.
-                notify.notify_one();
+                notify.notify();
                 true
             }
             None => false,
@@ -343,7 +343,7 @@ impl Unauthed {
 
     fn lock(
         &self,
-    ) -> impl std::ops::DerefMut<Target = std::collections::BTreeMap<u64, Arc<tokio::sync::Notify>>> + '_
+    ) -> impl std::ops::DerefMut<Target = std::collections::BTreeMap<u64, Arc<crate::signal::Signal>>> + '_
     {
         self.waiting.lock().unwrap_or_else(|e| e.into_inner())
     }
@@ -353,7 +353,7 @@ impl Unauthed {
 #[derive(Debug)]
 struct AuthTicket {
     id: u64,
-    notify: Arc<tokio::sync::Notify>,
+    notify: Arc<crate::signal::Signal>,
     registry: Arc<Unauthed>,
 }
 
