@@ -117,20 +117,5 @@ open(out, "w").write(text)
 print(text)
 PY
 
-python3 - "$ROOT/BENCHMARKS.md" "$OUT" <<'PY'
-import sys
-path, section = sys.argv[1], open(sys.argv[2]).read()
-doc = open(path).read()
-head = "## Envoy's rate limit service (gRPC)"
-if head in doc:
-    start = doc.index(head)
-    end = doc.find("\n## ", start + len(head))
-    end = len(doc) if end < 0 else end + 1
-    doc = doc[:start] + section + "\n" + doc[end:]
-else:
-    notes = doc.find("## What limits each figure")
-    at = len(doc) if notes < 0 else notes
-    doc = doc[:at] + section + "\n" + doc[at:]
-open(path, "w").write(doc)
-PY
+python3 "$ROOT/benches/splice.py" "$ROOT/BENCHMARKS.md" "$OUT"
 echo "== wrote $OUT and its section of BENCHMARKS.md"
