@@ -9,6 +9,8 @@ Usage: envoy_rls_check.py PORT MODE [ARGS]
   headers PREFIX   the reply carries PREFIX-Limit/-Remaining/-Reset
   limit D K V      prints the requests_per_unit of (K, V) in domain D, or none
   unavailable      every request is refused with UNAVAILABLE (a follower)
+  unlimited N      N calls matching only the unlimited rule of example7
+  limited          one call matching example7's limited rule
 """
 
 import sys
@@ -257,6 +259,17 @@ elif mode == "limit":
     r = ask(domain, [(key, value)])
     s = r.statuses[0]
     print(s.current_limit.requests_per_unit if s.HasField("current_limit") else "none")
+elif mode == "unlimited":
+    for i in range(int(sys.argv[3])):
+        expect(
+            ask("example7", [("key1", "value1"), ("user", f"u{i % 7}")], hits=1000),
+            OK,
+            (OK, None, U32_MAX),
+        )
+    print("unlimited: ok")
+elif mode == "limited":
+    expect(ask("example7", [("key1", "value1"), ("key2", "k")]), OK, (OK, 10, 9))
+    print("limited: ok")
 elif mode == "unavailable":
     try:
         ask("sluice", [("a", "x")])

@@ -8,7 +8,7 @@ use std::path::PathBuf;
 use std::process::Command;
 use std::time::{Duration, Instant};
 
-use sluice_tests::support::{binary, Sluiced};
+use sluice_tests::support::{binary, json_object, sluice_cli, Sluiced};
 
 fn root() -> PathBuf {
     PathBuf::from(env!("CARGO_MANIFEST_DIR"))
@@ -186,4 +186,27 @@ fn a_follower_refuses_with_unavailable_and_names_its_primary() {
     ]);
     let out = check(&follower, &["unavailable"]);
     assert!(out.contains("unavailable:") && out.contains(&addr), "{out}");
+}
+
+/// Decisions and buckets as the node counts them (`sluice stats --json`).
+fn counted(server: &Sluiced) -> (u64, u64) {
+    let stats = json_object(&sluice_cli(server, &["stats", "--json"]));
+    let total = &stats["total"];
+    let n = |k: &str| total[k].as_u64().expect("a count");
+    (n("allowed") + n("denied"), n("buckets"))
+}
+
+/// `unlimited: true` never counts: 200 calls that match only an unlimited
+/// rule leave no decision and no bucket in the node's own counters, where
+/// one call on a limited rule leaves one of each (so the counters do see
+/// the service's decisions).
+#[test]
+fn unlimited_never_counts() {
+    let dir = rules_dir();
+    let server = Sluiced::start(&["--rls-port", "0", "--rls-config", &dir]);
+    assert_eq!(counted(&server), (0, 0));
+    assert!(check(&server, &["unlimited", "200"]).contains("unlimited: ok"));
+    assert_eq!(counted(&server), (0, 0), "unlimited calls were counted");
+    assert!(check(&server, &["limited"]).contains("limited: ok"));
+    assert_eq!(counted(&server), (1, 1));
 }
