@@ -75,9 +75,10 @@ pub struct Server {
     admin: Arc<crate::admin::AdminState>,
     /// Connections yet to authenticate (with --auth-token), oldest first.
     unauthed: Arc<crate::shard::Unauthed>,
-    /// The rate limit service's listener and state, with --rls-port.
+    /// The rate limit service's address and state, with --rls-port (its
+    /// threads serve from `bind` on).
     #[cfg(feature = "rls")]
-    rls: Option<(std::net::TcpListener, Arc<crate::rls::Rls>)>,
+    rls: Option<(SocketAddr, Arc<crate::rls::Rls>)>,
     /// SIGHUP's handler, installed at bind: a SIGHUP that comes right after
     /// the port is announced reloads instead of ending the process.
     hangup: Hangup,
@@ -102,7 +103,10 @@ impl Server {
         #[cfg(feature = "rls")]
         let rls_start = match (config.rls_port, &config.rls_config) {
             (Some(port), Some(path)) => Some((
-                listen(SocketAddr::new(config.bind, port))?,
+                // Served from threads of its own: off this runtime.
+                listen(SocketAddr::new(config.bind, port))?
+                    .into_std()
+                    .map_err(StartError::Thread)?,
                 crate::rls::rules::Rules::load(path).map_err(|e| StartError::Rls(e.to_string()))?,
             )),
             _ => None,
@@ -160,14 +164,14 @@ impl Server {
             snapshot_failures: crate::sync::AtomicU64::new(0),
         });
         #[cfg(feature = "rls")]
-        let rls = rls_start.map(|(listener, rules)| {
-            let rls = crate::rls::Rls::new(node.clone(), clock, rules);
-            (listener, Arc::new(rls))
-        });
-        #[cfg(feature = "rls")]
-        let rls = match rls {
-            // Served from its own runtime's threads: off this one.
-            Some((listener, rls)) => Some((listener.into_std().map_err(StartError::Thread)?, rls)),
+        let rls = match rls_start {
+            Some((listener, rules)) => {
+                let addr = listener.local_addr().map_err(StartError::Thread)?;
+                let rls = Arc::new(crate::rls::Rls::new(node.clone(), clock, rules));
+                let threads = node.config.rls_threads.unwrap_or(1);
+                crate::rls::start(listener, rls.clone(), threads).map_err(StartError::Thread)?;
+                Some((addr, rls))
+            }
             None => None,
         };
         Ok(Server {
@@ -203,8 +207,8 @@ impl Server {
     /// The rate limit service's address, when `--rls-port` enabled it.
     pub fn rls_addr(&self) -> Option<SocketAddr> {
         #[cfg(feature = "rls")]
-        if let Some((listener, _)) = &self.rls {
-            return listener.local_addr().ok();
+        if let Some((addr, _)) = &self.rls {
+            return Some(*addr);
         }
         None
     }
@@ -222,16 +226,7 @@ impl Server {
             tokio::spawn(crate::admin::serve(listener, self.admin.clone()));
         }
         #[cfg(feature = "rls")]
-        let rls = match self.rls.take() {
-            Some((listener, rls)) => {
-                let threads = self.node.config.rls_threads.unwrap_or(1);
-                if let Err(e) = crate::rls::start(listener, rls.clone(), threads) {
-                    tracing::error!(error = %e, "cannot start the rate limit service's threads");
-                }
-                Some(rls)
-            }
-            None => None,
-        };
+        let rls = self.rls.take().map(|(_, rls)| rls);
         let snapshots = Arc::new(tokio::sync::Mutex::new(()));
         let interval_s = self.node.config.snapshot_interval_s;
         if let (Some(dir), true) = (self.node.config.snapshot_dir.clone(), interval_s > 0) {

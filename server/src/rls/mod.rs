@@ -37,6 +37,7 @@
 
 pub mod rules;
 
+use std::borrow::Cow;
 use std::sync::{Arc, RwLock};
 
 use envoy_types::pb::envoy::config::core::v3::HeaderValue;
@@ -173,9 +174,10 @@ async fn serve(listener: tokio::net::TcpListener, rls: Arc<Rls>) {
 
 /// What one descriptor asks.
 #[derive(Debug)]
-struct Plan {
-    /// Its rule (or its own `limit` override); `None`: no limit applies.
-    rule: Option<Rule>,
+struct Plan<'r> {
+    /// Its rule, borrowed from the rules in force (or its own `limit`
+    /// override); `None`: no limit applies.
+    rule: Option<Cow<'r, Rule>>,
     /// Units.
     cost: u64,
     /// `is_negative_hits`: give `cost` back.
@@ -184,7 +186,7 @@ struct Plan {
     at: Option<(usize, usize, usize)>,
 }
 
-impl Plan {
+impl Plan<'_> {
     fn limit(&self) -> Option<Limit> {
         self.rule.as_ref()?.quota?.limit()
     }
@@ -242,7 +244,6 @@ impl RateLimitService for Rls {
         }
         let rules = self.rules();
         let mut plans = plan(&rules, &request);
-        drop(rules);
         let now_ns = self.clock.now_ns();
         if !self.node.repl.admits(now_ns) {
             return Err(tonic::Status::unavailable(
@@ -257,7 +258,7 @@ impl RateLimitService for Rls {
 }
 
 /// Each descriptor's rule, cost and direction; replaced rules removed.
-fn plan(rules: &Rules, request: &RateLimitRequest) -> Vec<Plan> {
+fn plan<'r>(rules: &'r Rules, request: &RateLimitRequest) -> Vec<Plan<'r>> {
     let request_cost = match request.hits_addend {
         0 => 1,
         n => u64::from(n),
@@ -293,10 +294,10 @@ fn plan(rules: &Rules, request: &RateLimitRequest) -> Vec<Plan> {
     plans
 }
 
-fn rule_for(rules: &Rules, domain: &str, d: &RateLimitDescriptor) -> Option<Rule> {
+fn rule_for<'r>(rules: &'r Rules, domain: &str, d: &RateLimitDescriptor) -> Option<Cow<'r, Rule>> {
     if let Some(o) = &d.limit {
         if let (true, Some(unit)) = (rules.has_domain(domain), rules::Unit::from_proto(o.unit)) {
-            return Some(Rule {
+            return Some(Cow::Owned(Rule {
                 name: String::new(),
                 quota: Some(Quota {
                     requests_per_unit: o.requests_per_unit,
@@ -305,7 +306,7 @@ fn rule_for(rules: &Rules, domain: &str, d: &RateLimitDescriptor) -> Option<Rule
                 }),
                 replaces: Vec::new(),
                 shadow_mode: false,
-            });
+            }));
         }
     }
     rules
@@ -313,7 +314,7 @@ fn rule_for(rules: &Rules, domain: &str, d: &RateLimitDescriptor) -> Option<Rule
             domain,
             d.entries.iter().map(|e| (e.key.as_str(), e.value.as_str())),
         )
-        .cloned()
+        .map(Cow::Borrowed)
 }
 
 /// The key a descriptor's limit is kept under: `rls/DOMAIN/KEY=VALUE/...`,
@@ -362,7 +363,7 @@ impl Rls {
     async fn decide(
         &self,
         request: &RateLimitRequest,
-        plans: &mut [Plan],
+        plans: &mut [Plan<'_>],
     ) -> Result<(Decided, bool), tonic::Status> {
         let hopeless = plans.iter().any(|p| p.enforced() && p.hopeless());
         let mut pending: Vec<Vec<Pending>> =
@@ -414,11 +415,7 @@ impl Rls {
             op.count += 1;
             plan.at = Some((shard, item, index));
         }
-        let ops: Vec<Vec<DecideOp>> = pending
-            .iter()
-            .map(|groups| groups.iter().map(|g| g.op).collect())
-            .collect();
-        let decided = self.send(&ops).await?;
+        let decided = self.send(&pending).await?;
         let denied = hopeless
             || pending.iter().zip(&decided).any(|(groups, outs)| {
                 groups
@@ -428,16 +425,20 @@ impl Rls {
             });
         if denied && !hopeless {
             // All or nothing: every spend that went through is given back.
-            let undo: Vec<Vec<DecideOp>> = ops
+            let undo: Vec<Vec<Pending>> = pending
                 .iter()
                 .zip(&decided)
-                .map(|(ops, outs)| {
-                    ops.iter()
+                .map(|(groups, outs)| {
+                    groups
+                        .iter()
                         .zip(outs)
-                        .filter(|(op, o)| op.mode == Mode::Spend && allowed(o))
-                        .map(|(op, _)| DecideOp {
-                            mode: Mode::Refund,
-                            ..*op
+                        .filter(|(g, o)| g.op.mode == Mode::Spend && allowed(o))
+                        .map(|(g, _)| Pending {
+                            op: DecideOp {
+                                mode: Mode::Refund,
+                                ..g.op
+                            },
+                            joinable: false,
                         })
                         .collect()
                 })
@@ -449,22 +450,22 @@ impl Rls {
 
     /// Sends each shard its DECIDEs as one batch and waits for every
     /// answer.
-    async fn send(&self, ops: &[Vec<DecideOp>]) -> Result<Decided, tonic::Status> {
-        let mut decided: Decided = ops.iter().map(|ops| vec![None; ops.len()]).collect();
+    async fn send(&self, pending: &[Vec<Pending>]) -> Result<Decided, tonic::Status> {
+        let mut decided: Decided = pending.iter().map(|g| vec![None; g.len()]).collect();
         let (reply_tx, mut replies) = inbox::inbox::<BatchReply>();
         let mut waiting = 0;
-        for (shard, ops) in ops.iter().enumerate() {
-            if ops.is_empty() {
+        for (shard, groups) in pending.iter().enumerate() {
+            if groups.is_empty() {
                 continue;
             }
-            let items = ops
+            let items = groups
                 .iter()
                 .enumerate()
-                .map(|(item, op)| FwdItem {
+                .map(|(item, g)| FwdItem {
                     // Which shard and item: the reply does not say.
                     seq: (shard as u64) << 32 | item as u64,
-                    key: op.refs[0].bucket,
-                    op: Op::Decide(Box::new(*op)),
+                    key: g.op.refs[0].bucket,
+                    op: Op::Decide(Box::new(g.op)),
                 })
                 .collect();
             let batch = Batch {
@@ -503,7 +504,7 @@ impl Rls {
     /// The reply: a status per descriptor, the overall code, the headers.
     fn respond(
         &self,
-        plans: &[Plan],
+        plans: &[Plan<'_>],
         decided: &Decided,
         denied: bool,
         now_ns: u64,
@@ -571,7 +572,7 @@ fn header(key: String, value: String) -> HeaderValue {
 /// A descriptor's status: its own verdict (OVER_LIMIT only for an enforced
 /// limit that denies), what it has left as the request leaves it (a request
 /// denied elsewhere took nothing), the time to its reset.
-fn status(p: &Plan, decided: &Decided, denied: bool, now_ns: u64) -> DescriptorStatus {
+fn status(p: &Plan<'_>, decided: &Decided, denied: bool, now_ns: u64) -> DescriptorStatus {
     let Some(rule) = &p.rule else {
         return DescriptorStatus {
             code: Code::Ok as i32,
