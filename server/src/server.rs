@@ -75,10 +75,9 @@ pub struct Server {
     admin: Arc<crate::admin::AdminState>,
     /// Connections yet to authenticate (with --auth-token), oldest first.
     unauthed: Arc<crate::shard::Unauthed>,
-    /// The rate limit service's address and state, with --rls-port (its
-    /// threads serve from `bind` on).
+    /// The rate limit service's listener and state, with --rls-port.
     #[cfg(feature = "rls")]
-    rls: Option<(SocketAddr, Arc<crate::rls::Rls>)>,
+    rls: Option<(std::net::TcpListener, Arc<crate::rls::Rls>)>,
     /// SIGHUP's handler, installed at bind: a SIGHUP that comes right after
     /// the port is announced reloads instead of ending the process.
     hangup: Hangup,
@@ -103,10 +102,7 @@ impl Server {
         #[cfg(feature = "rls")]
         let rls_start = match (config.rls_port, &config.rls_config) {
             (Some(port), Some(path)) => Some((
-                // Served from threads of its own: off this runtime.
-                listen(SocketAddr::new(config.bind, port))?
-                    .into_std()
-                    .map_err(StartError::Thread)?,
+                listen(SocketAddr::new(config.bind, port))?,
                 crate::rls::rules::Rules::load(path).map_err(|e| StartError::Rls(e.to_string()))?,
             )),
             _ => None,
@@ -164,14 +160,14 @@ impl Server {
             snapshot_failures: crate::sync::AtomicU64::new(0),
         });
         #[cfg(feature = "rls")]
-        let rls = match rls_start {
-            Some((listener, rules)) => {
-                let addr = listener.local_addr().map_err(StartError::Thread)?;
-                let rls = Arc::new(crate::rls::Rls::new(node.clone(), clock, rules));
-                let threads = node.config.rls_threads.unwrap_or(1);
-                crate::rls::start(listener, rls.clone(), threads).map_err(StartError::Thread)?;
-                Some((addr, rls))
-            }
+        let rls = rls_start.map(|(listener, rules)| {
+            let rls = crate::rls::Rls::new(node.clone(), clock, rules);
+            (listener, Arc::new(rls))
+        });
+        #[cfg(feature = "rls")]
+        let rls = match rls {
+            // Served from its own runtime's threads: off this one.
+            Some((listener, rls)) => Some((listener.into_std().map_err(StartError::Thread)?, rls)),
             None => None,
         };
         Ok(Server {
@@ -207,8 +203,8 @@ impl Server {
     /// The rate limit service's address, when `--rls-port` enabled it.
     pub fn rls_addr(&self) -> Option<SocketAddr> {
         #[cfg(feature = "rls")]
-        if let Some((addr, _)) = &self.rls {
-            return Some(*addr);
+        if let Some((listener, _)) = &self.rls {
+            return listener.local_addr().ok();
         }
         None
     }
@@ -226,7 +222,16 @@ impl Server {
             tokio::spawn(crate::admin::serve(listener, self.admin.clone()));
         }
         #[cfg(feature = "rls")]
-        let rls = self.rls.take().map(|(_, rls)| rls);
+        let rls = match self.rls.take() {
+            Some((listener, rls)) => {
+                let threads = self.node.config.rls_threads.unwrap_or(1);
+                if let Err(e) = crate::rls::start(listener, rls.clone(), threads) {
+                    tracing::error!(error = %e, "cannot start the rate limit service's threads");
+                }
+                Some(rls)
+            }
+            None => None,
+        };
         let snapshots = Arc::new(tokio::sync::Mutex::new(()));
         let interval_s = self.node.config.snapshot_interval_s;
         if let (Some(dir), true) = (self.node.config.snapshot_dir.clone(), interval_s > 0) {
