@@ -321,7 +321,7 @@ for c in [50, 1]:
                f"{fmt_us(added)} vs {fmt_us(one['latency_us']['p50'])}", added <= one["latency_us"]["p50"])
 for who, n, per in mem:
     if who == "sluice":
-        target(f"bytes per token bucket at {n:,} keys <= 48", f"{per:.0f}", per <= 48)
+        target(f"bytes per token bucket at {n:,} keys <= 32", f"{per:.0f}", per <= 32)
 for wname, label in [("under", "under the limit"), ("spent", "spent")]:
     for p, want in [(64, 0.75), (16, 0.85), (1, 0.9)]:
         if (wname, p) in workload_ratio:

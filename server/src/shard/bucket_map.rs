@@ -19,7 +19,7 @@
 //! - Buckets that have refilled (equivalent to absent) stay where they are
 //!   until they have been full for [`SWEEP_IDLE_NS`]: before growing, one
 //!   full sweep drops those (its cost is of the same order as the rehash it
-//!   may avoid, and it runs only when the table has filled by a fifth of
+//!   may avoid, and it runs only when the table has filled by a ninth of
 //!   its capacity since the last), and the sweep cursor examines a few
 //!   slots at every insert ([`SWEEP_SLOTS_PER_INSERT`]) and a bounded
 //!   number at the shard's periodic tick, so memory follows the keys in
@@ -33,9 +33,15 @@
 
 /// Most slots in use, per mille of capacity, before the table grows.
 pub const LOAD_MAX_PERMILLE: usize = 875;
-/// Growth factor numerator / denominator (x1.3).
-pub const GROWTH_NUM: usize = 13;
-pub const GROWTH_DEN: usize = 10;
+/// Growth factor numerator / denominator (x1.15). With the load at most
+/// 0.875 and at least 0.875 / 1.15 = 0.76 once grown, a 24-byte
+/// token-bucket slot costs 27 to 32 bytes a bucket (growing by 1.3, the
+/// load ran from 0.67: up to 36 bytes at 24 bytes a slot). Growing more
+/// often costs a fill from empty more rehashing (7.7 moves a key in all
+/// against 4.3), and nothing once grown; a ceiling of 0.9 made visits and
+/// inserts measurably longer (benches/notes.md, "Memory").
+pub const GROWTH_NUM: usize = 23;
+pub const GROWTH_DEN: usize = 20;
 /// Slots the sweep cursor examines per insert (dropping buckets idle for
 /// [`SWEEP_IDLE_NS`]).
 pub const SWEEP_SLOTS_PER_INSERT: usize = 4;
@@ -62,13 +68,44 @@ pub trait Record: Copy + Default + bytemuck::Zeroable {
     fn is_full(&self, now_ns: u64) -> bool;
 }
 
-/// One slot: the key hash (0 = empty) and its record. Aligned to 32 bytes
-/// so that a 32-byte slot (a GCRA bucket) never straddles two cache lines.
+/// One slot: the key hash (0 = empty) and its record. The key is two
+/// `u64`s, not a `u128`, so that the slot is aligned to 8 bytes, not 16: a
+/// token bucket's slot is 24 bytes (a 16-byte key and an 8-byte TAT, see
+/// `shard::tat`), where a `u128` key would pad it to 32. A 24-byte slot
+/// straddles two cache lines one time in four; [`BucketMap::prefetch`]
+/// loads both.
 #[derive(Clone, Copy, Debug, Default, bytemuck::Zeroable)]
-#[repr(C, align(32))]
+#[repr(C)]
 struct Slot<V> {
-    key: u128,
+    key: [u64; 2],
     value: V,
+}
+
+impl<V> Slot<V> {
+    #[inline]
+    fn new(key: u128, value: V) -> Slot<V> {
+        Slot {
+            key: [key as u64, (key >> 64) as u64],
+            value,
+        }
+    }
+
+    #[inline]
+    fn key(&self) -> u128 {
+        u128::from(self.key[0]) | (u128::from(self.key[1]) << 64)
+    }
+
+    /// Whether the slot is empty (key 0).
+    #[inline]
+    fn is_empty(&self) -> bool {
+        self.key[0] | self.key[1] == 0
+    }
+
+    /// Whether the slot holds `key` (given as its two halves).
+    #[inline(always)]
+    fn holds(&self, lo: u64, hi: u64) -> bool {
+        self.key[0] == lo && self.key[1] == hi
+    }
 }
 
 /// A map from non-zero 128-bit key hashes to records.
@@ -215,8 +252,8 @@ impl<V: Record> BucketMap<V> {
         if e.in_order {
             let end = (e.next + e.slots_per_step).min(self.slots.len());
             for slot in &self.slots[e.next..end] {
-                if slot.key != 0 {
-                    out.push((slot.key, slot.value));
+                if !slot.is_empty() {
+                    out.push((slot.key(), slot.value));
                 }
             }
             e.next = end;
@@ -226,8 +263,8 @@ impl<V: Record> BucketMap<V> {
             return true;
         }
         for slot in self.slots.iter().skip(e.step).step_by(e.steps) {
-            if slot.key != 0 {
-                out.push((slot.key, slot.value));
+            if !slot.is_empty() {
+                out.push((slot.key(), slot.value));
             }
         }
         e.step += 1;
@@ -247,7 +284,7 @@ impl<V: Record> BucketMap<V> {
     fn note_write(&mut self, index: usize) {
         for e in self.export.iter_mut().flatten() {
             if e.read(index) {
-                e.moved.push(self.slots[index].key);
+                e.moved.push(self.slots[index].key());
             }
         }
     }
@@ -287,7 +324,7 @@ impl<V: Record> BucketMap<V> {
     /// How far the slot at `index` is from its key's home.
     #[inline]
     fn distance(&self, index: usize) -> usize {
-        let home = self.home(self.slots[index].key);
+        let home = self.home(self.slots[index].key());
         if index >= home {
             index - home
         } else {
@@ -308,23 +345,35 @@ impl<V: Record> BucketMap<V> {
     /// it, so a caller can overlap the misses of a whole batch of lookups.
     #[inline]
     pub fn prefetch(&self, key: u128) {
-        prefetch_read(&self.slots[self.home(tag(key))]);
+        let slot = &self.slots[self.home(tag(key))];
+        prefetch_read(slot);
+        if 64 % std::mem::size_of::<Slot<V>>() != 0 {
+            // A slot that does not divide a cache line may straddle two:
+            // its last byte's line too (the same line, most of the time:
+            // a hit, no second load).
+            let last = (slot as *const Slot<V>)
+                .cast::<u8>()
+                .wrapping_add(std::mem::size_of::<Slot<V>>() - 1);
+            prefetch_read_ptr(last);
+        }
     }
 
-    /// The index of `key`'s slot, if present.
-    #[inline]
-    fn find(&self, key: u128) -> Option<usize> {
+    /// The index of `key`'s slot, if present: valid until the map is
+    /// next changed other than through [`BucketMap::value_at_mut`].
+    #[inline(always)]
+    pub fn find(&self, key: u128) -> Option<usize> {
         let key = tag(key);
+        let (lo, hi) = (key as u64, (key >> 64) as u64);
         let mut index = self.home(key);
         let mut dist = 0;
         loop {
             let slot = &self.slots[index];
-            if slot.key == key {
+            if slot.holds(lo, hi) {
                 return Some(index);
             }
             // Robin Hood: a resident closer to its home than we are to ours
             // means our key would have displaced it; it is not here.
-            if slot.key == 0 || self.distance(index) < dist {
+            if slot.is_empty() || self.distance(index) < dist {
                 return None;
             }
             index = self.next(index);
@@ -342,6 +391,26 @@ impl<V: Record> BucketMap<V> {
     #[inline]
     pub fn get_mut(&mut self, key: u128) -> Option<&mut V> {
         self.find(key).map(|i| &mut self.slots[i].value)
+    }
+
+    /// The record in slot `index` (from [`BucketMap::find`]).
+    #[inline]
+    pub fn value_at(&self, index: usize) -> &V {
+        &self.slots[index].value
+    }
+
+    /// The record in slot `index` (from [`BucketMap::find`]), to change
+    /// in place.
+    #[inline]
+    pub fn value_at_mut(&mut self, index: usize) -> &mut V {
+        &mut self.slots[index].value
+    }
+
+    /// Removes the record in slot `index` (from [`BucketMap::find`]).
+    #[inline]
+    pub fn remove_index(&mut self, index: usize) {
+        debug_assert!(!self.slots[index].is_empty());
+        self.remove_at(index);
     }
 
     /// Stores `value` for `key`, replacing any record it had. First sweeps a
@@ -364,19 +433,16 @@ impl<V: Record> BucketMap<V> {
                 self.grow();
             }
         }
-        self.place(Slot {
-            key: tag(key),
-            value,
-        });
+        self.place(Slot::new(tag(key), value));
         self.len += 1;
     }
 
     /// Robin Hood insertion of a key known to be absent, with room for it.
     fn place(&mut self, mut moving: Slot<V>) {
-        let mut index = self.home(moving.key);
+        let mut index = self.home(moving.key());
         let mut dist = 0;
         loop {
-            if self.slots[index].key == 0 {
+            if self.slots[index].is_empty() {
                 self.slots[index] = moving;
                 self.note_write(index);
                 return;
@@ -409,7 +475,7 @@ impl<V: Record> BucketMap<V> {
     fn remove_at(&mut self, mut index: usize) {
         loop {
             let next = self.next(index);
-            if self.slots[next].key == 0 || self.distance(next) == 0 {
+            if self.slots[next].is_empty() || self.distance(next) == 0 {
                 self.slots[index] = Slot::default();
                 break;
             }
@@ -425,7 +491,7 @@ impl<V: Record> BucketMap<V> {
         for _ in 0..n.min(self.slots.len()) {
             let i = self.cursor;
             let slot = self.slots[i];
-            if slot.key != 0 && slot.value.is_full(now_ns) {
+            if !slot.is_empty() && slot.value.is_full(now_ns) {
                 // The shift may pull an unexamined slot into `i`; look at
                 // `i` again next time rather than skip it.
                 self.remove_at(i);
@@ -441,7 +507,7 @@ impl<V: Record> BucketMap<V> {
         let mut i = 0;
         while i < self.slots.len() {
             let slot = self.slots[i];
-            if slot.key != 0 && slot.value.is_full(now_ns) {
+            if !slot.is_empty() && slot.value.is_full(now_ns) {
                 self.remove_at(i);
                 self.swept_total += 1;
                 // A slot shifted into `i`: examine it too.
@@ -474,7 +540,7 @@ impl<V: Record> BucketMap<V> {
             *e = Export::new(capacity, e.slots_per_step, e.in_order);
         }
         for slot in old {
-            if slot.key != 0 {
+            if !slot.is_empty() {
                 self.place(slot);
             }
         }
@@ -484,8 +550,8 @@ impl<V: Record> BucketMap<V> {
     pub fn iter(&self) -> impl Iterator<Item = (u128, &V)> {
         self.slots
             .iter()
-            .filter(|s| s.key != 0)
-            .map(|s| (s.key, &s.value))
+            .filter(|s| !s.is_empty())
+            .map(|s| (s.key(), &s.value))
     }
 }
 
@@ -499,19 +565,22 @@ fn zeroed_slots<V: Record>(n: usize) -> Vec<Slot<V>> {
 /// Asks the CPU to start loading `r`'s cache line. A hint only: it never
 /// faults, blocks or changes anything a program can observe.
 #[inline(always)]
-#[allow(unsafe_code)]
 fn prefetch_read<T>(r: &T) {
+    prefetch_read_ptr((r as *const T).cast());
+}
+
+/// [`prefetch_read`] of any address, valid or not (it is never read).
+#[inline(always)]
+#[allow(unsafe_code)]
+fn prefetch_read_ptr(p: *const u8) {
     #[cfg(target_arch = "x86_64")]
     // SAFETY: PREFETCHT0 has no architectural effect and cannot fault, for
-    // any address; SSE, which it needs, is part of the x86_64 baseline; and
-    // `r` is a live reference in any case.
+    // any address; SSE, which it needs, is part of the x86_64 baseline.
     unsafe {
-        core::arch::x86_64::_mm_prefetch::<{ core::arch::x86_64::_MM_HINT_T0 }>(
-            (r as *const T).cast(),
-        );
+        core::arch::x86_64::_mm_prefetch::<{ core::arch::x86_64::_MM_HINT_T0 }>(p.cast());
     }
     #[cfg(not(target_arch = "x86_64"))]
-    let _ = r;
+    let _ = p;
 }
 
 #[cfg(test)]
@@ -654,16 +723,16 @@ mod tests {
         }
         assert_eq!(map.len(), 100_000);
         let load = map.len() as f64 / map.capacity() as f64;
-        assert!((0.6..=0.875).contains(&load), "load {load}");
+        assert!((0.78..=0.9).contains(&load), "load {load}");
         for k in 1..=100_000u128 {
             assert!(map
                 .get(k.wrapping_mul(0x9e37_79b9_7f4a_7c15_f39c_c060_5ced_c834))
                 .is_some());
         }
         assert_eq!(
-            std::mem::size_of::<Slot<u128>>(),
-            32,
-            "a GCRA slot is 32 bytes"
+            std::mem::size_of::<Slot<u64>>(),
+            24,
+            "a token bucket's slot (a 64-bit TAT) is 24 bytes"
         );
     }
 
@@ -690,7 +759,7 @@ mod tests {
     /// The longest distance of any record from its home slot.
     fn max_distance<V: Record>(map: &BucketMap<V>) -> usize {
         (0..map.slots.len())
-            .filter(|&i| map.slots[i].key != 0)
+            .filter(|&i| !map.slots[i].is_empty())
             .map(|i| map.distance(i))
             .max()
             .unwrap_or(0)

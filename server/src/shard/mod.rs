@@ -16,6 +16,7 @@
 pub mod bucket_map;
 mod changes;
 pub mod table;
+pub mod tat;
 
 use std::cell::{Cell, RefCell};
 use std::net::{SocketAddr, TcpStream as StdTcpStream};

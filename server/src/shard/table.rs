@@ -32,6 +32,7 @@ use sluice_protocol::{Policy, Status};
 pub use super::bucket_map::Walk;
 use super::bucket_map::{BucketMap, Record, SWEEP_IDLE_NS, SWEEP_SLOTS_PER_TICK};
 use super::changes::Changes;
+use super::tat::{Found, TokenBuckets};
 use super::{Op, Outcome};
 
 pub use sluice_protocol::message::LIMITS_MAX;
@@ -52,14 +53,6 @@ pub fn lease_id_base(epoch: u64, shard: u16) -> u64 {
 
 /// How often a shard sweeps its sliding logs and lease lists.
 pub const HEAP_SWEEP_MS: u64 = 1_000;
-
-/// Zero is a valid (full) bucket.
-impl Record for Bucket {
-    #[inline]
-    fn is_full(&self, now_ns: u64) -> bool {
-        Bucket::is_full(self, now_ns)
-    }
-}
 
 /// A window kind's state with the window length it was last used with, so
 /// that a sweep can tell when it has aged out without its policy.
@@ -197,7 +190,7 @@ pub struct Counters {
 #[derive(Debug, Default)]
 pub struct Table {
     /// Token buckets (GCRA TAT), shared by v1, DECIDE and CL.THROTTLE.
-    buckets: BucketMap<Bucket>,
+    buckets: TokenBuckets,
     /// Fixed windows.
     fixed: BucketMap<Windowed<FixedWindowState>>,
     /// Sliding window counters.
@@ -290,7 +283,7 @@ impl Table {
         };
         match kind {
             Kind::TokenBucket => {
-                let state = self.buckets.get(bucket).map(|b| State::TokenBucket(*b));
+                let state = self.buckets.get_latest(bucket).map(State::TokenBucket);
                 c.fixed(kind, bucket, state.as_ref());
             }
             Kind::FixedWindow => {
@@ -478,7 +471,7 @@ impl Table {
     /// A bucket's state, as replication and snapshots carry it.
     pub fn export(&self, kind: Kind, bucket: u128) -> Option<State> {
         match kind {
-            Kind::TokenBucket => self.buckets.get(bucket).map(|b| State::TokenBucket(*b)),
+            Kind::TokenBucket => self.buckets.get_latest(bucket).map(State::TokenBucket),
             Kind::FixedWindow => self.fixed.get(bucket).map(|w| State::FixedWindow {
                 window_ns: w.window_ns,
                 state: w.state,
@@ -504,7 +497,7 @@ impl Table {
     /// Every bucket key of every kind, for a full sync.
     pub fn keys(&self) -> Vec<(u128, Kind)> {
         let mut out = Vec::with_capacity(self.len());
-        out.extend(self.buckets.iter().map(|(k, _)| (k, Kind::TokenBucket)));
+        out.extend(self.buckets.keys().map(|k| (k, Kind::TokenBucket)));
         out.extend(self.fixed.iter().map(|(k, _)| (k, Kind::FixedWindow)));
         out.extend(self.counters.iter().map(|(k, _)| (k, Kind::SlidingCounter)));
         out.extend(self.logs.keys().map(|&k| (k, Kind::SlidingLog)));
@@ -518,7 +511,7 @@ impl Table {
     pub fn import(&mut self, bucket: u128, kind: Kind, state: Option<State>, now_ns: u64) {
         match (kind, state) {
             (Kind::TokenBucket, Some(State::TokenBucket(b))) => {
-                store_map(&mut self.buckets, bucket, Some(b), now_ns);
+                self.buckets.set(bucket, Some(b), now_ns);
             }
             (Kind::FixedWindow, Some(State::FixedWindow { window_ns, state })) => {
                 let w = Windowed { state, window_ns };
@@ -737,34 +730,28 @@ impl Table {
         cost: u64,
         now_ns: u64,
     ) -> Result<Verdict, Status> {
-        // The state written, if any (`Some(None)`: the bucket removed).
-        let (verdict, wrote) = match self.buckets.get_mut(key) {
-            Some(b) => {
-                let d = gcra::throttle(Some(*b), policy, cost, now_ns);
-                match d.bucket {
-                    Some(nb) => {
-                        let wrote = (nb != *b).then_some(Some(nb));
-                        *b = nb;
-                        (d.verdict, wrote)
-                    }
-                    None => {
-                        self.buckets.remove(key);
-                        (d.verdict, Some(None))
-                    }
+        // One lookup: the decision reads and writes the slot it found.
+        let found = self.buckets.find(key);
+        if let Found::Slot(i) = found {
+            if let Some((verdict, wrote)) = self.buckets.throttle_in_slot(i, policy, cost, now_ns) {
+                if let (Some(tat), true) = (wrote, self.changes.is_some()) {
+                    self.changed_bucket(key, tat.map(|t| t.decode(now_ns)));
                 }
+                self.count(verdict.allowed);
+                self.count_kind(Kind::TokenBucket, verdict.allowed);
+                return Ok(verdict);
             }
-            None => {
-                let d = gcra::throttle(None, policy, cost, now_ns);
-                if let Some(nb) = d.bucket {
-                    self.make_room(1, now_ns)?;
-                    self.buckets.insert(key, nb, now_ns);
-                }
-                (d.verdict, d.bucket.map(Some))
-            }
-        };
-        if let Some(state) = wrote {
-            self.changed_bucket(key, state);
         }
+        let old = self.buckets.read(found, key, now_ns);
+        let d = gcra::throttle(old, policy, cost, now_ns);
+        if d.bucket != old {
+            if found == Found::Absent {
+                self.make_room(1, now_ns)?;
+            }
+            self.buckets.write(found, key, d.bucket, now_ns);
+            self.changed_bucket(key, d.bucket);
+        }
+        let verdict = d.verdict;
         self.count(verdict.allowed);
         self.count_kind(Kind::TokenBucket, verdict.allowed);
         Ok(verdict)
@@ -779,7 +766,8 @@ impl Table {
         quantity: u64,
         now_ns: u64,
     ) -> Result<CellVerdict, Status> {
-        let stored = self.buckets.get(key).map(Bucket::tat_ns);
+        let found = self.buckets.find(key);
+        let stored = self.buckets.read(found, key, now_ns).map(|b| b.tat_ns());
         let d = cell::throttle(stored, policy, quantity, now_ns);
         if d.verdict.limited {
             // Limited changes nothing (not even a v1 bucket's fraction).
@@ -787,19 +775,12 @@ impl Table {
             self.count_kind(Kind::TokenBucket, false);
             return Ok(d.verdict);
         }
-        match d.tat_ns.filter(|&tat_ns| tat_ns > now_ns) {
-            Some(tat_ns) => match self.buckets.get_mut(key) {
-                Some(b) => *b = Bucket::from_tat_ns(tat_ns),
-                None => {
-                    self.make_room(1, now_ns)?;
-                    self.buckets
-                        .insert(key, Bucket::from_tat_ns(tat_ns), now_ns);
-                }
-            },
-            None => {
-                self.buckets.remove(key);
-            }
+        let tat = d.tat_ns.filter(|&tat_ns| tat_ns > now_ns);
+        if tat.is_some() && found == Found::Absent {
+            self.make_room(1, now_ns)?;
         }
+        self.buckets
+            .write(found, key, tat.map(Bucket::from_tat_ns), now_ns);
         // Counted once admitted for sure (KEYS_FULL above is refused).
         self.count(true);
         self.count_kind(Kind::TokenBucket, true);
@@ -847,7 +828,7 @@ impl Table {
     /// Answers as `throttle` would; creates and changes nothing.
     #[inline]
     pub fn peek(&self, key: u128, policy: &Policy, cost: u64, now_ns: u64) -> Verdict {
-        gcra::peek(self.buckets.get(key).copied(), policy, cost, now_ns)
+        gcra::peek(self.buckets.get(key, now_ns), policy, cost, now_ns)
     }
 
     /// Drops every bucket that is full at `now_ns`.
@@ -864,7 +845,9 @@ impl Table {
     pub fn sweep_some(&mut self, now_ns: u64) {
         // Full since SWEEP_IDLE_NS at least: not a key in use.
         let idle = now_ns.saturating_sub(SWEEP_IDLE_NS);
+        self.buckets.tick(now_ns);
         self.buckets.sweep_step(idle, SWEEP_SLOTS_PER_TICK);
+        self.buckets.sweep_far(idle);
         self.fixed.sweep_step(idle, SWEEP_SLOTS_PER_TICK);
         self.counters.sweep_step(idle, SWEEP_SLOTS_PER_TICK);
         self.sweep_heap(now_ns);
@@ -922,7 +905,7 @@ impl Table {
     /// Whether `r` has a stored bucket.
     fn exists(&self, r: &LimitRef) -> bool {
         match r.limit {
-            Limit::TokenBucket(_) => self.buckets.get(r.bucket).is_some(),
+            Limit::TokenBucket(_) => self.buckets.find(r.bucket) != Found::Absent,
             Limit::FixedWindow(_) => self.fixed.get(r.bucket).is_some(),
             Limit::SlidingCounter(_) => self.counters.get(r.bucket).is_some(),
             Limit::SlidingLog(_) => self.logs.contains_key(&r.bucket),
@@ -934,7 +917,7 @@ impl Table {
     fn probe_one(&self, r: &LimitRef, cost: u64, now_ns: u64) -> Verdict {
         match &r.limit {
             Limit::TokenBucket(p) => {
-                gcra::peek(self.buckets.get(r.bucket).copied(), p, cost, now_ns)
+                gcra::peek(self.buckets.get(r.bucket, now_ns), p, cost, now_ns)
             }
             Limit::FixedWindow(w) => {
                 fixed_window::peek(self.fixed.get(r.bucket).map(|s| s.state), w, cost, now_ns)
@@ -958,8 +941,10 @@ impl Table {
         let mut lease_id = 0;
         let verdict = match &r.limit {
             Limit::TokenBucket(p) => {
-                let d = gcra::throttle(self.buckets.get(r.bucket).copied(), p, cost, now_ns);
-                store_map(&mut self.buckets, r.bucket, d.bucket, now_ns);
+                let found = self.buckets.find(r.bucket);
+                let old = self.buckets.read(found, r.bucket, now_ns);
+                let d = gcra::throttle(old, p, cost, now_ns);
+                self.buckets.write(found, r.bucket, d.bucket, now_ns);
                 d.verdict
             }
             Limit::FixedWindow(w) => apply_window(&mut self.fixed, r.bucket, w, now_ns, |s| {
@@ -1005,8 +990,10 @@ impl Table {
     fn refund_unrecorded(&mut self, r: &LimitRef, units: u64, now_ns: u64) -> Verdict {
         match &r.limit {
             Limit::TokenBucket(p) => {
-                let d = gcra::refund(self.buckets.get(r.bucket).copied(), p, units, now_ns);
-                store_map(&mut self.buckets, r.bucket, d.bucket, now_ns);
+                let found = self.buckets.find(r.bucket);
+                let old = self.buckets.read(found, r.bucket, now_ns);
+                let d = gcra::refund(old, p, units, now_ns);
+                self.buckets.write(found, r.bucket, d.bucket, now_ns);
                 d.verdict
             }
             Limit::FixedWindow(w) => apply_window(&mut self.fixed, r.bucket, w, now_ns, |s| {
@@ -1169,6 +1156,12 @@ trait ExportMoved {
 }
 
 impl<V: Record> ExportMoved for BucketMap<V> {
+    fn moved(&mut self, walk: Walk, out: &mut Vec<u128>) {
+        self.export_moved(walk, out);
+    }
+}
+
+impl ExportMoved for TokenBuckets {
     fn moved(&mut self, walk: Walk, out: &mut Vec<u128>) {
         self.export_moved(walk, out);
     }
