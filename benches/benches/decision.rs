@@ -36,6 +36,18 @@ fn decision(c: &mut Criterion) {
             d.verdict
         });
     });
+    // The same decision as the shard runs it on a 24-byte slot: 64-bit,
+    // on how far the TAT is ahead of now (in 2^-8 ns).
+    g.bench_function("token_bucket_q8", |b| {
+        let mut spent = 0u64;
+        b.iter(|| {
+            // 1 ms passes between calls: 256e6 units of 2^-8 ns.
+            spent = spent.saturating_sub(256_000_000);
+            let (v, new) = gcra::throttle_q8(black_box(spent), &policy, 1).expect("fits");
+            spent = new;
+            v
+        });
+    });
     let window = Window::new(1_000_000, 60 * S).unwrap();
     g.bench_function("fixed_window", |b| {
         let (mut now, mut state) = (T0, None);
