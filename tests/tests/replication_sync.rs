@@ -1,7 +1,8 @@
 //! A follower's copy against real processes: it converges to its primary's
 //! state for every limit kind, with another shard count; a large full sync
 //! happens while the primary keeps answering; a follower that falls behind
-//! (paused) and comes back resyncs; a follower refuses to spend.
+//! (paused) and comes back resyncs; a follower refuses to spend; a bucket
+//! years from refilled (kept apart from the 24-byte slots) arrives whole.
 
 use std::time::{Duration, Instant};
 
@@ -272,4 +273,36 @@ async fn resp_role_info_and_readonly_on_a_follower() {
     assert!(refused.starts_with("-READONLY "), "{refused:?}");
     let allowed = resp(p, "CL.THROTTLE k 10 1 60").await;
     assert!(allowed.starts_with("*5\r\n:0\r\n"), "{allowed:?}");
+}
+
+/// A token bucket years from refilled (1,000 units at one a day, all
+/// spent: kept whole in the shard's side map, past what a 24-byte slot
+/// holds) reaches the follower spent, with its whole wait. Fails when the
+/// follower stores it as if refilled.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_bucket_years_from_refilled_replicates_whole() {
+    let (primary, follower) = start_pair(&["--shards", "2"], &["--shards", "3"]).await;
+    let p = big_client(primary.addr).await;
+    let f = big_client(follower.addr).await;
+    let set = specs(&["token-bucket:1/d,burst=1000"]);
+    let lim = inline_limits(&set).unwrap();
+    assert!(p.spend(b"years", lim, 1000).await.unwrap().allowed);
+    let start = Instant::now();
+    loop {
+        let probe = f.decide(b"years", lim, Mode::Probe, 0).await.unwrap();
+        let v = probe.verdicts[0].verdict;
+        if v.remaining == 0 {
+            assert!(
+                v.reset_after_ns > 999 * 86_400_000_000_000,
+                "reset after {} ns",
+                v.reset_after_ns
+            );
+            break;
+        }
+        assert!(
+            start.elapsed() < Duration::from_secs(20),
+            "the follower never saw the bucket spent: {v:?}"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
 }

@@ -2,7 +2,8 @@
 //! buckets of every kind, a held lease included, stay spent across a
 //! graceful restart (into another shard count) and across a kill -9 after
 //! a periodic snapshot; a corrupt snapshot stops the start, with the file
-//! and the way out named, unless --snapshot-ignore-corrupt.
+//! and the way out named, unless --snapshot-ignore-corrupt; a token bucket
+//! years from refilled (kept apart from the 24-byte slots) survives too.
 
 use std::path::PathBuf;
 use std::process::Command;
@@ -184,4 +185,50 @@ async fn a_corrupt_snapshot_stops_the_start_unless_told_to_start_empty() {
         "--snapshot-ignore-corrupt",
     ]);
     assert_eq!(remaining(&server, &set).await, [10, 10, 10, 10, 10]);
+}
+
+/// A token bucket that takes years to refill (1,000 units at one a day,
+/// all spent: its TAT is 2.7 years ahead, past the 1.14 years a 24-byte
+/// slot holds, so the shard keeps it whole in its side map) stays spent
+/// across a restart from the snapshot, into another shard count. Fails
+/// when a walk leaves that map out (the bucket comes back full).
+#[tokio::test]
+async fn a_bucket_years_from_refilled_survives_a_restart() {
+    let dir = Dir::new("years");
+    let set = specs(&["token-bucket:1/d,burst=1000"]);
+    let server = Sluiced::start(&["--shards", "2", "--snapshot-dir", dir.arg()]);
+    let client = connect(&server).await;
+    let ok = client
+        .spend(b"snapshot:years", limits(&set), 1000)
+        .await
+        .unwrap();
+    assert!(ok.allowed, "{ok:?}");
+    let denied = client
+        .spend(b"snapshot:years", limits(&set), 1)
+        .await
+        .unwrap();
+    assert!(!denied.allowed, "{denied:?}");
+    let wait = denied.verdicts[0].verdict.retry_after_ns;
+    assert!(
+        wait > 86_400_000_000_000 - 60_000_000_000,
+        "retry after {wait} ns"
+    );
+    drop(client);
+    let status = tokio::task::spawn_blocking(move || server.terminate())
+        .await
+        .unwrap();
+    assert!(status.success(), "{status:?}");
+    let server = Sluiced::start(&["--shards", "3", "--snapshot-dir", dir.arg()]);
+    let client = connect(&server).await;
+    let probe = client
+        .probe(b"snapshot:years", limits(&set), 0)
+        .await
+        .unwrap();
+    assert_eq!(probe.verdicts[0].verdict.remaining, 0, "{probe:?}");
+    // Refilled in 1,000 days, less the seconds the test took.
+    let reset = probe.verdicts[0].verdict.reset_after_ns;
+    assert!(
+        reset > 999 * 86_400_000_000_000,
+        "reset after {reset} ns: the bucket came back refilled"
+    );
 }
