@@ -209,8 +209,7 @@ pub fn throttle_q8(spent: u64, policy: &Policy, cost: u64) -> Option<(Verdict, u
     // A validated period is below 2^55 ns, so `period << 8` fits.
     let i = policy
         .period_ns
-        .checked_shl(I_QUANTUM_BITS)
-        .filter(|p| p >> I_QUANTUM_BITS == policy.period_ns)?
+        .checked_mul(1 << I_QUANTUM_BITS)?
         .div_ceil(policy.count);
     let tau = i.checked_mul(policy.burst).filter(|&t| t < 1 << 63)?;
     if spent >= 1 << 63 {

@@ -940,13 +940,9 @@ impl Table {
         let kind = r.limit.kind();
         let mut lease_id = 0;
         let verdict = match &r.limit {
-            Limit::TokenBucket(p) => {
-                let found = self.buckets.find(r.bucket);
-                let old = self.buckets.read(found, r.bucket, now_ns);
-                let d = gcra::throttle(old, p, cost, now_ns);
-                self.buckets.write(found, r.bucket, d.bucket, now_ns);
-                d.verdict
-            }
+            Limit::TokenBucket(p) => self
+                .buckets
+                .apply(r.bucket, now_ns, |b| gcra::throttle(b, p, cost, now_ns)),
             Limit::FixedWindow(w) => apply_window(&mut self.fixed, r.bucket, w, now_ns, |s| {
                 fixed_window::throttle(s, w, cost, now_ns)
             }),
@@ -989,13 +985,9 @@ impl Table {
 
     fn refund_unrecorded(&mut self, r: &LimitRef, units: u64, now_ns: u64) -> Verdict {
         match &r.limit {
-            Limit::TokenBucket(p) => {
-                let found = self.buckets.find(r.bucket);
-                let old = self.buckets.read(found, r.bucket, now_ns);
-                let d = gcra::refund(old, p, units, now_ns);
-                self.buckets.write(found, r.bucket, d.bucket, now_ns);
-                d.verdict
-            }
+            Limit::TokenBucket(p) => self
+                .buckets
+                .apply(r.bucket, now_ns, |b| gcra::refund(b, p, units, now_ns)),
             Limit::FixedWindow(w) => apply_window(&mut self.fixed, r.bucket, w, now_ns, |s| {
                 fixed_window::refund(s, w, units, now_ns)
             }),

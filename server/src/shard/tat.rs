@@ -46,6 +46,12 @@ fn units(now_ns: u64) -> u64 {
     now_ns << (32 - TAT_ZERO_BITS)
 }
 
+/// `now_ns` in the units of a [`Tat`], whole.
+#[inline]
+fn units_wide(now_ns: u64) -> u128 {
+    u128::from(now_ns) << (32 - TAT_ZERO_BITS)
+}
+
 impl Tat {
     /// `bucket` as stored at `now_ns`, or `None` when its TAT is 2^63
     /// units (1.14 years) or more ahead of now. Rounded up to 2^-8 ns when
@@ -53,7 +59,7 @@ impl Tat {
     #[inline(always)]
     fn encode(bucket: Bucket, now_ns: u64) -> Option<Tat> {
         let tat = (bucket.tat_fp + ((1 << TAT_ZERO_BITS) - 1)) >> TAT_ZERO_BITS;
-        let now = u128::from(now_ns) << (32 - TAT_ZERO_BITS);
+        let now = units_wide(now_ns);
         if tat >= now {
             if tat - now >= 1 << 63 {
                 return None;
@@ -73,7 +79,7 @@ impl Tat {
     #[inline(always)]
     pub fn decode(self, now_ns: u64) -> Bucket {
         let ahead = self.0.wrapping_sub(units(now_ns)) as i64;
-        let now = u128::from(now_ns) << (32 - TAT_ZERO_BITS);
+        let now = units_wide(now_ns);
         // Never below 0: what was stored was not, and is read within its
         // range (see the module).
         let tat = now.wrapping_add(ahead as i128 as u128);
@@ -223,6 +229,21 @@ impl TokenBuckets {
             (Found::Absent, Some((b, None))) => drop(self.far.insert(key, b)),
             (Found::Absent, None) => {}
         }
+    }
+
+    /// Runs a pure decision on `key`'s bucket at `now_ns` and stores the
+    /// bucket it returns, with one lookup; its verdict.
+    #[inline]
+    pub fn apply(
+        &mut self,
+        key: u128,
+        now_ns: u64,
+        decide: impl FnOnce(Option<Bucket>) -> gcra::Decision,
+    ) -> Verdict {
+        let found = self.find(key);
+        let d = decide(self.read(found, key, now_ns));
+        self.write(found, key, d.bucket, now_ns);
+        d.verdict
     }
 
     /// Stores `bucket` for `key` (`None`: drops it).
