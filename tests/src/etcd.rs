@@ -2,7 +2,7 @@
 //! `etcd-server`; `scripts/deps.sh` installs it), and sluiced nodes that
 //! take their group's leadership from it.
 
-use std::net::{SocketAddr, TcpListener};
+use std::net::SocketAddr;
 use std::path::PathBuf;
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
@@ -24,8 +24,7 @@ pub struct Etcd {
 }
 
 fn free() -> SocketAddr {
-    let l = TcpListener::bind("127.0.0.1:0").expect("bind");
-    l.local_addr().expect("addr")
+    SocketAddr::from(([127, 0, 0, 1], crate::support::port()))
 }
 
 impl Etcd {
@@ -168,11 +167,6 @@ pub fn node_advertising(
     ];
     all.extend_from_slice(args);
     Sluiced::start_on(port, &all)
-}
-
-/// A free loopback port.
-pub fn port() -> u16 {
-    free().port()
 }
 
 /// The end of the range of keys that start with `prefix`.

@@ -16,6 +16,15 @@ const START_TIMEOUT: Duration = Duration::from_secs(30);
 /// How long a server may take to exit after SIGTERM.
 const STOP_TIMEOUT: Duration = Duration::from_secs(15);
 
+/// A loopback port for a server a test starts on an address it must know
+/// first (a restart on the same port, a peer named before it starts),
+/// reserved for this test process by [`sluice_cli::drill::ports::reserve`]:
+/// a port bound and released can be taken by any outgoing connection on the
+/// machine before the server binds it.
+pub fn port() -> u16 {
+    sluice_cli::drill::ports::reserve().expect("a free loopback port")
+}
+
 /// The path of the workspace binary `name` (`sluiced`, `sluice` or
 /// `sluice-floor`). The
 /// binaries are built first, once per test process, with the test's own

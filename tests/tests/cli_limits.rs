@@ -439,11 +439,8 @@ fn reload_without_a_config_file_is_an_error_logged_in_plain_text() {
 /// Connection refused says what to do: start sluiced, or name another node.
 #[test]
 fn connection_refused_suggests_starting_sluiced() {
-    let port = std::net::TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .port();
+    // Reserved: no one listens on it.
+    let port = sluice_tests::support::port();
     let addr = format!("127.0.0.1:{port}");
     let out = std::process::Command::new(sluice_tests::support::binary("sluice"))
         .args(["--addr", &addr, "ping"])

@@ -223,10 +223,7 @@ async fn killed_primary_fails_over_and_other_groups_never_notice() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_group_down_gets_local_verdicts_then_the_store_again() {
     // Group b's primary on a port we can bring back.
-    let port = {
-        let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
-        l.local_addr().unwrap().port()
-    };
+    let port = sluice_tests::support::port();
     let a = Sluiced::start(&["--shards", "1"]);
     let mut b = Sluiced::start_on(port, &["--shards", "1"]);
     let topo =

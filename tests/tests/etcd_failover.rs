@@ -21,7 +21,7 @@ use std::time::{Duration, Instant};
 use sluice_client::{inline_limits, Limits, ReplState, Role, RoleOk};
 use sluice_tests::etcd::{self, Etcd, TTL_S};
 use sluice_tests::repl::{self, spend, Proxy, Tally, Until};
-use sluice_tests::support::{specs, Sluiced};
+use sluice_tests::support::{self, specs, Sluiced};
 
 /// The limit spent: no refill within the test.
 const LIMIT: u64 = 300;
@@ -77,7 +77,7 @@ async fn in_sync_in_etcd(etcd: &Etcd, group: &str, follower: SocketAddr) {
 
 /// Starts a pair of `group` on fixed ports.
 fn pair(etcd: &Etcd, group: &str, args: &[&str]) -> ([Sluiced; 2], [u16; 2]) {
-    let ports = [etcd::port(), etcd::port()];
+    let ports = [support::port(), support::port()];
     let nodes = ports.map(|p| etcd::node(etcd, group, p, args));
     (nodes, ports)
 }
@@ -264,7 +264,7 @@ async fn a_follower_cut_off_from_a_primary_that_then_served_alone_never_takes_ov
     // The primary advertises a proxy in front of it: its follower connects
     // through the proxy, which the test severs; clients go straight to it.
     let front = Proxy::unbound().await.expect("proxy");
-    let port = etcd::port();
+    let port = support::port();
     front.set_target(SocketAddr::from(([127, 0, 0, 1], port)));
     let advertised = front.addr.to_string();
     let args = ["--shards", "1", "--replication", "sync"];
@@ -274,7 +274,7 @@ async fn a_follower_cut_off_from_a_primary_that_then_served_alone_never_takes_ov
         assert!(Instant::now() < until, "the first node never led");
         tokio::time::sleep(Duration::from_millis(50)).await;
     }
-    let follower = etcd::node(&etcd, "g", etcd::port(), &args);
+    let follower = etcd::node(&etcd, "g", support::port(), &args);
     let addrs = [primary.addr, follower.addr];
     assert_eq!(settled(addrs, Duration::from_secs(30)).await, 0);
     // The primary records in etcd that its follower has a complete copy.

@@ -181,7 +181,7 @@ async fn cut_link(mode: &str) {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn resumed_primary_with_a_peer_steps_down_and_follows() {
     // The follower's port first, so that the primary can name it as peer.
-    let port = free_port();
+    let port = sluice_tests::support::port();
     let peer = format!("127.0.0.1:{port}");
     let primary = Sluiced::start(&["--shards", "2", "--peer", &peer]);
     let promote = PROMOTE_AFTER_MS.to_string();
@@ -226,12 +226,6 @@ async fn resumed_primary_with_a_peer_steps_down_and_follows() {
         probe.verdicts[0].verdict.remaining, 997,
         "caught up from the new primary"
     );
-}
-
-/// A port nothing listens on right now (bind, note, release).
-fn free_port() -> u16 {
-    let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
-    l.local_addr().unwrap().port()
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -18,7 +18,7 @@
 //! cut link never blinds the drill.
 
 use std::io::{BufRead, BufReader, Write};
-use std::net::{SocketAddr, TcpListener};
+use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::time::Duration;
@@ -474,11 +474,12 @@ pub fn etcd_healthy(addr: SocketAddr) -> bool {
     body.contains("\"health\":\"true\"")
 }
 
-/// A free loopback port (bound and released: a node started right after
-/// takes it).
+/// A loopback address for a node or etcd to listen on, reserved for this
+/// drill ([`super::ports::reserve`]): a node killed and restarted gets it
+/// back.
 fn free_port() -> Result<SocketAddr, DrillError> {
-    let l = TcpListener::bind("127.0.0.1:0").map_err(|e| DrillError(e.to_string()))?;
-    l.local_addr().map_err(|e| DrillError(e.to_string()))
+    let port = super::ports::reserve().map_err(|e| DrillError(e.to_string()))?;
+    Ok(SocketAddr::from(([127, 0, 0, 1], port)))
 }
 
 /// `kill -SIG pid`.

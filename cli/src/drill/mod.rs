@@ -19,6 +19,7 @@
 //!   under-admitted units out).
 //! - [`load`]: the keys, the callers and the verdict records.
 //! - [`local`]: the drill's own processes and the faults it injects.
+//! - [`ports`]: loopback ports for servers started on a known address.
 //! - [`proxy`]: the TCP proxy that a cut link severs.
 //! - [`report`]: rounds and totals, the summary, JSON, report.md and the
 //!   picture.
@@ -26,6 +27,7 @@
 pub mod audit;
 pub mod load;
 pub mod local;
+pub mod ports;
 pub mod proxy;
 pub mod report;
 
