@@ -191,10 +191,17 @@ impl<'a> CellRequest<'a> {
 pub fn parse_i64(arg: &[u8]) -> Result<i64, CellError> {
     // The usual argument, up to 18 plain digits, cannot overflow: summed
     // straight (a UTF-8 check and `str::parse` cost about 100 instructions
-    // each, four arguments a request). Anything else goes the long way.
+    // each, four arguments a request). Anything else goes the long way,
+    // out of line, so that this part inlines into the caller.
     if (1..=18).contains(&arg.len()) && arg.iter().all(u8::is_ascii_digit) {
         return Ok(arg.iter().fold(0i64, |v, &b| v * 10 + i64::from(b - b'0')));
     }
+    parse_i64_slow(arg)
+}
+
+#[cold]
+#[inline(never)]
+fn parse_i64_slow(arg: &[u8]) -> Result<i64, CellError> {
     std::str::from_utf8(arg)
         .ok()
         .and_then(|s| s.parse::<i64>().ok())
@@ -255,15 +262,36 @@ pub struct CellDecision {
 /// Whole seconds, plus one when at least a millisecond is left over; a
 /// negative duration keeps its (truncated) whole seconds.
 fn round_s(ns: i64) -> i64 {
-    let ns = i128::from(ns);
-    let whole = ns / i128::from(NS_PER_S);
-    let sub_ms = (ns % i128::from(NS_PER_S)) / NS_PER_MS;
-    // |whole| <= |ns| / 1e9, so whole + 1 fits an i64.
-    (whole + i128::from(sub_ms > 0)) as i64
+    // In i64 (a 128-bit division was a library call per field): dividing
+    // by a positive constant cannot overflow, and |whole| <= |ns| / 1e9,
+    // so whole + 1 fits.
+    let whole = ns / NS_PER_S;
+    let sub_ms = (ns % NS_PER_S) / NS_PER_MS as i64;
+    whole + i64::from(sub_ms > 0)
 }
 
 /// `(tolerance - ttl) / I` in units, the way redis-cell computes it.
 fn remaining_units(next_ns: i128, emission_ns: i128) -> i64 {
+    // The same arithmetic in 64 bits whenever both fit, as they do for
+    // every policy CellPolicy::new accepts (its tolerance is at most
+    // TOLERANCE_NS_MAX): a 128-bit division and a 128-bit-to-f64
+    // conversion were library calls, about 100 instructions a request.
+    // Truncating division and the conversion to f64 of the same integer
+    // give the same results at either width.
+    if let (Ok(next), Ok(emission)) = (i64::try_from(next_ns), i64::try_from(emission_ns)) {
+        if emission > 0 {
+            let emission_us = emission / NS_PER_US as i64;
+            if emission_us == 0 {
+                return next / emission;
+            }
+            return ((next / NS_PER_US as i64) as f64 / emission_us as f64) as i64;
+        }
+    }
+    remaining_units_wide(next_ns, emission_ns)
+}
+
+/// [`remaining_units`] at 128 bits.
+fn remaining_units_wide(next_ns: i128, emission_ns: i128) -> i64 {
     let emission_us = emission_ns / NS_PER_US;
     if emission_us == 0 {
         // redis-cell divides by zero here (see the module docs).
@@ -333,6 +361,44 @@ mod tests {
     use crate::clock::{Clock, ManualClock};
 
     proptest::proptest! {
+        /// Seconds rounded in 64 bits are the seconds rounded in 128, over
+        /// every i64 and around the second and millisecond edges.
+        #[test]
+        fn rounding_in_64_bits_is_rounding_in_128(
+            ns in proptest::num::i64::ANY,
+            small in -5_000_000_000i64..5_000_000_000,
+        ) {
+            let wide = |ns: i64| {
+                let ns = i128::from(ns);
+                let whole = ns / i128::from(NS_PER_S);
+                let sub_ms = (ns % i128::from(NS_PER_S)) / NS_PER_MS;
+                (whole + i128::from(sub_ms > 0)) as i64
+            };
+            proptest::prop_assert_eq!(round_s(ns), wide(ns));
+            proptest::prop_assert_eq!(round_s(small), wide(small));
+        }
+
+        /// The 64-bit remaining count is the 128-bit one, emission
+        /// intervals below and above a microsecond, `next` of either sign.
+        #[test]
+        fn remaining_in_64_bits_is_remaining_in_128(
+            next in proptest::prop_oneof![proptest::num::i64::ANY, -10_000i64..10_000_000_000],
+            emission in proptest::prop_oneof![1i64..2_000, 1i64..=i64::MAX],
+            k in -1_000i64..1_000,
+            r in -2i64..=2,
+        ) {
+            // Also right at a multiple of the interval, where truncation
+            // shows.
+            let edge = (emission.min(1 << 40) * k).saturating_add(r);
+            for next in [next, edge] {
+                let (next, emission) = (i128::from(next), i128::from(emission));
+                proptest::prop_assert_eq!(
+                    remaining_units(next, emission),
+                    remaining_units_wide(next, emission)
+                );
+            }
+        }
+
         /// Integer arguments parse exactly as `i64::from_str` parses them,
         /// the fast path for plain digits included.
         #[test]
