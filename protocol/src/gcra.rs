@@ -153,8 +153,37 @@ fn units_in(n: u128, d: u128) -> u128 {
 /// `policy` must be validated and `cost <= policy.burst` (both are checked at
 /// the edge, where a request is decoded); this function asserts it.
 /// A denied request returns the bucket unchanged.
+///
+/// Decided by [`throttle_q8`] in 64-bit arithmetic wherever the bucket's
+/// lead on now is a whole number of 2^-8 ns below 2^63 of them (every
+/// bucket this module produces, within 1.14 years) and the policy's depth
+/// fits too; otherwise in 128 bits. The two agree bit for bit (a property
+/// test holds them to it), so which one ran is never visible.
 #[inline]
 pub fn throttle(bucket: Option<Bucket>, policy: &Policy, cost: u64, now_ns: u64) -> Decision {
+    let now = to_fp(now_ns);
+    let ahead = bucket.map_or(0, |b| b.tat_fp.saturating_sub(now));
+    if ahead & ((1 << TAT_ZERO_BITS) - 1) == 0 {
+        if let Ok(spent) = u64::try_from(ahead >> TAT_ZERO_BITS) {
+            if let Some((verdict, new)) = throttle_q8(spent, policy, cost) {
+                let bucket = if verdict.allowed {
+                    (new > 0).then(|| Bucket {
+                        tat_fp: now + (u128::from(new) << TAT_ZERO_BITS),
+                    })
+                } else {
+                    bucket
+                };
+                return Decision { verdict, bucket };
+            }
+        }
+    }
+    throttle_wide(bucket, policy, cost, now_ns)
+}
+
+/// [`throttle`] in 128-bit arithmetic, for every bucket and policy: the
+/// reference the 64-bit path is held to, and the path for what it declines.
+#[cold]
+fn throttle_wide(bucket: Option<Bucket>, policy: &Policy, cost: u64, now_ns: u64) -> Decision {
     assert!(
         cost <= policy.burst,
         "cost must be checked against burst at the edge"
@@ -479,13 +508,46 @@ mod tests {
             };
             if let Some((v, new)) = throttle_q8(spent, &p, cost) {
                 let b = (spent > 0).then(|| Bucket { tat_fp: to_fp(T0) + (u128::from(spent) << TAT_ZERO_BITS) });
-                let d = throttle(b, &p, cost, T0);
+                let d = throttle_wide(b, &p, cost, T0);
                 prop_assert_eq!(v, d.verdict);
                 let want = d.bucket.map_or(0, |b| ((b.tat_fp - to_fp(T0)) >> TAT_ZERO_BITS) as u64);
                 prop_assert_eq!(new, want);
             } else {
                 prop_assert!(spent >= 1 << 63 || tau >= 1 << 63, "q8 declined a policy that fits");
             }
+        }
+
+        /// `throttle` (the 64-bit path where it can, the 128-bit one where
+        /// it cannot) decides exactly as the 128-bit arithmetic alone, on
+        /// any bucket: absent, behind now, a whole number of 2^-8 ns ahead,
+        /// off that grid (a bucket this module never makes, but a caller
+        /// can), near and past the 64-bit path's reach.
+        #[test]
+        fn throttle_is_its_128_bit_arithmetic(
+            count in prop_oneof![1u64..=1_000, 1u64..=crate::policy::COUNT_MAX],
+            period_ns in prop_oneof![Just(S), Just(7 * S / 3), crate::policy::PERIOD_NS_MIN..=crate::policy::PERIOD_NS_MAX],
+            burst in prop_oneof![1u64..=100, 1u64..=crate::policy::BURST_MAX],
+            kind in 0u8..6,
+            pick in any::<u128>(),
+            cost_pick in any::<u64>(),
+            now in prop_oneof![Just(T0), any::<u64>()],
+        ) {
+            let p = Policy { count, period_ns, burst };
+            prop_assume!(p.validate().is_ok());
+            let cost = cost_pick % (p.burst + 1);
+            let i = emission_fp(&p);
+            let tau = i * u128::from(burst);
+            let at = |ahead: u128| Some(Bucket { tat_fp: to_fp(now).saturating_add(ahead) });
+            let bucket = match kind {
+                0 => None,
+                1 => Some(Bucket { tat_fp: to_fp(now).saturating_sub(pick % (to_fp(now) + 1)) }),
+                // On the 2^-8 ns grid, around the depth where decisions turn.
+                2 => at(tau.saturating_sub(pick % (2 * i)) & !((1 << TAT_ZERO_BITS) - 1)),
+                3 => at((pick % (1 << 64)) << TAT_ZERO_BITS),
+                4 => at(pick % (tau + 2 * i)),
+                _ => Some(Bucket { tat_fp: pick }),
+            };
+            prop_assert_eq!(throttle(bucket, &p, cost, now), throttle_wide(bucket, &p, cost, now));
         }
 
         /// Admitted units in any window of length T never exceed
