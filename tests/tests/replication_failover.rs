@@ -134,9 +134,13 @@ async fn async_kill9_over_admits_at_most_the_unacknowledged_interval() {
     let args = ["--shards", "2", "--replication", "async"];
     let (primary, follower) = start_pair(&args, &["--shards", "2"]).await;
     // A larger limit, so that the load runs long enough before the kill
-    // for the bound to be a small part of it.
-    let burst = 20_000;
-    let spec = format!("token-bucket:1/h,burst={burst}");
+    // for the bound to be a small part of it: 20,000 was not enough on a
+    // fast day, when its first 10,000 admissions took 70 ms (7,723 of them
+    // in the last 50 ms) and the test refused its own measurement.
+    let burst = 200_000;
+    // 10/h: the longest refill a burst this deep may have (one unit in
+    // 6 minutes, none during the test).
+    let spec = format!("token-bucket:10/h,burst={burst}");
     let (tally, killed_after) = kill_and_promote(primary, &follower, &spec, burst).await;
     let admitted = tally.admitted();
     let times = tally.admitted_at.lock().unwrap().clone();
