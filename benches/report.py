@@ -109,8 +109,10 @@ w("50 connections, 100k keys. *Under the limit*: 1000/s, every bucket refilled w
 w("again (the usual state of a production client). *Spent*: 10/s, burst 100, as in the main rows.")
 w(f"*10M keys*: the keyspace section's pre-filled 10M buckets (1/h, burst 100; one shard only). Default")
 w(f"shard count: {default_shards}, one per core, sharing the two cores with the generator.\n")
-w("| workload | pipeline | floor ops/s | Sluice (1 shard) ops/s | / floor | Sluice (default shards) ops/s | / floor |")
-w("|---|---|---|---|---|---|---|")
+w("*Admitted*: the share of the one-shard run's requests that Sluice admitted, which says whether the")
+w("workload was what its name says.\n")
+w("| workload | pipeline | floor ops/s | Sluice (1 shard) ops/s | / floor | admitted | Sluice (default shards) ops/s | / floor |")
+w("|---|---|---|---|---|---|---|---|")
 workload_ratio = {}
 for wname, label in [("under", "under the limit"), ("spent", "spent"), ("10M", "10M keys")]:
     for p in [1, 16, 64]:
@@ -121,7 +123,9 @@ for wname, label in [("under", "under the limit"), ("spent", "spent"), ("10M", "
         sd = get(f"{wname} sluice-default p{p}")
         workload_ratio[(wname, p)] = ratio(s1["ops_per_s"], f["ops_per_s"])
         dcells = f"{fmt_ops(sd['ops_per_s'])} | {ratio(sd['ops_per_s'], f['ops_per_s']):.2f}" if sd else "- | -"
-        w(f"| {label} | {p} | {fmt_ops(f['ops_per_s'])} | {fmt_ops(s1['ops_per_s'])} | **{workload_ratio[(wname, p)]:.2f}** | {dcells} |")
+        decided = s1.get("allowed", 0) + s1.get("denied", 0)
+        admitted = f"{100 * s1['allowed'] / decided:.1f} %" if decided else "-"
+        w(f"| {label} | {p} | {fmt_ops(f['ops_per_s'])} | {fmt_ops(s1['ops_per_s'])} | **{workload_ratio[(wname, p)]:.2f}** | {admitted} | {dcells} |")
 w("")
 d64, d1 = get("sluice-default c50 p64"), get("sluice-default c50 p1")
 if d64 and d1:
