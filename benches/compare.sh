@@ -231,6 +231,13 @@ for p in 1 16 64; do
     $(( p == 1 ? 400000 : 4000000 ))
 done
 RSS_KB=$(ps -o rss= -p "$S_PID" | tr -d ' ')
+# The default shard count: the same fill, the same runs.
+"$SLUICE" --addr "$D_ADDR" bench --connections 50 --pipeline 64 --keys 10000000 --requests $(( 20000000 / SCALE )) \
+  --duration-s 60 --rate 1/h --burst 100 --json >/dev/null
+for p in 1 16 64; do
+  LIMIT_ARGS="--rate 1/h --burst 100" ADDR=$D_ADDR run "10M sluice-default p$p" sluice 50 "$p" 10000000 \
+    $(( p == 1 ? 400000 : 4000000 ))
+done
 
 echo "== full sync of the 10M-key table to a new follower, while the primary answers"
 SYNC=$WORK/fullsync.jsonl

@@ -107,7 +107,7 @@ if fc and sc:
 w("### Workloads, one shard and the default shard count, against the floor\n")
 w("50 connections, 100k keys. *Under the limit*: 1000/s, every bucket refilled when it is visited")
 w("again (the usual state of a production client). *Spent*: 10/s, burst 100, as in the main rows.")
-w(f"*10M keys*: the keyspace section's pre-filled 10M buckets (1/h, burst 100; one shard only). Default")
+w(f"*10M keys*: the keyspace section's pre-filled 10M buckets (1/h, burst 100; each server filled). Default")
 w(f"shard count: {default_shards}, one per core, sharing the two cores with the generator.\n")
 w("*Admitted*: the share of the one-shard run's requests that Sluice admitted, which says whether the")
 w("workload was what its name says.\n")
