@@ -533,7 +533,20 @@ impl<V: Record> BucketMap<V> {
     }
 
     fn resize(&mut self, capacity: usize) {
-        let old = std::mem::replace(&mut self.slots, zeroed_slots(capacity));
+        let mut slots = zeroed_slots(capacity);
+        // Fault the new array's pages in, in order, before the rehash
+        // writes them at random: the rehash touches every page anyway (the
+        // records fill three quarters of the slots, uniformly), and in
+        // order the kernel faults them far faster. Growing 8.7M buckets
+        // to 10M took 230 ms without this (page faults inside the
+        // rehash), 73 + 105 ms with it; the shard serves no one meanwhile.
+        // (`black_box`: a zero stored into memory known to be zeroed is a
+        // store the compiler may drop.)
+        let per_page = (4096 / std::mem::size_of::<Slot<V>>()).max(1);
+        for i in (0..slots.len()).step_by(per_page) {
+            slots[i] = std::hint::black_box(Slot::default());
+        }
+        let old = std::mem::replace(&mut self.slots, slots);
         self.cursor = 0;
         for e in self.export.iter_mut().flatten() {
             // Every record moves: read them all again.
