@@ -63,12 +63,18 @@ fn main() {
         let addr = listener.local_addr().expect("a bound address");
         println!("sluice-floor listening on {addr}");
         let table: Table = Rc::new(RefCell::new(vec![None; TABLE_BUCKETS]));
+        // One clock for every connection: the buckets are shared, so their
+        // times must be too. (Each connection had its own, started at its
+        // accept: a bucket left by an earlier connection was then far in a
+        // later one's future, and the floor denied every request, with no
+        // bucket ever written.)
+        let origin = std::time::Instant::now();
         loop {
             let Ok((stream, _)) = listener.accept().await else {
                 continue;
             };
             let _ = stream.set_nodelay(true);
-            tokio::task::spawn_local(serve(stream, table.clone()));
+            tokio::task::spawn_local(serve(stream, table.clone(), origin));
         }
     });
 }
@@ -79,11 +85,10 @@ fn usage(why: &str) -> ! {
 }
 
 /// One connection: whole frames in, one write of their replies out.
-async fn serve(mut stream: TcpStream, table: Table) {
+async fn serve(mut stream: TcpStream, table: Table, origin: std::time::Instant) {
     let mut decoder = FrameDecoder::new(FRAME_BYTES_MAX);
     let mut writer = FrameWriter::new();
     let (mut rbuf, mut wbuf) = (BytesMut::with_capacity(16 << 10), BytesMut::new());
-    let clock = std::time::Instant::now();
     loop {
         if rbuf.capacity() - rbuf.len() < 4096 {
             rbuf.reserve(16 << 10);
@@ -92,7 +97,7 @@ async fn serve(mut stream: TcpStream, table: Table) {
             Ok(0) | Err(_) => return,
             Ok(_) => {}
         }
-        let now_ns = clock.elapsed().as_nanos() as u64 + 1;
+        let now_ns = origin.elapsed().as_nanos() as u64 + 1;
         loop {
             let frame = match decoder.decode(&mut rbuf) {
                 Ok(Some(f)) => f,
