@@ -53,6 +53,15 @@ pub const SWEEP_SLOTS_PER_TICK: usize = 16_384;
 pub const SWEEP_IDLE_NS: u64 = 1_000_000_000;
 /// Smallest capacity.
 const CAPACITY_MIN: usize = 16;
+/// An insertion that steps over more slots than this sweeps the whole table
+/// (see [`BucketMap::insert`]). Robin Hood insertion at the 0.875 ceiling,
+/// with keys spread by their hashes, steps over about 30 on average and
+/// rarely a few hundred.
+pub const LONG_RUN_SLOTS: usize = 512;
+/// At most one sweep a long run triggers per this many inserts for each
+/// slot of the table (`capacity / 16` inserts: at most 16 slots examined
+/// an insert, amortised).
+const LONG_RUN_SWEEP_EVERY: usize = 16;
 
 // After growth the load must stay above what growth would trigger at, or a
 // table could grow again immediately.
@@ -119,6 +128,8 @@ pub struct BucketMap<V> {
     cursor: usize,
     /// Records dropped because they had refilled.
     swept_total: u64,
+    /// Inserts since the last full sweep.
+    inserts_since_sweep: usize,
     /// The walks in progress, by [`Walk`].
     export: [Option<Export>; 2],
     /// Slots insertion has stepped over (tests: the work a load does).
@@ -224,6 +235,7 @@ impl<V: Record> BucketMap<V> {
             len: 0,
             cursor: 0,
             swept_total: 0,
+            inserts_since_sweep: 0,
             export: [None, None],
             #[cfg(test)]
             probes: 0,
@@ -433,20 +445,38 @@ impl<V: Record> BucketMap<V> {
                 self.grow();
             }
         }
-        self.place(Slot::new(tag(key), value));
+        let run = self.place(Slot::new(tag(key), value));
         self.len += 1;
+        self.inserts_since_sweep += 1;
+        // The load is counted over the whole table, but the cursor drops
+        // refilled buckets slot by slot: where it has not been for a while,
+        // those still take their slots, and new keys arriving there can
+        // fill a region completely while the table as a whole is far from
+        // its ceiling. Every insertion homed there then walks the whole
+        // region: a run of 42,000 slots in a 114,000-slot table at 0.63
+        // load was seen (benches/notes.md), 0.2 ms an insert. A long run
+        // is the sign: sweep everything now (a refilled bucket is equal
+        // to none, so what is kept is exactly as before).
+        if run > LONG_RUN_SLOTS
+            && self.inserts_since_sweep * LONG_RUN_SWEEP_EVERY >= self.slots.len()
+        {
+            self.sweep(now_ns.saturating_sub(SWEEP_IDLE_NS));
+        }
     }
 
-    /// Robin Hood insertion of a key known to be absent, with room for it.
-    fn place(&mut self, mut moving: Slot<V>) {
+    /// Robin Hood insertion of a key known to be absent, with room for it;
+    /// returns how many occupied slots it stepped over.
+    fn place(&mut self, mut moving: Slot<V>) -> usize {
         let mut index = self.home(moving.key());
         let mut dist = 0;
+        let mut run = 0;
         loop {
             if self.slots[index].is_empty() {
                 self.slots[index] = moving;
                 self.note_write(index);
-                return;
+                return run;
             }
+            run += 1;
             let resident = self.distance(index);
             if resident < dist {
                 std::mem::swap(&mut self.slots[index], &mut moving);
@@ -504,6 +534,7 @@ impl<V: Record> BucketMap<V> {
 
     /// Drops every full record.
     pub fn sweep(&mut self, now_ns: u64) {
+        self.inserts_since_sweep = 0;
         let mut i = 0;
         while i < self.slots.len() {
             let slot = self.slots[i];
@@ -722,6 +753,45 @@ mod tests {
                 prop_assert!(i < 1_000_000, "the walks never end");
             }
         }
+    }
+
+    /// Refilled buckets where the sweep cursor has not been yet, and new
+    /// keys arriving among them, must not fill a region of the table while
+    /// the whole stays below its ceiling: no insertion walks a run much
+    /// longer than [`LONG_RUN_SLOTS`]. (Without the sweep a long run
+    /// triggers, one walked 62,501 slots here.)
+    #[test]
+    fn refilled_buckets_ahead_of_the_cursor_do_not_pile_new_keys_into_one_run() {
+        const S: u64 = 1_000_000_000;
+        let mut map: BucketMap<Until> = BucketMap::with_capacity(100_000);
+        let cap = map.capacity();
+        let mut x = 0x243f_6a88_85a3_08d3_1319_8a2e_0370_7344u128;
+        let mut next_key = || {
+            x = x.wrapping_mul(0x2d99_787926d4_6932_a4c1_f32680f4_1a8d) ^ (x >> 61);
+            x | 1
+        };
+        // Old buckets at 0.8 of capacity, all full from t = 1 ns on.
+        for _ in 0..cap * 8 / 10 {
+            map.insert(next_key(), Until(1), 0);
+        }
+        assert_eq!(map.capacity(), cap, "the fill did not grow the table");
+        // Three seconds later they are refilled and idle; new keys come.
+        let (mut longest, mut total) = (0u64, 0u64);
+        for _ in 0..cap * 23 / 100 {
+            let before = map.probes;
+            map.insert(next_key(), Until(u64::MAX), 3 * S);
+            longest = longest.max(map.probes - before);
+            total += map.probes - before;
+        }
+        assert!(
+            longest < 2 * LONG_RUN_SLOTS as u64,
+            "an insertion walked {longest} slots (capacity {cap}, {} in use)",
+            map.len()
+        );
+        assert!(
+            total / (cap as u64 * 23 / 100) < 64,
+            "{total} slots walked in all"
+        );
     }
 
     #[test]
