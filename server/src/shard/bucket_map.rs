@@ -767,7 +767,7 @@ mod tests {
         let cap = map.capacity();
         let mut x = 0x243f_6a88_85a3_08d3_1319_8a2e_0370_7344u128;
         let mut next_key = || {
-            x = x.wrapping_mul(0x2d99_787926d4_6932_a4c1_f32680f4_1a8d) ^ (x >> 61);
+            x = x.wrapping_mul(0x2d99_7879_26d4_6932_a4c1_f326_80f4_1a8d) ^ (x >> 61);
             x | 1
         };
         // Old buckets at 0.8 of capacity, all full from t = 1 ns on.
