@@ -37,12 +37,10 @@ const PREFETCH_AHEAD: usize = 16;
 
 /// Parsed records at which a flow applies them before parsing the next
 /// SYNC of the same read. A read holds up to 64 KiB of SYNCs (about 2,000
-/// token-bucket records: an async primary's 1 ms drain under load); parsed
-/// whole, before any of it was applied, they made a list of about 160 KiB
-/// that left the cache before it was read again (the follower spent 60 ns
-/// a decision behind an async primary, 32 behind a sync one that drains
-/// in small batches). Each SYNC is still parsed whole, checked, before any
-/// of its records is applied.
+/// token-bucket records: an async primary's 1 ms drain under load), which
+/// parsed whole before any was applied made a list of about 160 KiB; this
+/// bounds it (no CPU saving was measurable: benches/notes.md). Each SYNC
+/// is still parsed whole, checked, before any of its records is applied.
 const APPLY_AT: usize = 256;
 
 /// Records for a shard of this node, from a flow on another shard.

@@ -317,7 +317,6 @@ fn hello<'a>(args: &Args<'a>) -> Result<Command<'a>, Reply> {
     Ok(Command::Hello { proto, auth, name })
 }
 
-/// CL.THROTTLE's arguments, with redis-cell's checks and texts.
 /// `name.eq_ignore_ascii_case(b"CL.THROTTLE")`, in two word compares
 /// (the byte loop was about 75 instructions of every CL.THROTTLE): the
 /// 0x20 bit is forced on at the letters' places only, where it is exactly
@@ -333,6 +332,7 @@ fn is_cl_throttle(name: &[u8]) -> bool {
         && u32::from_le_bytes(*tail) | 0x2020_2020 == u32::from_le_bytes(*b"ttle")
 }
 
+/// CL.THROTTLE's arguments, with redis-cell's checks and texts.
 fn throttle<'a>(args: &Args<'a>) -> Result<CellRequest<'a>, Reply> {
     let argc = args.len() - 1;
     if !(cell::ARGS_MIN..=cell::ARGS_MAX).contains(&argc) {

@@ -496,25 +496,22 @@ mod tests {
 
     /// Parses `input` fed one byte at a time, as a slow client would send it.
     fn trickled(input: &[u8]) -> Result<Vec<Vec<Vec<u8>>>, ParseError> {
-        let mut p = Parser::new(MAX);
-        let mut out = Vec::new();
-        let mut buf = Vec::new();
-        for &b in input {
-            buf.push(b);
-            while let Some(n) = p.parse(&buf)? {
-                out.push(p.args(&buf).iter().map(<[u8]>::to_vec).collect());
-                buf.drain(..n);
-            }
+        let (out, error, left) = feed(input, MAX, 1);
+        if let Some(e) = error {
+            return Err(e);
         }
-        assert!(buf.is_empty(), "a partial command left over");
+        assert_eq!(left, 0, "a partial command left over");
         Ok(out)
     }
 
-    /// Commands and the first error, `input` fed `step` bytes at a time to
-    /// a parser taking commands of up to `max` bytes (a partial command
-    /// left at the end is dropped).
-    type Outcome = (Vec<Vec<Vec<u8>>>, Option<ParseError>);
-    fn fed(input: &[u8], max: usize, step: usize) -> Outcome {
+    /// Commands, the first error and the bytes of a partial command left
+    /// at the end, `input` fed `step` bytes at a time to a parser taking
+    /// commands of up to `max` bytes.
+    fn feed(
+        input: &[u8],
+        max: usize,
+        step: usize,
+    ) -> (Vec<Vec<Vec<u8>>>, Option<ParseError>, usize) {
         let mut p = Parser::new(max);
         let mut out = Vec::new();
         let mut buf = Vec::new();
@@ -527,11 +524,18 @@ mod tests {
                         buf.drain(..n);
                     }
                     Ok(None) => break,
-                    Err(e) => return (out, Some(e)),
+                    Err(e) => return (out, Some(e), buf.len()),
                 }
             }
         }
-        (out, None)
+        (out, None, buf.len())
+    }
+
+    /// Commands and the first error, as [`feed`] finds them.
+    type Outcome = (Vec<Vec<Vec<u8>>>, Option<ParseError>);
+    fn fed(input: &[u8], max: usize, step: usize) -> Outcome {
+        let (out, error, _) = feed(input, max, step);
+        (out, error)
     }
 
     /// Arrays of bulk strings as clients write them, then (maybe) one

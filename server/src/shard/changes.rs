@@ -54,7 +54,7 @@ const _: () = assert!(ENCODED_RECORDS_MAX * 49 < 255 * 60_000);
 /// The 32 bits of `key` that `Changes::recent` keeps beside a record's
 /// place: bits the slot (the low ones) does not already tell.
 #[inline]
-fn check(key: u128) -> u32 {
+fn key_check(key: u128) -> u32 {
     (key >> 64) as u32
 }
 
@@ -67,7 +67,7 @@ pub struct Changes {
     encoded_records: usize,
     /// For each slot, where ([`SyncWriter::push_fixed`]: payload in bits
     /// 16-23, offset below) the last encoded record whose key maps to it
-    /// is, with 32 bits of that key above ([`check`]) and tagged with
+    /// is, with 32 bits of that key above ([`key_check`]) and tagged with
     /// `generation` in the top byte: a tag other than the current one (0
     /// included) means none. Each take or spill starts a new generation,
     /// so the index is cleared once every 255 of them, not at each drain
@@ -105,7 +105,7 @@ impl Changes {
         };
         let slot = key as usize & (RECENT - 1);
         let at = self.recent[slot];
-        let check = check(key);
+        let check = key_check(key);
         // Another key's record (most writes, when many keys are written)
         // is told by the check bits, without reading that record: a miss
         // into a payload up to 1 ms old, half of this function's time at
