@@ -1,6 +1,7 @@
 //! Micro-benchmarks of the per-request work that does not touch the
 //! network: one decision of every limit kind, parsing a frame of 64
-//! THROTTLEs, and a shard table lookup at 1k, 1M and 10M keys.
+//! THROTTLEs, a shard table lookup at 1k, 1M and 10M keys, and a frame of
+//! 64 lookups decided with and without prefetching their slots first.
 //! Run with `cargo bench -p sluice-benches`.
 
 use std::hint::black_box;
@@ -156,6 +157,48 @@ fn table(c: &mut Criterion) {
                 t.throttle(black_box(k), &policy, 1, T0 + 1)
             });
         });
+    }
+    g.finish();
+    // What a connection does with a frame of 64 THROTTLEs: hash every key
+    // first (and, in the `prefetched` rows, start loading each one's slot),
+    // then decide them in order. Per decision.
+    let mut g = c.benchmark_group("table_batch64");
+    g.throughput(Throughput::Elements(64));
+    for (label, n) in [("100k", 100_000u64), ("10M", 10_000_000)] {
+        let mut t = Table::new();
+        for i in 0..n {
+            t.throttle(key_hash(&i.to_le_bytes()), &policy, 1, T0)
+                .expect("no cap on a bench table");
+        }
+        for prefetched in [false, true] {
+            let name = format!(
+                "{label}/{}",
+                if prefetched { "prefetched" } else { "plain" }
+            );
+            let mut x = 0x9e37_79b9_7f4a_7c15u64;
+            let mut hashes = [0u128; 64];
+            g.bench_function(name, |b| {
+                b.iter(|| {
+                    for h in &mut hashes {
+                        x ^= x << 13;
+                        x ^= x >> 7;
+                        x ^= x << 17;
+                        *h = key_hash(&(x % n).to_le_bytes());
+                        if prefetched {
+                            t.prefetch(*h);
+                        }
+                    }
+                    let mut allowed = 0u32;
+                    for &h in &hashes {
+                        let v = t
+                            .throttle(black_box(h), &policy, 1, T0 + 1)
+                            .expect("no cap");
+                        allowed += u32::from(v.allowed);
+                    }
+                    allowed
+                });
+            });
+        }
     }
     g.finish();
 }
