@@ -49,6 +49,20 @@ fn decision(c: &mut Criterion) {
             v
         });
     });
+    // As a shard now runs it: the interval and its reciprocal from the
+    // shard's one-policy memo, no division.
+    g.bench_function("token_bucket_q8_memo", |b| {
+        let mut spent = 0u64;
+        let mut memo = gcra::IntervalMemo::default();
+        b.iter(|| {
+            spent = spent.saturating_sub(256_000_000);
+            let (v, new) =
+                gcra::throttle_q8_memo(black_box(spent), black_box(&policy), 1, &mut memo)
+                    .expect("fits");
+            spent = new;
+            v
+        });
+    });
     let window = Window::new(1_000_000, 60 * S).unwrap();
     g.bench_function("fixed_window", |b| {
         let (mut now, mut state) = (T0, None);

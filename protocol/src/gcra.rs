@@ -231,15 +231,102 @@ fn throttle_wide(bucket: Option<Bucket>, policy: &Policy, cost: u64, now_ns: u64
 /// `spent` is: the caller decides with [`throttle`].
 #[inline]
 pub fn throttle_q8(spent: u64, policy: &Policy, cost: u64) -> Option<(Verdict, u64)> {
+    let i = interval_q8(policy)?;
+    decide_q8(spent, policy, cost, i, |x| x / i)
+}
+
+/// [`throttle_q8`] with no division: the policy's interval and its
+/// reciprocal come from `memo`, which computes them when the policy differs
+/// from the last one it saw (a store that keeps one per shard divides once
+/// per change of policy, where most traffic repeats a few). The same
+/// result as [`throttle_q8`], always (a property test holds them to it).
+#[inline]
+pub fn throttle_q8_memo(
+    spent: u64,
+    policy: &Policy,
+    cost: u64,
+    memo: &mut IntervalMemo,
+) -> Option<(Verdict, u64)> {
+    let (i, reciprocal) = memo.of(policy)?;
+    decide_q8(spent, policy, cost, i, |x| div_by(x, i, reciprocal))
+}
+
+/// The emission interval in 2^-8 ns units, rounded up. `None` if it does
+/// not fit 64 bits. A validated period is below 2^55 ns, so `period << 8`
+/// fits; the `checked_mul` is for unvalidated policies.
+#[inline]
+fn interval_q8(policy: &Policy) -> Option<u64> {
+    Some(
+        policy
+            .period_ns
+            .checked_mul(1 << I_QUANTUM_BITS)?
+            .div_ceil(policy.count),
+    )
+}
+
+/// The last policy's interval ([`interval_q8`], at least 1 for a valid
+/// policy) and its reciprocal `u64::MAX / interval`, keyed by the
+/// policy's period and count. Empty (count 0, which no valid policy has)
+/// until first used.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct IntervalMemo {
+    period_ns: u64,
+    count: u64,
+    interval: u64,
+    reciprocal: u64,
+}
+
+impl IntervalMemo {
+    /// `(interval, reciprocal)` for `policy`; `None` as [`interval_q8`].
+    #[inline]
+    pub fn of(&mut self, policy: &Policy) -> Option<(u64, u64)> {
+        if self.count != policy.count || self.period_ns != policy.period_ns {
+            self.refill(policy)?;
+        }
+        Some((self.interval, self.reciprocal))
+    }
+
+    #[cold]
+    #[inline(never)]
+    fn refill(&mut self, policy: &Policy) -> Option<()> {
+        if policy.count == 0 {
+            return None;
+        }
+        let interval = interval_q8(policy)?.max(1);
+        *self = IntervalMemo {
+            period_ns: policy.period_ns,
+            count: policy.count,
+            interval,
+            reciprocal: u64::MAX / interval,
+        };
+        Some(())
+    }
+}
+
+/// `x / d` for `d >= 1`, given `reciprocal = u64::MAX / d`: the high half
+/// of `x * reciprocal` is the quotient or one below it, and one comparison
+/// tells which. (`reciprocal >= 2^64 / d - 1`, so `x * reciprocal / 2^64 >=
+/// x / d - x / 2^64 > x / d - 1`; and it is at most `x / d`.)
+#[inline(always)]
+fn div_by(x: u64, d: u64, reciprocal: u64) -> u64 {
+    let q = ((u128::from(x) * u128::from(reciprocal)) >> 64) as u64;
+    // `q <= x / d`, so `q * d <= x`: no overflow.
+    q + u64::from(x - q * d >= d)
+}
+
+/// The decision of [`throttle_q8`] on interval `i`, with `div(x)` = `x / i`.
+#[inline(always)]
+fn decide_q8(
+    spent: u64,
+    policy: &Policy,
+    cost: u64,
+    i: u64,
+    div: impl Fn(u64) -> u64,
+) -> Option<(Verdict, u64)> {
     assert!(
         cost <= policy.burst,
         "cost must be checked against burst at the edge"
     );
-    // A validated period is below 2^55 ns, so `period << 8` fits.
-    let i = policy
-        .period_ns
-        .checked_mul(1 << I_QUANTUM_BITS)?
-        .div_ceil(policy.count);
     let tau = i.checked_mul(policy.burst).filter(|&t| t < 1 << 63)?;
     if spent >= 1 << 63 {
         return None;
@@ -251,7 +338,7 @@ pub fn throttle_q8(spent: u64, policy: &Policy, cost: u64) -> Option<(Verdict, u
         let verdict = Verdict {
             allowed: true,
             limit: policy.burst,
-            remaining: (tau - new) / i,
+            remaining: div(tau - new),
             retry_after_ns: 0,
             reset_after_ns: ns(new),
         };
@@ -260,7 +347,7 @@ pub fn throttle_q8(spent: u64, policy: &Policy, cost: u64) -> Option<(Verdict, u
         let verdict = Verdict {
             allowed: false,
             limit: policy.burst,
-            remaining: tau.saturating_sub(spent) / i,
+            remaining: div(tau.saturating_sub(spent)),
             retry_after_ns: ns(new - tau),
             reset_after_ns: ns(spent),
         };
@@ -484,6 +571,25 @@ mod tests {
             prop_assert_eq!(units_in(a, b), a / b);
         }
 
+        /// The reciprocal division is the division, for every dividend
+        /// and divisor: small, large, powers of two and their neighbours,
+        /// and dividends at and around multiples of the divisor.
+        #[test]
+        fn division_by_reciprocal_is_division(
+            d in prop_oneof![1u64..=1_000, any::<u64>().prop_map(|d| d.max(1)), (0u32..64).prop_map(|b| 1u64 << b), (1u32..64).prop_map(|b| (1u64 << b) - 1), (1u32..64).prop_map(|b| (1u64 << b) + 1)],
+            x in any::<u64>(),
+            near in 0u8..3,
+        ) {
+            let x = match near {
+                0 => x,
+                // A multiple of d, or one below it.
+                _ => (x / d * d).saturating_sub(u64::from(near - 1)),
+            };
+            prop_assert_eq!(div_by(x, d, u64::MAX / d), x / d);
+            prop_assert_eq!(div_by(u64::MAX, d, u64::MAX / d), u64::MAX / d);
+            prop_assert_eq!(div_by(0, d, u64::MAX / d), 0);
+        }
+
         /// `throttle_q8` decides exactly as `throttle`, on every bucket
         /// state, wherever it answers at all.
         #[test]
@@ -506,7 +612,16 @@ mod tests {
                 // Around the depth and below it, where decisions turn.
                 _ => u64::try_from(tau).unwrap_or(u64::MAX >> 1).saturating_sub(spent_pick % (emission_fp(&p) >> TAT_ZERO_BITS).max(1) as u64 * u64::from(where_ - 1)),
             };
-            if let Some((v, new)) = throttle_q8(spent, &p, cost) {
+            // The division-free form, with a memo fresh, of another
+            // policy, and of this one: always the same answer.
+            let mut memo = IntervalMemo::default();
+            let q8 = throttle_q8(spent, &p, cost);
+            prop_assert_eq!(throttle_q8_memo(spent, &p, cost, &mut memo), q8);
+            prop_assert_eq!(throttle_q8_memo(spent, &p, cost, &mut memo), q8);
+            let other = Policy { count: count % 1_000 + 1, period_ns: S, burst: 1 };
+            let _ = throttle_q8_memo(0, &other, 0, &mut memo);
+            prop_assert_eq!(throttle_q8_memo(spent, &p, cost, &mut memo), q8);
+            if let Some((v, new)) = q8 {
                 let b = (spent > 0).then(|| Bucket { tat_fp: to_fp(T0) + (u128::from(spent) << TAT_ZERO_BITS) });
                 let d = throttle_wide(b, &p, cost, T0);
                 prop_assert_eq!(v, d.verdict);

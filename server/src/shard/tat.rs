@@ -121,6 +121,9 @@ pub struct TokenBuckets {
     clock_ns: u64,
     /// Per walk, whether its step has handed over `far`.
     far_sent: [bool; 2],
+    /// The last policy's interval and reciprocal: a decision on a slot
+    /// divides only when the policy changes (`gcra::throttle_q8_memo`).
+    interval: gcra::IntervalMemo,
 }
 
 impl TokenBuckets {
@@ -147,7 +150,7 @@ impl TokenBuckets {
 
     /// THROTTLE on the bucket in slot `index` (from
     /// [`TokenBuckets::find`]), decided in the slot's own units
-    /// (`gcra::throttle_q8`: the same decision as `gcra::throttle`, in
+    /// (`gcra::throttle_q8_memo`: the same decision as `gcra::throttle`, in
     /// 64-bit arithmetic, with no conversion to and from a [`Bucket`]).
     /// The verdict, and what was written: `None` nothing, `Some(None)` the
     /// bucket dropped (full), `Some(Some(tat))` stored. `None` when the
@@ -164,7 +167,7 @@ impl TokenBuckets {
         let now = units(now_ns);
         let ahead = self.map.value_at(index).0.wrapping_sub(now) as i64;
         let spent = ahead.max(0) as u64;
-        let (verdict, new) = gcra::throttle_q8(spent, policy, cost)?;
+        let (verdict, new) = gcra::throttle_q8_memo(spent, policy, cost, &mut self.interval)?;
         // A denial (never of a full bucket), or a cost of 0 on one not full.
         if new == spent && ahead > 0 {
             return Some((verdict, None));
