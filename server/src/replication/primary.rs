@@ -12,9 +12,12 @@
 //! A follower that does not ack within `replica_timeout_ms` is dropped and
 //! the shard serves alone (and says so), until it resyncs.
 
-use std::cell::RefCell;
+use std::cell::{Cell, RefCell};
 use std::collections::VecDeque;
+use std::future::Future;
+use std::pin::Pin;
 use std::rc::Rc;
+use std::task::{Context, Poll, Waker};
 use std::time::{Duration, Instant};
 
 use bytes::BytesMut;
@@ -28,7 +31,7 @@ use sluice_protocol::Clock;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::tcp::OwnedReadHalf;
 use tokio::net::TcpStream;
-use tokio::sync::{watch, Notify};
+use tokio::sync::Notify;
 use tokio_util::codec::Decoder;
 
 use super::{ASYNC_DRAIN_MS, FLOW_WRITE_TIMEOUT_MS, FULL_SYNC_SLOTS_PER_STEP, HEARTBEAT_MS};
@@ -54,7 +57,84 @@ pub struct FlowShard {
     pub takeover: Option<u64>,
     /// The highest drain the follower has acknowledged, and whether the
     /// flow was given up on (then every waiter stops waiting, unreplicated).
-    pub acked: watch::Sender<(u64, bool)>,
+    pub acked: Rc<Acked>,
+}
+
+/// [`FlowShard::acked`] and the replies waiting on it. On the shard's
+/// thread only, so a wait is a push and a release a pass over the waiters,
+/// with no atomics or locks: a `watch` channel (subscribe, `wait_for`,
+/// `notify_waiters`) cost about 1,200 instructions a sync wait and its
+/// release under callgrind (benches/notes.md, "Replication").
+#[derive(Debug, Default)]
+pub struct Acked {
+    /// (highest drain acknowledged, given up).
+    state: Cell<(u64, bool)>,
+    /// Tasks waiting, with the drain each needs. An entry whose wait ended
+    /// otherwise (its timeout) is woken once more, spuriously, and gone.
+    waiters: RefCell<Vec<(u64, Waker)>>,
+}
+
+impl Acked {
+    /// (highest drain acknowledged, given up).
+    pub fn get(&self) -> (u64, bool) {
+        self.state.get()
+    }
+
+    /// Sets the state and wakes every waiter it ends: all of them when the
+    /// flow is given up on, else those whose drain is acknowledged.
+    pub fn set(&self, drain: u64, gave_up: bool) {
+        self.state.set((drain, gave_up));
+        self.waiters.borrow_mut().retain(|(need, waker)| {
+            let done = gave_up || *need <= drain;
+            if done {
+                waker.wake_by_ref();
+            }
+            !done
+        });
+    }
+
+    /// Until drain `need` is acknowledged (`true`) or the flow is given up
+    /// on (`false`, also when both).
+    fn wait(self: &Rc<Self>, need: u64) -> AckWait {
+        AckWait {
+            acked: self.clone(),
+            need,
+            registered: false,
+        }
+    }
+}
+
+/// [`Acked::wait`].
+struct AckWait {
+    acked: Rc<Acked>,
+    need: u64,
+    registered: bool,
+}
+
+impl Future for AckWait {
+    type Output = bool;
+
+    fn poll(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<bool> {
+        let (drain, gave_up) = self.acked.get();
+        if gave_up {
+            return Poll::Ready(false);
+        }
+        if drain >= self.need {
+            return Poll::Ready(true);
+        }
+        if !self.registered {
+            // Once: a task's waker stays the same, and the task is woken
+            // by its other registrations too (its socket), so polls can
+            // repeat while it waits.
+            self.registered = true;
+            let need = self.need;
+            self.acked
+                .waiters
+                .borrow_mut()
+                .push((need, cx.waker().clone()));
+        }
+        Poll::Pending
+    }
 }
 
 impl Default for FlowShard {
@@ -65,7 +145,7 @@ impl Default for FlowShard {
             drain_next: 1,
             takeover: None,
             wake: Rc::new(Notify::new()),
-            acked: watch::channel((0, false)).0,
+            acked: Rc::default(),
         }
     }
 }
@@ -90,12 +170,10 @@ pub fn replication_wait(core: &ShardCore) -> Option<u64> {
 /// they decided if the follower may be promoted: see
 /// [`ReplNode::fencing`](super::ReplNode::fencing)).
 pub async fn wait_replicated(core: &ShardCore, need: u64) -> bool {
-    let mut acked = core.flow.borrow().acked.subscribe();
+    let acked = core.flow.borrow().acked.clone();
     let timeout = Duration::from_millis(core.node.config.replica_timeout_ms);
-    let waited = tokio::time::timeout(timeout, acked.wait_for(|a| a.0 >= need || a.1)).await;
-    match waited {
-        Ok(Ok(a)) => !a.1,
-        Ok(Err(_)) => false,
+    match tokio::time::timeout(timeout, acked.wait(need)).await {
+        Ok(replicated) => replicated,
         Err(_) => {
             tracing::warn!(
                 shard = core.id,
@@ -127,7 +205,7 @@ fn detach(core: &ShardCore) {
             .fetch_sub(1, Ordering::AcqRel);
     }
     let released = flow.drain_next;
-    flow.acked.send_replace((released, true));
+    flow.acked.set(released, true);
     drop(flow);
     let mut table = core.table.borrow_mut();
     table.untrack_changes();
@@ -163,7 +241,7 @@ pub async fn serve_flow(
         let mut flow = core.flow.borrow_mut();
         flow.generation += 1;
         let acked = flow.drain_next - 1;
-        flow.acked.send_replace((acked, false));
+        flow.acked.set(acked, false);
         flow.generation
     };
     if sub.promote_after_ms > 0 {
@@ -404,11 +482,10 @@ async fn read_acks(
                 if let Some(drain) = released {
                     let flow = core.flow.borrow();
                     if flow.generation == generation {
-                        flow.acked.send_if_modified(|a| {
-                            let newer = drain > a.0;
-                            a.0 = a.0.max(drain);
-                            newer
-                        });
+                        let (was, gave_up) = flow.acked.get();
+                        if drain > was {
+                            flow.acked.set(drain, gave_up);
+                        }
                     }
                 }
             }
