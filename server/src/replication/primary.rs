@@ -75,11 +75,6 @@ pub struct Acked {
 }
 
 impl Acked {
-    /// (highest drain acknowledged, given up).
-    pub fn get(&self) -> (u64, bool) {
-        self.state.get()
-    }
-
     /// Sets the state and wakes every waiter it ends: all of them when the
     /// flow is given up on, else those whose drain is acknowledged.
     pub fn set(&self, drain: u64, gave_up: bool) {
@@ -91,6 +86,15 @@ impl Acked {
             }
             !done
         });
+    }
+
+    /// An ack of `drain`: raises the state to it, if it is newer, and
+    /// wakes the waiters it ends.
+    pub fn advance(&self, drain: u64) {
+        let (was, gave_up) = self.state.get();
+        if drain > was {
+            self.set(drain, gave_up);
+        }
     }
 
     /// Until drain `need` is acknowledged (`true`) or the flow is given up
@@ -115,7 +119,7 @@ impl Future for AckWait {
     type Output = bool;
 
     fn poll(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<bool> {
-        let (drain, gave_up) = self.acked.get();
+        let (drain, gave_up) = self.acked.state.get();
         if gave_up {
             return Poll::Ready(false);
         }
@@ -482,10 +486,7 @@ async fn read_acks(
                 if let Some(drain) = released {
                     let flow = core.flow.borrow();
                     if flow.generation == generation {
-                        let (was, gave_up) = flow.acked.get();
-                        if drain > was {
-                            flow.acked.set(drain, gave_up);
-                        }
+                        flow.acked.advance(drain);
                     }
                 }
             }
