@@ -269,10 +269,10 @@ async fn serve<H: Handler>(
         // What the last turn's decoding and filling added to what the
         // connection owes, counted on its shard.
         h.settle_replies();
-        if let Some(need) = replication_wait(&core) {
+        if let Some(wait) = replication_wait(&core) {
             // Sync mode: these replies reflect changes the follower must
             // have first.
-            if !wait_replicated(&core, need).await && core.node.repl.fencing() {
+            if !wait_replicated(wait).await && core.node.repl.fencing() {
                 // The follower may be promoted without them: the client
                 // must not learn they were admitted. It sees the
                 // connection drop (outcome unknown).

@@ -217,11 +217,11 @@ fn decide_batch(core: &Rc<ShardCore>, batch: Batch) {
     match replication_wait(core) {
         // A connection that has gone away no longer needs its answers.
         None => drop(batch.reply_to.send(reply)),
-        Some(need) => {
+        Some(wait) => {
             let core = core.clone();
             tokio::task::spawn_local(async move {
                 let mut reply = reply;
-                if !wait_replicated(&core, need).await && core.node.repl.fencing() {
+                if !wait_replicated(wait).await && core.node.repl.fencing() {
                     // Not known to the follower, which may be promoted:
                     // the clients must not be told these admitted.
                     for (_, outcome) in &mut reply.outcomes {

@@ -660,7 +660,7 @@ impl ShardCore {
         repl.admits(now_ns)
             && (repl.mode != sluice_protocol::replication::Mode::Sync
                 || !repl.fencing()
-                || self.flow.borrow().streaming
+                || self.flow.borrow().is_streaming()
                 || repl.solo.load(Ordering::Acquire) == 1)
     }
 
