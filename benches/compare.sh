@@ -200,8 +200,15 @@ for mode in sync async; do
   for _ in $(seq 200); do [ "$(role_field "$F_ADDR" state)" = streaming ] && break; sleep 0.05; done
   ADDR=$P_ADDR "$SLUICE" --addr "$P_ADDR" bench --connections 50 --pipeline 64 --keys 100000 \
     --requests $(( 400000 / SCALE )) --duration-s 20 "${LIMIT[@]}" >/dev/null
-  # The follower's lag, sampled every 20 ms during the pipelined run.
-  ( while :; do role_field "$F_ADDR" lag_ms; sleep 0.02; done ) >"$WORK/lag-$mode.txt" 2>/dev/null &
+  # The follower's lag, sampled every 20 ms during the pipelined run: the
+  # raw `role --json` lines (about 2 ms of CPU a sample), parsed after the
+  # run by report.py. Parsing each sample with python3 here, as this loop
+  # once did, cost about 85 ms of CPU a sample: most of a core taken from
+  # the run it measures (one A/B, this workload: async 2.92 M/s and sync
+  # 2.39 M/s with it, 4.52 and 3.82 M/s with this loop, no follower
+  # 5.60-6.48 M/s; benches/notes.md).
+  ( while :; do "$SLUICE" --addr "$F_ADDR" --timeout-ms 10000 role --json; sleep 0.02; done ) \
+    >"$WORK/lag-$mode.jsonl" 2>/dev/null &
   LAG_PID=$!
   tp=$(cpu_ticks "$P_PID"); tf=$(cpu_ticks "$F_PID")
   ADDR=$P_ADDR run "sluice-$mode c50 p64" sluice 50 64 100000 4000000
