@@ -174,8 +174,11 @@ fn table(c: &mut Criterion) {
     }
     g.finish();
     // What a connection does with a frame of 64 THROTTLEs: hash every key
-    // first (and, in the `prefetched` rows, start loading each one's slot),
-    // then decide them in order. Per decision.
+    // first, then decide them in order. `plain`: no prefetch; `prefetched`:
+    // every key's slot prefetched as it is hashed (what `connection.rs`
+    // does); `window8`: the slot 8 keys ahead prefetched while deciding,
+    // tried 2026-12-03: faster here at 10M keys, not end to end
+    // (benches/notes.md, "A prefetch window"). Per decision.
     let mut g = c.benchmark_group("table_batch64");
     g.throughput(Throughput::Elements(64));
     for (label, n) in [("100k", 100_000u64), ("10M", 10_000_000)] {
@@ -184,26 +187,32 @@ fn table(c: &mut Criterion) {
             t.throttle(key_hash(&i.to_le_bytes()), &policy, 1, T0)
                 .expect("no cap on a bench table");
         }
-        for prefetched in [false, true] {
-            let name = format!(
-                "{label}/{}",
-                if prefetched { "prefetched" } else { "plain" }
-            );
+        for (variant, all, ahead) in [
+            ("plain", false, 0),
+            ("prefetched", true, 0),
+            ("window8", false, 8),
+        ] {
             let mut x = 0x9e37_79b9_7f4a_7c15u64;
             let mut hashes = [0u128; 64];
-            g.bench_function(name, |b| {
+            g.bench_function(format!("{label}/{variant}"), |b| {
                 b.iter(|| {
                     for h in &mut hashes {
                         x ^= x << 13;
                         x ^= x >> 7;
                         x ^= x << 17;
                         *h = key_hash(&(x % n).to_le_bytes());
-                        if prefetched {
+                        if all {
                             t.prefetch(*h);
                         }
                     }
+                    for &h in &hashes[..ahead] {
+                        t.prefetch(h);
+                    }
                     let mut allowed = 0u32;
-                    for &h in &hashes {
+                    for (i, &h) in hashes.iter().enumerate() {
+                        if let (true, Some(&next)) = (ahead > 0, hashes.get(i + ahead)) {
+                            t.prefetch(next);
+                        }
                         let v = t
                             .throttle(black_box(h), &policy, 1, T0 + 1)
                             .expect("no cap");
