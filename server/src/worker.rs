@@ -119,6 +119,9 @@ async fn run(core: Rc<ShardCore>, mut rx: Receiver<ShardMsg>) {
                         for r in a.records {
                             table.import(r.key, r.kind, r.state, now_ns);
                         }
+                        for (key, b) in a.buckets {
+                            table.import_bucket(key, b, now_ns);
+                        }
                     }
                     let _ = a.done.send(());
                 }

@@ -23,7 +23,7 @@ use sluice_protocol::replication::{
     put_ack, Record, ReplState, Subscribe, SyncReader, SYNC_FULL_DONE, SYNC_TAKEOVER,
 };
 use sluice_protocol::routing::shard_of;
-use sluice_protocol::{Clock, PROTOCOL_VERSION};
+use sluice_protocol::{Bucket, Clock, Kind, PROTOCOL_VERSION};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::TcpStream;
 use tokio_util::codec::Decoder;
@@ -43,13 +43,19 @@ const PREFETCH_AHEAD: usize = 16;
 /// is still parsed whole, checked, before any of its records is applied.
 const APPLY_AT: usize = 256;
 
+/// A token bucket's record as [`SyncReader::parse_buckets`] gives it: its
+/// key and state (`None`: absent). 48 bytes, where a [`Record`] is 80.
+pub type TokenRecord = (u128, Option<Bucket>);
+
 /// Records for a shard of this node, from a flow on another shard.
 #[derive(Debug)]
 pub struct Apply {
     /// The following attempt they belong to (older ones are dropped).
     pub generation: u64,
-    /// The records, in stream order.
+    /// The records but token buckets', in stream order.
     pub records: Vec<Record>,
+    /// The token-bucket records (`None`: absent), in stream order.
+    pub buckets: Vec<TokenRecord>,
     /// Told once they are applied.
     pub done: OnceSender<()>,
 }
@@ -345,6 +351,7 @@ async fn flow(core: &Rc<ShardCore>, start: &StartFlow) -> Result<(), FollowError
     let mut decoder = FrameDecoder::new(core.node.config.frame_bytes_max);
     let mut reader = SyncReader::new();
     let mut records = Vec::new();
+    let mut buckets = Vec::new();
     // Records before this flow's full sync completed count as synced.
     let mut full_done = false;
     loop {
@@ -372,7 +379,7 @@ async fn flow(core: &Rc<ShardCore>, start: &StartFlow) -> Result<(), FollowError
                     return Err(FollowError::Refused(text));
                 }
                 let sh = reader
-                    .parse(p, |r| records.push(r))
+                    .parse_buckets(p, |key, b| buckets.push((key, b)), |r| records.push(r))
                     .map_err(|e| FollowError::Corrupt(e.to_string()))?;
                 let repl = &core.node.repl;
                 if sh.flags & SYNC_TAKEOVER == 0 {
@@ -402,19 +409,19 @@ async fn flow(core: &Rc<ShardCore>, start: &StartFlow) -> Result<(), FollowError
                     takeover = Some(sh.epoch);
                 }
                 acked = Some(sh.seq);
-                if records.len() >= APPLY_AT {
+                if records.len() + buckets.len() >= APPLY_AT {
                     if !current(core, start.generation) {
                         return Ok(());
                     }
-                    apply(core, start.generation, &mut records).await;
+                    apply(core, start.generation, &mut records, &mut buckets).await;
                 }
             }
         }
-        if !records.is_empty() {
+        if !records.is_empty() || !buckets.is_empty() {
             if !current(core, start.generation) {
                 return Ok(());
             }
-            apply(core, start.generation, &mut records).await;
+            apply(core, start.generation, &mut records, &mut buckets).await;
         }
         if let Some(seq) = acked {
             // Record the receipt and decide to ack under the promotion
@@ -465,12 +472,19 @@ fn reserve(core: &ShardCore, generation: u64, sizes: [u64; 5]) {
 }
 
 /// Applies records on their owners (this shard directly), and returns
-/// once every owner has applied its part; `records` is left empty, its
-/// room kept for the next batch.
-async fn apply(core: &ShardCore, generation: u64, records: &mut Vec<Record>) {
+/// once every owner has applied its part; both lists are left empty, their
+/// room kept for the next batch. Each kind's records keep their order
+/// (the two lists hold different kinds, and every kind has its own table).
+async fn apply(
+    core: &ShardCore,
+    generation: u64,
+    records: &mut Vec<Record>,
+    buckets: &mut Vec<TokenRecord>,
+) {
     let count = core.node.shard_count;
     let now_ns = core.clock.now_ns();
-    let mut others: Vec<Vec<Record>> = (0..count).map(|_| Vec::new()).collect();
+    let mut others: Vec<(Vec<Record>, Vec<TokenRecord>)> =
+        (0..count).map(|_| (Vec::new(), Vec::new())).collect();
     {
         let mut table = core.table.borrow_mut();
         let mut batch = records.drain(..);
@@ -487,19 +501,36 @@ async fn apply(core: &ShardCore, generation: u64, records: &mut Vec<Record>) {
             if owner == core.id {
                 table.import(r.key, r.kind, r.state, now_ns);
             } else {
-                others[usize::from(owner)].push(r);
+                others[usize::from(owner)].0.push(r);
+            }
+        }
+        drop(batch);
+        let mut batch = buckets.drain(..);
+        loop {
+            if let Some(&(key, _)) = batch.as_slice().get(PREFETCH_AHEAD) {
+                if shard_of(key, count) == core.id {
+                    table.prefetch_kind(Kind::TokenBucket, key);
+                }
+            }
+            let Some((key, b)) = batch.next() else { break };
+            let owner = shard_of(key, count);
+            if owner == core.id {
+                table.import_bucket(key, b, now_ns);
+            } else {
+                others[usize::from(owner)].1.push((key, b));
             }
         }
     }
     let mut waits = Vec::new();
-    for (owner, records) in others.into_iter().enumerate() {
-        if records.is_empty() {
+    for (owner, (records, buckets)) in others.into_iter().enumerate() {
+        if records.is_empty() && buckets.is_empty() {
             continue;
         }
         let (done, rx) = oneshot();
         let msg = ShardMsg::Apply(Apply {
             generation,
             records,
+            buckets,
             done,
         });
         if core.node.shards[owner].send(msg).is_ok() {

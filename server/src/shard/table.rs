@@ -511,7 +511,7 @@ impl Table {
     pub fn import(&mut self, bucket: u128, kind: Kind, state: Option<State>, now_ns: u64) {
         match (kind, state) {
             (Kind::TokenBucket, Some(State::TokenBucket(b))) => {
-                self.buckets.set(bucket, Some(b), now_ns);
+                self.import_bucket(bucket, Some(b), now_ns);
             }
             (Kind::FixedWindow, Some(State::FixedWindow { window_ns, state })) => {
                 let w = Windowed { state, window_ns };
@@ -533,6 +533,16 @@ impl Table {
             (kind, Some(state)) => {
                 debug_assert!(false, "a {kind:?} bucket with a {:?} state", state.kind());
             }
+        }
+    }
+
+    /// [`Table::import`] of a token bucket's record (`None`: absent), the
+    /// follower's shorter path for the common kind.
+    #[inline]
+    pub fn import_bucket(&mut self, bucket: u128, state: Option<Bucket>, now_ns: u64) {
+        match state {
+            Some(b) => self.buckets.set(bucket, Some(b), now_ns),
+            None => self.drop_bucket(Kind::TokenBucket, bucket),
         }
     }
 
