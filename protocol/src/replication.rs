@@ -887,7 +887,9 @@ impl SyncReader {
     /// The same records, checked the same way; only a token bucket's path
     /// is shorter. Applying the two lists one after the other keeps each
     /// kind's records in order, which is all the order there is: every
-    /// kind is a table of its own.
+    /// kind is a table of its own. `parse` keeps its own loop on purpose:
+    /// it is the reference this path is checked against (a unit test and
+    /// the `replication` fuzz target), which one shared loop would lose.
     pub fn parse_buckets(
         &mut self,
         p: &[u8],

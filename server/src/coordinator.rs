@@ -27,7 +27,7 @@ use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::TcpStream;
 
 use crate::pipeline::{Pipeline, Protocol};
-use crate::replication::primary::{replication_wait, wait_replicated};
+use crate::replication::primary::replication_wait;
 use crate::shard::{BatchReply, ShardCore};
 
 /// Spare read-buffer capacity kept before each read (and a write buffer's
@@ -272,7 +272,7 @@ async fn serve<H: Handler>(
         if let Some(wait) = replication_wait(&core) {
             // Sync mode: these replies reflect changes the follower must
             // have first.
-            if !wait_replicated(wait).await && core.node.repl.fencing() {
+            if !wait.await && core.node.repl.fencing() {
                 // The follower may be promoted without them: the client
                 // must not learn they were admitted. It sees the
                 // connection drop (outcome unknown).

@@ -21,7 +21,7 @@ use sluice_protocol::{Clock, MonotonicClock, Status};
 use crate::connection;
 use crate::inbox::Receiver;
 use crate::replication::follower;
-use crate::replication::primary::{handed_over, replication_wait, wait_replicated};
+use crate::replication::primary::{handed_over, replication_wait};
 use crate::resp;
 use crate::shard::{table, Batch, BatchReply, Node, Outcome, ShardCore, ShardMsg};
 use crate::sync::Arc;
@@ -224,7 +224,7 @@ fn decide_batch(core: &Rc<ShardCore>, batch: Batch) {
             let core = core.clone();
             tokio::task::spawn_local(async move {
                 let mut reply = reply;
-                if !wait_replicated(wait).await && core.node.repl.fencing() {
+                if !wait.await && core.node.repl.fencing() {
                     // Not known to the follower, which may be promoted:
                     // the clients must not be told these admitted.
                     for (_, outcome) in &mut reply.outcomes {

@@ -6,7 +6,7 @@
 //!
 //! Sync mode: a connection whose read changed buckets notes the drain those
 //! changes will ship in ([`FlowShard::drain_next`]) and holds its replies
-//! until the follower has acknowledged that drain ([`wait_replicated`]).
+//! until the follower has acknowledged that drain ([`AckWait`]).
 //! Acks are cumulative, so one ack releases every connection waiting on
 //! that drain or an earlier one: many batches are in flight per round trip.
 //! A follower that does not ack within `replica_timeout_ms` is dropped and
@@ -123,8 +123,15 @@ impl Acked {
     }
 }
 
-/// [`Acked::wait`].
+/// [`Acked::wait`]: ends when the drain it needs is acknowledged, or its
+/// flow is given up on: at most about `replica_timeout_ms`, since then
+/// [`watch_acks`] drops the follower (the shard serves alone until it
+/// resyncs). `true` when the follower has the changes; `false` when it may
+/// not (the caller then may not tell a client what they decided if the
+/// follower may be promoted: see
+/// [`ReplNode::fencing`](super::ReplNode::fencing)).
 #[derive(Debug)]
+#[must_use = "a wait does nothing unless awaited"]
 pub struct AckWait {
     acked: Rc<Acked>,
     need: u64,
@@ -181,7 +188,7 @@ impl Default for FlowShard {
 
 /// Sync mode: the wait for the drain a connection must see acknowledged
 /// before its replies go, if its work changed anything a follower must
-/// have (await it with [`wait_replicated`]). Also wakes the flow, which
+/// have (await it: [`AckWait`]). Also wakes the flow, which
 /// ships the changes as soon as the shard is free.
 #[inline]
 pub fn replication_wait(core: &ShardCore) -> Option<AckWait> {
@@ -192,17 +199,6 @@ pub fn replication_wait(core: &ShardCore) -> Option<AckWait> {
     flow.wake.notify_one();
     (flow.is_streaming() && core.node.repl.mode == replication::Mode::Sync)
         .then(|| flow.acked.wait(flow.drain_next))
-}
-
-/// Waits until the drain `wait` needs is acknowledged, or its flow is
-/// given up on: at most about `replica_timeout_ms`, since then
-/// [`watch_acks`] drops the follower (the shard serves alone until it
-/// resyncs). `true` when the follower has the changes; `false` when it may
-/// not (the caller then may not tell a client what they decided if the
-/// follower may be promoted: see
-/// [`ReplNode::fencing`](super::ReplNode::fencing)).
-pub async fn wait_replicated(wait: AckWait) -> bool {
-    wait.await
 }
 
 /// Ends the shard's flow (if any): replies stop waiting, changes are no
@@ -573,19 +569,20 @@ fn end(core: &ShardCore, generation: u64) {
 /// acknowledged everything this shard has changed (nothing changes any
 /// more: the node admits nothing while it hands over).
 pub async fn handed_over(core: Rc<ShardCore>) -> bool {
-    let need = {
+    let wait = {
         let flow = core.flow.borrow();
         if !flow.is_streaming() {
             return false;
         }
-        if core.table.borrow().has_changes() {
+        let need = if core.table.borrow().has_changes() {
             flow.wake.notify_one();
-            flow.acked.wait(flow.drain_next)
+            flow.drain_next
         } else {
-            flow.acked.wait(flow.drain_next - 1)
-        }
+            flow.drain_next - 1
+        };
+        flow.acked.wait(need)
     };
-    wait_replicated(need).await
+    wait.await
 }
 
 /// A planned failover, run by the connection that received FAILOVER: stop
