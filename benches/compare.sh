@@ -200,14 +200,14 @@ for mode in sync async; do
   for _ in $(seq 200); do [ "$(role_field "$F_ADDR" state)" = streaming ] && break; sleep 0.05; done
   ADDR=$P_ADDR "$SLUICE" --addr "$P_ADDR" bench --connections 50 --pipeline 64 --keys 100000 \
     --requests $(( 400000 / SCALE )) --duration-s 20 "${LIMIT[@]}" >/dev/null
-  # The follower's lag, sampled every 20 ms during the pipelined run: the
-  # raw `role --json` lines (about 2 ms of CPU a sample), parsed after the
-  # run by report.py. Parsing each sample with python3 here, as this loop
-  # once did, cost about 85 ms of CPU a sample: most of a core taken from
-  # the run it measures (one A/B, this workload: async 2.92 M/s and sync
-  # 2.39 M/s with it, 4.52 and 3.82 M/s with this loop, no follower
-  # 5.60-6.48 M/s; benches/notes.md).
-  ( while :; do "$SLUICE" --addr "$F_ADDR" --timeout-ms 10000 role --json; sleep 0.02; done ) \
+  # The follower's lag, sampled every 20 ms during the pipelined run: one
+  # `role --json --every-ms` process asking over one connection (a round
+  # trip a sample), its lines parsed after the run by report.py. A process
+  # a sample, as this loop once started, cost about 2 ms of CPU each (10 %
+  # of a core); parsing each with python3 here, as it did before that,
+  # about 85 ms: most of a core taken from the run it measures
+  # (benches/notes.md).
+  "$SLUICE" --addr "$F_ADDR" --timeout-ms 10000 role --json --every-ms 20 \
     >"$WORK/lag-$mode.jsonl" 2>/dev/null &
   LAG_PID=$!
   tp=$(cpu_ticks "$P_PID"); tf=$(cpu_ticks "$F_PID")

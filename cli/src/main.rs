@@ -121,7 +121,9 @@ enum Command {
     Reload(JsonArg),
     /// The node's role (primary or follower), epoch and replication state:
     /// role, epoch, state, mode, lag_ms, keys_synced, primary, follower.
-    Role(JsonArg),
+    /// With --every-ms, a line (or JSON object) per sample over one
+    /// connection, until --count samples or the first error.
+    Role(RoleArgs),
     /// Make this follower the primary (after its primary has died) and
     /// print its new epoch. On a fenced primary: lift the fence.
     Promote,
@@ -389,6 +391,22 @@ struct JsonArg {
     json: bool,
 }
 
+#[derive(Args, Debug)]
+struct RoleArgs {
+    /// Print exactly one JSON object (with --every-ms: one per line).
+    #[arg(long)]
+    json: bool,
+    /// Ask again every this many milliseconds over the same connection
+    /// and print each answer (a lag sampler that costs one round trip a
+    /// sample, not a process).
+    #[arg(long, value_name = "MS", value_parser = clap::value_parser!(u64).range(1..))]
+    every_ms: Option<u64>,
+    /// With --every-ms: stop after this many samples (default: until
+    /// killed or a request fails).
+    #[arg(long, requires = "every_ms", value_parser = clap::value_parser!(u64).range(1..))]
+    count: Option<u64>,
+}
+
 fn main() -> ExitCode {
     let cli = Cli::parse();
     if let Command::Drill(args) = cli.command {
@@ -528,7 +546,11 @@ async fn run_cluster(mut cli: Cli, path: std::path::PathBuf) -> Result<ExitCode,
             command: match &cli.command {
                 Command::Ping => Command::Ping,
                 Command::Stats(a) => Command::Stats(JsonArg { json: a.json }),
-                Command::Role(a) => Command::Role(JsonArg { json: a.json }),
+                Command::Role(a) => Command::Role(RoleArgs {
+                    json: a.json,
+                    every_ms: a.every_ms,
+                    count: a.count,
+                }),
                 Command::Reload(a) => Command::Reload(JsonArg { json: a.json }),
                 _ => unreachable!("checked above"),
             },
@@ -618,11 +640,26 @@ async fn run(cli: Cli) -> Result<ExitCode, Error> {
             Ok(ExitCode::SUCCESS)
         }
         Command::Role(a) => {
-            let role = client.role().await?;
-            if a.json {
-                outln!("{}", report::role_json(&role));
-            } else {
-                outln!("{}", report::role_text(&role));
+            let every = a.every_ms.map(Duration::from_millis);
+            let mut tick = every.map(|d| {
+                let mut t = tokio::time::interval(d);
+                t.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+                t
+            });
+            let mut left = a
+                .count
+                .unwrap_or(if every.is_some() { u64::MAX } else { 1 });
+            while left > 0 {
+                if let Some(t) = tick.as_mut() {
+                    t.tick().await;
+                }
+                let role = client.role().await?;
+                if a.json {
+                    outln!("{}", report::role_json(&role));
+                } else {
+                    outln!("{}", report::role_text(&role));
+                }
+                left -= 1;
             }
             Ok(ExitCode::SUCCESS)
         }
@@ -1006,8 +1043,30 @@ mod tests {
         assert!(parse(&["reload"]).is_ok());
         assert!(matches!(
             parse(&["role", "--json"]).unwrap().command,
-            Command::Role(JsonArg { json: true })
+            Command::Role(RoleArgs {
+                json: true,
+                every_ms: None,
+                count: None
+            })
         ));
+        assert!(matches!(
+            parse(&["role", "--json", "--every-ms", "20", "--count", "3"])
+                .unwrap()
+                .command,
+            Command::Role(RoleArgs {
+                json: true,
+                every_ms: Some(20),
+                count: Some(3)
+            })
+        ));
+        assert_eq!(
+            usage_error(&["role", "--count", "3"]),
+            ErrorKind::MissingRequiredArgument
+        );
+        assert_eq!(
+            usage_error(&["role", "--every-ms", "0"]),
+            ErrorKind::ValueValidation
+        );
         assert!(parse(&["--addr", "127.0.0.1:7701", "role"]).is_ok());
         assert!(matches!(
             parse(&["promote"]).unwrap().command,

@@ -140,3 +140,25 @@ fn output_into_a_closed_pipe_ends_quietly() {
     assert!(out.status.success(), "{:?}: {stderr}", out.status);
     assert!(!stderr.contains("panicked"), "{stderr}");
 }
+
+#[test]
+fn role_every_ms_prints_one_object_a_sample() {
+    let server = Sluiced::start(&["--shards", "1"]);
+    let out = sluice(
+        &server,
+        &["role", "--json", "--every-ms", "5", "--count", "4"],
+    );
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let text = String::from_utf8(out.stdout).unwrap();
+    let lines: Vec<&str> = text.lines().collect();
+    assert_eq!(lines.len(), 4, "four samples: {text:?}");
+    for line in lines {
+        let v: serde_json::Value = serde_json::from_str(line).expect("one JSON object a line");
+        assert_eq!(v["role"], "primary", "{line}");
+        assert_eq!(v["state"], "alone", "{line}");
+    }
+}
