@@ -193,8 +193,18 @@ pub fn parse_i64(arg: &[u8]) -> Result<i64, CellError> {
     // straight (a UTF-8 check and `str::parse` cost about 100 instructions
     // each, four arguments a request). Anything else goes the long way,
     // out of line, so that this part inlines into the caller.
-    if (1..=18).contains(&arg.len()) && arg.iter().all(u8::is_ascii_digit) {
-        return Ok(arg.iter().fold(0i64, |v, &b| v * 10 + i64::from(b - b'0')));
+    // One pass that checks and sums (an `all` then a `fold` was two loops
+    // of iterator code: about 35 instructions an argument).
+    if (1..=18).contains(&arg.len()) {
+        let mut v = 0i64;
+        for &b in arg {
+            let d = b.wrapping_sub(b'0');
+            if d > 9 {
+                return parse_i64_slow(arg);
+            }
+            v = v * 10 + i64::from(d);
+        }
+        return Ok(v);
     }
     parse_i64_slow(arg)
 }
@@ -400,9 +410,10 @@ mod tests {
         }
 
         /// Integer arguments parse exactly as `i64::from_str` parses them,
-        /// the fast path for plain digits included.
+        /// the fast path for plain digits included (`/` and `:` are the
+        /// bytes either side of the digits).
         #[test]
-        fn parse_i64_is_from_str(s in "[-+]?[0-9a ]{0,20}", n in proptest::num::i64::ANY) {
+        fn parse_i64_is_from_str(s in "[-+]?[0-9a :/]{0,20}", n in proptest::num::i64::ANY) {
             let std = |s: &str| s.parse::<i64>().ok();
             proptest::prop_assert_eq!(parse_i64(s.as_bytes()).ok(), std(&s));
             let n = n.to_string();
