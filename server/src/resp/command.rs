@@ -457,7 +457,7 @@ const INT_BYTES_MAX: usize = 1 + 1 + 19 + 2;
 /// straight to their places (their count first), with no buffer between:
 /// the five integers of a CL.THROTTLE reply, mostly one to three digits,
 /// took 72 instructions each through a digit buffer and a copy.
-#[inline]
+#[inline(always)]
 fn int_at(out: &mut [u8], mut at: usize, kind: u8, n: i64) -> usize {
     out[at] = kind;
     at += 1;
@@ -473,14 +473,37 @@ fn int_at(out: &mut [u8], mut at: usize, kind: u8, n: i64) -> usize {
         10..=99 => 2,
         _ => v.ilog10() as usize + 1,
     };
-    for d in out[at..at + len].iter_mut().rev() {
-        *d = b'0' + (v % 10) as u8;
-        v /= 10;
+    // Two digits a step, from a table (a digit a step, `% 10` and `/ 10`,
+    // was about 60 of the 400 instructions a CL.THROTTLE reply took).
+    let end = at + len;
+    let mut i = end;
+    while v >= 100 {
+        let pair = (v % 100) as usize * 2;
+        v /= 100;
+        i -= 2;
+        out[i..i + 2].copy_from_slice(&DIGIT_PAIRS[pair..pair + 2]);
     }
-    at += len;
-    out[at..at + 2].copy_from_slice(b"\r\n");
-    at + 2
+    if v >= 10 {
+        let pair = v as usize * 2;
+        out[i - 2..i].copy_from_slice(&DIGIT_PAIRS[pair..pair + 2]);
+    } else {
+        out[i - 1] = b'0' + v as u8;
+    }
+    out[end..end + 2].copy_from_slice(b"\r\n");
+    end + 2
 }
+
+/// "00", "01", ... "99": the two digits of each number below 100.
+const DIGIT_PAIRS: [u8; 200] = {
+    let mut t = [0u8; 200];
+    let mut i = 0;
+    while i < 100 {
+        t[2 * i] = b'0' + (i / 10) as u8;
+        t[2 * i + 1] = b'0' + (i % 10) as u8;
+        i += 1;
+    }
+    t
+};
 
 #[cfg(test)]
 mod tests {
