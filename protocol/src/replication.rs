@@ -504,6 +504,15 @@ const fn fixed_record_len(kind: Kind) -> Option<usize> {
 /// The largest fixed-size record.
 const FIXED_RECORD_BYTES_MAX: usize = RECORD_HEAD_BYTES + 32;
 
+/// A token bucket's record length: with its state, or absent.
+#[inline]
+fn bucket_record_len(tat_fp: Option<u128>) -> usize {
+    match tat_fp {
+        Some(_) => RECORD_HEAD_BYTES + 16,
+        None => RECORD_HEAD_BYTES,
+    }
+}
+
 /// A fixed-size record (a token bucket, fixed window or sliding counter,
 /// or an absent bucket of any kind), encoded: what
 /// [`SyncWriter::push_fixed`] appends and
@@ -685,6 +694,60 @@ impl SyncWriter {
         let payload = self.done.len();
         // Offsets stay below SYNC_PAYLOAD_BYTES_MAX < 2^16.
         (payload < 1 << 16).then_some(((payload as u32) << 16) | offset as u32)
+    }
+
+    /// [`SyncWriter::push_fixed`] of a token bucket's record (`None`:
+    /// absent), assembled in place at its constant size: the same bytes as
+    /// through [`FixedRecord::new`], without the 49-byte record between.
+    #[inline]
+    pub fn push_bucket(&mut self, key: u128, tat_fp: Option<u128>) -> Option<u32> {
+        let b = self.room(bucket_record_len(tat_fp));
+        let offset = b.len();
+        match tat_fp {
+            Some(tat_fp) => {
+                let mut r = [0u8; RECORD_HEAD_BYTES + 16];
+                r[0] = Kind::TokenBucket as u8;
+                r[1..17].copy_from_slice(&key.to_le_bytes());
+                r[17..].copy_from_slice(&tat_fp.to_le_bytes());
+                b.extend_from_slice(&r);
+            }
+            None => {
+                let mut r = [0u8; RECORD_HEAD_BYTES];
+                r[0] = Kind::TokenBucket as u8 | RECORD_ABSENT;
+                r[1..].copy_from_slice(&key.to_le_bytes());
+                b.extend_from_slice(&r);
+            }
+        }
+        let payload = self.done.len();
+        (payload < 1 << 16).then_some(((payload as u32) << 16) | offset as u32)
+    }
+
+    /// [`SyncWriter::overwrite_fixed`] of a token bucket's record, as
+    /// [`SyncWriter::push_bucket`] writes it.
+    #[inline]
+    pub fn overwrite_bucket(&mut self, at: u32, key: u128, tat_fp: Option<u128>) -> bool {
+        let (payload, offset) = ((at >> 16) as usize, (at & 0xffff) as usize);
+        let buf = match payload.cmp(&self.done.len()) {
+            std::cmp::Ordering::Less => &mut self.done[payload].1,
+            std::cmp::Ordering::Equal => &mut self.open,
+            std::cmp::Ordering::Greater => return false,
+        };
+        let Some(old) = buf.get_mut(offset..offset + bucket_record_len(tat_fp)) else {
+            return false;
+        };
+        let head = match tat_fp {
+            Some(_) => Kind::TokenBucket as u8,
+            None => Kind::TokenBucket as u8 | RECORD_ABSENT,
+        };
+        let (code, rest) = old.split_at_mut(1);
+        let (old_key, body) = rest.split_at_mut(16);
+        if code[0] != head || old_key != key.to_le_bytes() {
+            return false;
+        }
+        if let Some(tat_fp) = tat_fp {
+            body.copy_from_slice(&tat_fp.to_le_bytes());
+        }
+        true
     }
 
     /// Writes `r` over the record [`SyncWriter::push_fixed`] placed at
@@ -1103,6 +1166,48 @@ pub fn is_sync(h: &MessageHeader) -> bool {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// A token bucket's record written in place (push_bucket,
+    /// overwrite_bucket) is byte for byte the one FixedRecord makes, and
+    /// an overwrite happens exactly where overwrite_fixed's would.
+    #[test]
+    fn bucket_records_in_place_are_the_fixed_records() {
+        let state = |t: Option<u128>| t.map(|tat_fp| State::TokenBucket(Bucket { tat_fp }));
+        let rec = |key, t| FixedRecord::new(Kind::TokenBucket, key, state(t).as_ref()).unwrap();
+        let writes: [(u128, Option<u128>); 7] = [
+            (u128::MAX - 5, Some(7 << 32)),
+            (0x0102_0304_0506_0708_090a_0b0c_0d0e_0f10, None),
+            (u128::MAX - 5, Some(9 << 32)),
+            (0x0102_0304_0506_0708_090a_0b0c_0d0e_0f10, None),
+            (u128::MAX - 5, None),
+            (0x0102_0304_0506_0708_090a_0b0c_0d0e_0f10, Some(u128::MAX)),
+            (3, Some(1)),
+        ];
+        let (mut fixed, mut in_place) = (SyncWriter::new(), SyncWriter::new());
+        let mut places = Vec::new();
+        for (key, t) in writes {
+            let a = fixed.push_fixed(&rec(key, t));
+            let b = in_place.push_bucket(key, t);
+            assert_eq!(a, b);
+            places.push((key, a.unwrap()));
+        }
+        // Every earlier place, tried with every write: the same answer
+        // and the same bytes after.
+        for &(_, at) in &places {
+            for (key, t) in writes {
+                assert_eq!(
+                    fixed.overwrite_fixed(at, &rec(key, t)),
+                    in_place.overwrite_bucket(at, key, t),
+                    "at {at}, key {key:x}, {t:?}"
+                );
+            }
+        }
+        assert!(
+            !in_place.overwrite_bucket(1 << 16, 3, Some(1)),
+            "a payload not yet begun"
+        );
+        assert_eq!(fixed.take(), in_place.take());
+    }
 
     fn sample() -> Vec<Record> {
         let log = SlidingLogState::from_runs((1..=5000u64).map(|i| (i * 10, 1))).unwrap();

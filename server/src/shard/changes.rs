@@ -32,6 +32,7 @@
 
 use hashbrown::HashSet;
 
+use sluice_protocol::gcra::Bucket;
 use sluice_protocol::limit::Kind;
 use sluice_protocol::replication::{FixedRecord, State, SyncWriter};
 
@@ -103,6 +104,31 @@ impl Changes {
             self.read(key, kind);
             return;
         };
+        self.encode(key, |w, at| w.overwrite_fixed(at, &r), |w| w.push_fixed(&r));
+    }
+
+    /// [`Changes::fixed`] of a token bucket (`None`: gone), its record
+    /// written in place (the write every decision of a client under its
+    /// limit makes).
+    #[inline]
+    pub fn bucket(&mut self, key: u128, state: Option<Bucket>) {
+        let tat_fp = state.map(|b| b.tat_fp);
+        self.encode(
+            key,
+            |w, at| w.overwrite_bucket(at, key, tat_fp),
+            |w| w.push_bucket(key, tat_fp),
+        );
+    }
+
+    /// Writes `key`'s record over its last one, if `recent` knows where
+    /// that is and `overwrite` finds it there, else appends it with `push`.
+    #[inline(always)]
+    fn encode(
+        &mut self,
+        key: u128,
+        overwrite: impl FnOnce(&mut SyncWriter, u32) -> bool,
+        push: impl FnOnce(&mut SyncWriter) -> Option<u32>,
+    ) {
         let slot = key as usize & (RECENT - 1);
         let at = self.recent[slot];
         let check = key_check(key);
@@ -112,14 +138,14 @@ impl Changes {
         // 100k keys before the check was kept here.
         if at >> 56 == u64::from(self.generation)
             && (at >> 24) as u32 == check
-            && self.encoded.overwrite_fixed(at as u32 & 0xff_ffff, &r)
+            && overwrite(&mut self.encoded, at as u32 & 0xff_ffff)
         {
             return;
         }
         if self.encoded_records >= self.encoded_max {
             self.spill();
         }
-        let at = self.encoded.push_fixed(&r);
+        let at = push(&mut self.encoded);
         self.encoded_records += 1;
         // ENCODED_RECORDS_MAX records fill far fewer than 256 payloads.
         self.recent[slot] = match at {

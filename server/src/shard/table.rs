@@ -282,10 +282,7 @@ impl Table {
             return;
         };
         match kind {
-            Kind::TokenBucket => {
-                let state = self.buckets.get_latest(bucket).map(State::TokenBucket);
-                c.fixed(kind, bucket, state.as_ref());
-            }
+            Kind::TokenBucket => c.bucket(bucket, self.buckets.get_latest(bucket)),
             Kind::FixedWindow => {
                 let state = self.fixed.get(bucket).map(|w| State::FixedWindow {
                     window_ns: w.window_ns,
@@ -310,11 +307,7 @@ impl Table {
     #[inline]
     fn changed_bucket(&mut self, bucket: u128, state: Option<Bucket>) {
         if let Some(c) = &mut self.changes {
-            c.fixed(
-                Kind::TokenBucket,
-                bucket,
-                state.map(State::TokenBucket).as_ref(),
-            );
+            c.bucket(bucket, state);
         }
     }
 
