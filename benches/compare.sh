@@ -196,25 +196,44 @@ REPL=$WORK/replication.jsonl
 : >"$REPL"
 for mode in sync async; do
   start_sluiced P --shards "$SHARDS" --replication "$mode"
-  start_sluiced F --shards "$SHARDS" --replica-of "$P_ADDR"
-  for _ in $(seq 200); do [ "$(role_field "$F_ADDR" state)" = streaming ] && break; sleep 0.05; done
   ADDR=$P_ADDR "$SLUICE" --addr "$P_ADDR" bench --connections 50 --pipeline 64 --keys 100000 \
     --requests $(( 400000 / SCALE )) --duration-s 20 "${LIMIT[@]}" >/dev/null
-  # The follower's lag, sampled every 20 ms during the pipelined run: one
-  # `role --json --every-ms` process asking over one connection (a round
-  # trip a sample), its lines parsed after the run by report.py. A process
-  # a sample, as this loop once started, cost about 2 ms of CPU each (10 %
-  # of a core); parsing each with python3 here, as it did before that,
-  # about 85 ms: most of a core taken from the run it measures
-  # (benches/notes.md).
-  "$SLUICE" --addr "$F_ADDR" --timeout-ms 10000 role --json --every-ms 20 \
-    >"$WORK/lag-$mode.jsonl" 2>/dev/null &
-  LAG_PID=$!
-  tp=$(cpu_ticks "$P_PID"); tf=$(cpu_ticks "$F_PID")
-  ADDR=$P_ADDR run "sluice-$mode c50 p64" sluice 50 64 100000 4000000
-  cpu_row "sluice-$mode c50 p64" $(( 4000000 / SCALE )) primary $(( $(cpu_ticks "$P_PID") - tp )) \
-    follower $(( $(cpu_ticks "$F_PID") - tf ))
-  kill "$LAG_PID" 2>/dev/null || true; wait "$LAG_PID" 2>/dev/null || true
+  # The baselines for this mode's ratios: the same primary, alone, right
+  # before a follower attaches. This machine's speed drifts over a run (up
+  # to 2x on a bad day), so the "sluice" rows, minutes earlier, made these
+  # ratios measure the drift too; and since two runs a few seconds apart
+  # still differ by 10-20 %, the pipelined pair is measured three times
+  # (a fresh follower each time: a full sync of 100k keys takes well under
+  # a second) and report.py takes the median ratio (benches/notes.md).
+  ADDR=$P_ADDR run "sluice-alone-$mode c50 p1" sluice 50 1 100000 400000
+  ADDR=$P_ADDR run "sluice-alone-$mode c1 p1" sluice 1 1 100000 40000
+  : >"$WORK/lag-$mode.jsonl"
+  for round in 1 2 3; do
+    tp=$(cpu_ticks "$P_PID")
+    ADDR=$P_ADDR run "sluice-alone-$mode c50 p64 r$round" sluice 50 64 100000 4000000
+    cpu_row "sluice-alone-$mode c50 p64 r$round" $(( 4000000 / SCALE )) primary $(( $(cpu_ticks "$P_PID") - tp ))
+    start_sluiced F --shards "$SHARDS" --replica-of "$P_ADDR"
+    for _ in $(seq 200); do [ "$(role_field "$F_ADDR" state)" = streaming ] && break; sleep 0.05; done
+    # The follower's lag, sampled every 20 ms during the pipelined run: one
+    # `role --json --every-ms` process asking over one connection (a round
+    # trip a sample), its lines parsed after the run by report.py. A
+    # process a sample, as this loop once started, cost about 2 ms of CPU
+    # each (10 % of a core); parsing each with python3 here, as it did
+    # before that, about 85 ms: most of a core taken from the run it
+    # measures (benches/notes.md).
+    "$SLUICE" --addr "$F_ADDR" --timeout-ms 10000 role --json --every-ms 20 \
+      >>"$WORK/lag-$mode.jsonl" 2>/dev/null &
+    LAG_PID=$!
+    tp=$(cpu_ticks "$P_PID"); tf=$(cpu_ticks "$F_PID")
+    ADDR=$P_ADDR run "sluice-$mode c50 p64 r$round" sluice 50 64 100000 4000000
+    cpu_row "sluice-$mode c50 p64 r$round" $(( 4000000 / SCALE )) primary $(( $(cpu_ticks "$P_PID") - tp )) \
+      follower $(( $(cpu_ticks "$F_PID") - tf ))
+    kill "$LAG_PID" 2>/dev/null || true; wait "$LAG_PID" 2>/dev/null || true
+    [ "$round" = 3 ] && break
+    # Alone again: the primary detaches a follower whose link closed.
+    kill "$F_PID"; wait "$F_PID" 2>/dev/null || true
+    for _ in $(seq 200); do [ "$(role_field "$P_ADDR" state)" = alone ] && break; sleep 0.05; done
+  done
   ADDR=$P_ADDR run "sluice-$mode c50 p1" sluice 50 1 100000 400000
   # One client, no pipelining: the round trips alone, without 50
   # connections and three processes queueing for two cores.
