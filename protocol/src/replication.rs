@@ -880,6 +880,36 @@ pub fn put_sync(
     });
 }
 
+/// The bytes before a SYNC's records when the SYNC is sent as a frame of
+/// its own: the frame's length, the message header, the fixed part.
+pub const SYNC_HEAD_BYTES: usize =
+    crate::codec::FRAME_PREFIX_BYTES + crate::codec::HEADER_BYTES + SYNC_FIXED_BYTES;
+
+/// The head of a frame holding one SYNC whose records are `records_len`
+/// bytes: sent with the records after it, the same bytes as
+/// [`put_sync`] alone in a [`FrameWriter`], without copying the records
+/// (the primary writes head and records as one vectored write).
+pub fn sync_frame_head(
+    request_id: u32,
+    h: &SyncHeader,
+    records_len: usize,
+) -> [u8; SYNC_HEAD_BYTES] {
+    use crate::codec::{message_header, FRAME_PREFIX_BYTES, HEADER_BYTES};
+    assert!(SYNC_FIXED_BYTES + records_len <= SYNC_PAYLOAD_BYTES_MAX);
+    let payload = SYNC_FIXED_BYTES + records_len;
+    let mut out = [0u8; SYNC_HEAD_BYTES];
+    let frame = (HEADER_BYTES + payload) as u32;
+    out[..FRAME_PREFIX_BYTES].copy_from_slice(&frame.to_le_bytes());
+    out[FRAME_PREFIX_BYTES..FRAME_PREFIX_BYTES + HEADER_BYTES].copy_from_slice(&message_header(
+        op::SYNC,
+        request_id,
+        payload as u16,
+    ));
+    let mut fixed = &mut out[FRAME_PREFIX_BYTES + HEADER_BYTES..];
+    put_sync_fixed(&mut fixed, h);
+    out
+}
+
 /// A SYNC payload's fixed part ([`SYNC_FIXED_BYTES`]), which its records
 /// follow (snapshots store payloads without a frame around them).
 pub fn put_sync_fixed(b: &mut impl BufMut, h: &SyncHeader) {
@@ -1166,6 +1196,28 @@ pub fn is_sync(h: &MessageHeader) -> bool {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// A SYNC framed alone by its head and records is the bytes a
+    /// FrameWriter makes of it, heartbeats (no records) included.
+    #[test]
+    fn a_sync_frame_head_and_its_records_are_put_sync_in_a_frame() {
+        let h = SyncHeader {
+            seq: 0x0102_0304_0506_0708,
+            epoch: 9,
+            now_ns: u64::MAX - 1,
+            flags: SYNC_FULL_DONE,
+            count: 3,
+        };
+        for records in [&b""[..], b"abc", &[7u8; 1000][..]] {
+            let mut want = BytesMut::new();
+            let mut w = FrameWriter::new();
+            put_sync(&mut w, &mut want, 0xdead_beef, &h, records);
+            w.finish(&mut want);
+            let mut got = sync_frame_head(0xdead_beef, &h, records.len()).to_vec();
+            got.extend_from_slice(records);
+            assert_eq!(got, &want[..], "{} bytes of records", records.len());
+        }
+    }
 
     /// A token bucket's record written in place (push_bucket,
     /// overwrite_bucket) is byte for byte the one FixedRecord makes, and
