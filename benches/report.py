@@ -163,8 +163,8 @@ for name, base in [("redis PING c50 p64", "redis-lua c50 p64"), ("redis PING c50
 w("")
 def alone(mode, c, p):
     """The no-follower baseline of a replicated row: the same primary
-    alone, just before (older runs: the main rows)."""
-    return get(f"sluice-alone-{mode} c{c} p{p}") or get(f"sluice c{c} p{p}")
+    alone, just before its follower attached."""
+    return get(f"sluice-alone-{mode} c{c} p{p}")
 
 
 w("## Replication: the cost of a follower\n")
@@ -187,8 +187,8 @@ def median_round(mode):
     pairs = [(get(f"sluice-{mode} c50 p64 r{i}"), get(f"sluice-alone-{mode} c50 p64 r{i}"))
              for i in (1, 2, 3)]
     pairs = [(r, b) for r, b in pairs if r and b]
-    if not pairs:  # an older run: one pair, against the main rows
-        return get(f"sluice-{mode} c50 p64"), get("sluice c50 p64"), []
+    if not pairs:
+        return None, None, []
     xs = [ratio(r["ops_per_s"], b["ops_per_s"]) for r, b in pairs]
     order = sorted(range(len(pairs)), key=lambda i: xs[i])
     r, b = pairs[order[len(order) // 2]]
@@ -214,7 +214,7 @@ if any(repl_rounds.values()):
     w("follower attached; the row above is the round with the median ratio. Every")
     w("round's ratio: " + "; ".join(f"{m} " + ", ".join(f"{x:.2f}" for x in xs)
                                    for m, xs in repl_rounds.items() if xs) + ".\n")
-if cpu.get("sluice c50 p64"):
+if any(name.startswith("sluice-alone-") for name in cpu):
     w("On two cores the generator, the primary and the follower compete for CPU, so")
     w("the throughput ratio above measures the machine as much as replication. The")
     w("cost itself, as CPU time per decision (from /proc, 50 x 64 runs, the mean of")
@@ -222,19 +222,20 @@ if cpu.get("sluice c50 p64"):
     w("| setup | primary CPU per decision | follower CPU per decision | primary CPU / no follower |")
     w("|---|---|---|---|")
     def cpu_mean(name, who):
-        """CPU a decision of `who` in row `name`, over its rounds if any."""
-        rows = [cpu[f"{name} r{i}"] for i in (1, 2, 3) if f"{name} r{i}" in cpu] or \
-            ([cpu[name]] if name in cpu else [])
+        """CPU a decision of `who` in row `name`, the mean over its rounds."""
+        rows = [cpu[f"{name} r{i}"] for i in (1, 2, 3) if f"{name} r{i}" in cpu]
         vals = [r[who] for r in rows if who in r]
         return sum(vals) / len(vals) if vals else None
 
     for mode in ["sync", "async"]:
-        base_cpu = cpu_mean(f"sluice-alone-{mode} c50 p64", "primary") or cpu["sluice c50 p64"]["primary"]
+        base_cpu = cpu_mean(f"sluice-alone-{mode} c50 p64", "primary")
+        if not base_cpu:
+            continue
         w(f"| {mode} primary alone | {base_cpu * 1000:.0f} ns | - | 1.00 |")
         primary = cpu_mean(f"sluice-{mode} c50 p64", "primary")
-        c = {"primary": primary, "follower": cpu_mean(f"sluice-{mode} c50 p64", "follower") or 0} if primary else None
-        if c:
-            w(f"| {mode} | {c['primary'] * 1000:.0f} ns | {c.get('follower', 0) * 1000:.0f} ns | **{c['primary'] / base_cpu:.2f}** |")
+        if primary:
+            follower = cpu_mean(f"sluice-{mode} c50 p64", "follower") or 0
+            w(f"| {mode} | {primary * 1000:.0f} ns | {follower * 1000:.0f} ns | **{primary / base_cpu:.2f}** |")
     w("")
 lags = {}
 for mode in ["sync", "async"]:

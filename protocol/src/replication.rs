@@ -513,6 +513,15 @@ fn bucket_record_len(tat_fp: Option<u128>) -> usize {
     }
 }
 
+/// A token bucket's record's first byte: its kind, flagged when absent.
+#[inline]
+fn bucket_code(tat_fp: Option<u128>) -> u8 {
+    match tat_fp {
+        Some(_) => Kind::TokenBucket as u8,
+        None => Kind::TokenBucket as u8 | RECORD_ABSENT,
+    }
+}
+
 /// A fixed-size record (a token bucket, fixed window or sliding counter,
 /// or an absent bucket of any kind), encoded: what
 /// [`SyncWriter::push_fixed`] appends and
@@ -691,9 +700,28 @@ impl SyncWriter {
         let b = self.room(bytes.len());
         let offset = b.len();
         b.extend_from_slice(bytes);
+        self.place(offset)
+    }
+
+    /// The place of a record at `offset` in the open payload (`None` past
+    /// the 65,536th payload). Offsets stay below SYNC_PAYLOAD_BYTES_MAX <
+    /// 2^16.
+    #[inline]
+    fn place(&self, offset: usize) -> Option<u32> {
         let payload = self.done.len();
-        // Offsets stay below SYNC_PAYLOAD_BYTES_MAX < 2^16.
         (payload < 1 << 16).then_some(((payload as u32) << 16) | offset as u32)
+    }
+
+    /// The `len` bytes at place `at`, if they were written.
+    #[inline]
+    fn record_mut(&mut self, at: u32, len: usize) -> Option<&mut [u8]> {
+        let (payload, offset) = ((at >> 16) as usize, (at & 0xffff) as usize);
+        let buf = match payload.cmp(&self.done.len()) {
+            std::cmp::Ordering::Less => &mut self.done[payload].1,
+            std::cmp::Ordering::Equal => &mut self.open,
+            std::cmp::Ordering::Greater => return None,
+        };
+        buf.get_mut(offset..offset + len)
     }
 
     /// [`SyncWriter::push_fixed`] of a token bucket's record (`None`:
@@ -703,45 +731,35 @@ impl SyncWriter {
     pub fn push_bucket(&mut self, key: u128, tat_fp: Option<u128>) -> Option<u32> {
         let b = self.room(bucket_record_len(tat_fp));
         let offset = b.len();
+        // Each arm one copy of a constant size.
         match tat_fp {
             Some(tat_fp) => {
                 let mut r = [0u8; RECORD_HEAD_BYTES + 16];
-                r[0] = Kind::TokenBucket as u8;
+                r[0] = bucket_code(Some(tat_fp));
                 r[1..17].copy_from_slice(&key.to_le_bytes());
                 r[17..].copy_from_slice(&tat_fp.to_le_bytes());
                 b.extend_from_slice(&r);
             }
             None => {
                 let mut r = [0u8; RECORD_HEAD_BYTES];
-                r[0] = Kind::TokenBucket as u8 | RECORD_ABSENT;
+                r[0] = bucket_code(None);
                 r[1..].copy_from_slice(&key.to_le_bytes());
                 b.extend_from_slice(&r);
             }
         }
-        let payload = self.done.len();
-        (payload < 1 << 16).then_some(((payload as u32) << 16) | offset as u32)
+        self.place(offset)
     }
 
     /// [`SyncWriter::overwrite_fixed`] of a token bucket's record, as
     /// [`SyncWriter::push_bucket`] writes it.
     #[inline]
     pub fn overwrite_bucket(&mut self, at: u32, key: u128, tat_fp: Option<u128>) -> bool {
-        let (payload, offset) = ((at >> 16) as usize, (at & 0xffff) as usize);
-        let buf = match payload.cmp(&self.done.len()) {
-            std::cmp::Ordering::Less => &mut self.done[payload].1,
-            std::cmp::Ordering::Equal => &mut self.open,
-            std::cmp::Ordering::Greater => return false,
-        };
-        let Some(old) = buf.get_mut(offset..offset + bucket_record_len(tat_fp)) else {
+        let Some(old) = self.record_mut(at, bucket_record_len(tat_fp)) else {
             return false;
-        };
-        let head = match tat_fp {
-            Some(_) => Kind::TokenBucket as u8,
-            None => Kind::TokenBucket as u8 | RECORD_ABSENT,
         };
         let (code, rest) = old.split_at_mut(1);
         let (old_key, body) = rest.split_at_mut(16);
-        if code[0] != head || old_key != key.to_le_bytes() {
+        if code[0] != bucket_code(tat_fp) || old_key != key.to_le_bytes() {
             return false;
         }
         if let Some(tat_fp) = tat_fp {
@@ -755,14 +773,8 @@ impl SyncWriter {
     /// bucket gone, or come back, is pushed anew instead). Whether it did.
     #[inline]
     pub fn overwrite_fixed(&mut self, at: u32, r: &FixedRecord) -> bool {
-        let (payload, offset) = ((at >> 16) as usize, (at & 0xffff) as usize);
-        let buf = match payload.cmp(&self.done.len()) {
-            std::cmp::Ordering::Less => &mut self.done[payload].1,
-            std::cmp::Ordering::Equal => &mut self.open,
-            std::cmp::Ordering::Greater => return false,
-        };
         let bytes = r.as_bytes();
-        let Some(old) = buf.get_mut(offset..offset + bytes.len()) else {
+        let Some(old) = self.record_mut(at, bytes.len()) else {
             return false;
         };
         // Same kind byte and key (both at least a head long).
