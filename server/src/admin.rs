@@ -419,6 +419,16 @@ pub fn exposition(state: &AdminState) -> String {
         "Bucket records of replication stream sent (primary) or received (follower).",
         &[(String::new(), r.stream_records.to_string())],
     );
+    family(
+        &mut out,
+        "sluice_replication_stream_syncs_total",
+        "counter",
+        "SYNC messages of replication stream sent (primary) or received (follower): records / syncs is the records a drain carries.",
+        &[(
+            String::new(),
+            node.repl.stream_syncs.load(Ordering::Relaxed).to_string(),
+        )],
+    );
     let [written_ns, took_us, buckets, bytes] =
         state.snapshot.each_ref().map(|a| a.load(Ordering::Relaxed));
     if node.config.snapshot_dir.is_some() {

@@ -2,7 +2,8 @@
 //! state for every limit kind, with another shard count; a large full sync
 //! happens while the primary keeps answering; a follower that falls behind
 //! (paused) and comes back resyncs; a follower refuses to spend; a bucket
-//! years from refilled (kept apart from the 24-byte slots) arrives whole.
+//! years from refilled (kept apart from the 24-byte slots) arrives whole;
+//! sync drains wait for the one in flight (group commit) and then ship.
 
 use std::time::{Duration, Instant};
 
@@ -304,5 +305,79 @@ async fn a_bucket_years_from_refilled_replicates_whole() {
             "the follower never saw the bucket spent: {v:?}"
         );
         tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}
+
+/// `sluice_replication_stream_syncs_total` on a node's admin port.
+async fn syncs_sent(admin: std::net::SocketAddr) -> f64 {
+    let (code, scrape) =
+        tokio::task::spawn_blocking(move || sluice_tests::support::http_get(admin, "/metrics"))
+            .await
+            .unwrap();
+    assert_eq!(code, 200);
+    sluice_tests::support::metric_sample(&scrape, "sluice_replication_stream_syncs_total")
+}
+
+/// Sync mode's group commit: while a drain waits for its ack, the next one
+/// waits too (the changes made meanwhile gather into it), and once the ack
+/// comes everything gathered ships and every held reply goes. The follower
+/// is paused, so the drain in flight is never acknowledged while spends
+/// arrive one by one; without the wait each spend is shipped in a drain of
+/// its own (and heartbeats every 50 ms besides).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sync_drains_wait_for_the_one_in_flight_then_ship_together() {
+    let (primary, follower) = start_pair(
+        &[
+            "--shards",
+            "1",
+            "--replication",
+            "sync",
+            "--replica-timeout-ms",
+            "20000",
+            "--admin-port",
+            "0",
+        ],
+        &["--shards", "1"],
+    )
+    .await;
+    let admin = primary.admin_addr.expect("the admin line was printed");
+    let p = big_client(primary.addr).await;
+    let f = big_client(follower.addr).await;
+    let policy = sluice_client::Policy::new(1, 3_600_000_000_000, 50).unwrap();
+    follower.signal("STOP");
+    // An idle flow sends a heartbeat every 50 ms: after this, one SYNC is
+    // in flight that the paused follower will not acknowledge.
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    let before = syncs_sent(admin).await;
+    let mut spends = JoinSet::new();
+    const SPENDS: u64 = 6;
+    for i in 0..SPENDS {
+        let p = p.clone();
+        spends.spawn(async move { p.throttle(format!("group:{i}").as_bytes(), policy, 1).await });
+        // Time for the primary to take the spend (and, without the group
+        // commit, to drain it) before the next arrives.
+        tokio::time::sleep(Duration::from_millis(30)).await;
+    }
+    tokio::time::sleep(Duration::from_millis(100)).await;
+    let held = syncs_sent(admin).await - before;
+    assert!(
+        spends.len() == SPENDS as usize && spends.try_join_next().is_none(),
+        "no reply leaves before the follower has the state"
+    );
+    assert!(
+        held <= 1.0,
+        "{held} SYNCs sent while one waited for its ack (at most the drain in flight)"
+    );
+    follower.signal("CONT");
+    while let Some(v) = tokio::time::timeout(Duration::from_secs(10), spends.join_next())
+        .await
+        .expect("held replies go once the follower acknowledges")
+    {
+        assert!(v.unwrap().unwrap().allowed);
+    }
+    for i in 0..SPENDS {
+        let key = format!("group:{i}");
+        let left = f.peek(key.as_bytes(), policy, 0).await.unwrap();
+        assert_eq!(left.remaining, 49, "the follower has {key}'s spend");
     }
 }

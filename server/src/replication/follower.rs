@@ -393,6 +393,7 @@ async fn flow(core: &Rc<ShardCore>, start: &StartFlow) -> Result<(), FollowError
                     .fetch_add(p.len() as u64, Ordering::Relaxed);
                 repl.stream_records
                     .fetch_add(u64::from(sh.count), Ordering::Relaxed);
+                repl.stream_syncs.fetch_add(1, Ordering::Relaxed);
                 if !full_done {
                     repl.keys_synced
                         .fetch_add(u64::from(sh.count), Ordering::Relaxed);

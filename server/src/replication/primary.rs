@@ -36,7 +36,10 @@ use tokio::net::TcpStream;
 use tokio::sync::Notify;
 use tokio_util::codec::Decoder;
 
-use super::{ASYNC_DRAIN_MS, FLOW_WRITE_TIMEOUT_MS, FULL_SYNC_SLOTS_PER_STEP, HEARTBEAT_MS};
+use super::{
+    ASYNC_DRAIN_MS, FLOW_WRITE_TIMEOUT_MS, FULL_SYNC_SLOTS_PER_STEP, HEARTBEAT_MS,
+    SYNC_GROUP_ENTRIES,
+};
 use crate::shard::table::Walk;
 use crate::shard::ShardCore;
 use crate::sync::Ordering;
@@ -54,6 +57,10 @@ pub struct FlowShard {
     pub drain_next: u64,
     /// Told when a connection wants changes shipped.
     pub wake: Rc<Notify>,
+    /// Sync mode: the flow waits for its last drain's ack before the next
+    /// (group commit; see [`SYNC_GROUP_ENTRIES`]): connections wake it
+    /// only once that many changes wait.
+    pub grouping: bool,
     /// A planned failover asked this shard's flow to hand over at this
     /// epoch (see `SYNC_TAKEOVER`).
     pub takeover: Option<u64>,
@@ -182,6 +189,7 @@ impl Default for FlowShard {
             drain_next: 1,
             takeover: None,
             wake: Rc::new(Notify::new()),
+            grouping: false,
             acked: Rc::default(),
         }
     }
@@ -193,11 +201,14 @@ impl Default for FlowShard {
 /// ships the changes as soon as the shard is free.
 #[inline]
 pub fn replication_wait(core: &ShardCore) -> Option<AckWait> {
-    if !core.table.borrow().has_changes() {
+    let waiting = core.table.borrow().changes_len();
+    if waiting == 0 {
         return None;
     }
     let flow = core.flow.borrow();
-    flow.wake.notify_one();
+    if !flow.grouping || waiting >= SYNC_GROUP_ENTRIES {
+        flow.wake.notify_one();
+    }
     (flow.is_streaming() && core.node.repl.mode == replication::Mode::Sync)
         .then(|| flow.acked.wait(flow.drain_next))
 }
@@ -378,6 +389,7 @@ async fn stream_flow(
                 .fetch_add((SYNC_FIXED_BYTES + body.len()) as u64, Ordering::Relaxed);
             repl.stream_records
                 .fetch_add(u64::from(*count), Ordering::Relaxed);
+            repl.stream_syncs.fetch_add(1, Ordering::Relaxed);
             let mut flags = 0;
             if finishing && i + 1 == last {
                 flags |= SYNC_FULL_DONE;
@@ -434,6 +446,9 @@ async fn stream_flow(
             tokio::task::yield_now().await;
             continue;
         }
+        if core.node.repl.mode == replication::Mode::Sync {
+            group_commit(core, drain, &wake).await;
+        }
         if !core.table.borrow().has_changes() {
             let _ = tokio::time::timeout(heartbeat, wake.notified()).await;
         }
@@ -444,6 +459,28 @@ async fn stream_flow(
             tokio::time::sleep(Duration::from_millis(ASYNC_DRAIN_MS)).await;
         }
     }
+}
+
+/// Sync mode: until `drain` (the one just sent) is acknowledged or its
+/// flow given up on, or [`SYNC_GROUP_ENTRIES`] changes wait for the next
+/// drain, whichever comes first: one drain in flight while changes are
+/// few, so that the ones made during its round trip ship together.
+async fn group_commit(core: &ShardCore, drain: u64, wake: &Notify) {
+    let acked = core.flow.borrow().acked.wait(drain);
+    let mut acked = std::pin::pin!(acked);
+    core.flow.borrow_mut().grouping = true;
+    loop {
+        tokio::select! {
+            biased;
+            _ = &mut acked => break,
+            () = wake.notified() => {
+                if core.table.borrow().changes_len() >= SYNC_GROUP_ENTRIES {
+                    break;
+                }
+            }
+        }
+    }
+    core.flow.borrow_mut().grouping = false;
 }
 
 /// Slices one `writev` is given at most (std also caps them at IOV_MAX).

@@ -190,7 +190,7 @@ impl Changes {
     }
 
     /// Entries waiting (a key may have more than one).
-    #[cfg(test)]
+    #[inline]
     pub fn len(&self) -> usize {
         self.encoded_records + self.reads.len()
     }
@@ -291,7 +291,7 @@ impl<V> ChangeLog<V> {
     }
 
     /// Entries waiting (a key may have more than one).
-    #[cfg(test)]
+    #[inline]
     pub fn len(&self) -> usize {
         self.entries.len()
     }

@@ -267,6 +267,13 @@ impl Table {
         self.changes.as_ref().is_some_and(|c| !c.is_empty())
     }
 
+    /// Change entries waiting for the next drain (a key may have more
+    /// than one).
+    #[inline]
+    pub fn changes_len(&self) -> usize {
+        self.changes.as_ref().map_or(0, Changes::len)
+    }
+
     /// The one write hook: every write to a bucket of any kind (decisions,
     /// refunds, resets, lease acquire/release/renew, imports excepted)
     /// records the bucket here, after the write, so replication ships its
