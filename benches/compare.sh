@@ -205,13 +205,15 @@ for mode in sync async; do
   # still differ by 10-20 %, the pipelined pair is measured three times
   # (a fresh follower each time: a full sync of 100k keys takes well under
   # a second) and report.py takes the median ratio (benches/notes.md).
-  ADDR=$P_ADDR run "sluice-alone-$mode c50 p1" sluice 50 1 100000 400000
+  # So is the 50 x 1 pair, whose p50 added sits near its target (one
+  # round trip) and moved by 100 us between single runs.
   ADDR=$P_ADDR run "sluice-alone-$mode c1 p1" sluice 1 1 100000 40000
   : >"$WORK/lag-$mode.jsonl"
   for round in 1 2 3; do
     tp=$(cpu_ticks "$P_PID")
     ADDR=$P_ADDR run "sluice-alone-$mode c50 p64 r$round" sluice 50 64 100000 4000000
     cpu_row "sluice-alone-$mode c50 p64 r$round" $(( 4000000 / SCALE )) primary $(( $(cpu_ticks "$P_PID") - tp ))
+    ADDR=$P_ADDR run "sluice-alone-$mode c50 p1 r$round" sluice 50 1 100000 400000
     start_sluiced F --shards "$SHARDS" --replica-of "$P_ADDR"
     for _ in $(seq 200); do [ "$(role_field "$F_ADDR" state)" = streaming ] && break; sleep 0.05; done
     # The follower's lag, sampled every 20 ms during the pipelined run: one
@@ -229,12 +231,12 @@ for mode in sync async; do
     cpu_row "sluice-$mode c50 p64 r$round" $(( 4000000 / SCALE )) primary $(( $(cpu_ticks "$P_PID") - tp )) \
       follower $(( $(cpu_ticks "$F_PID") - tf ))
     kill "$LAG_PID" 2>/dev/null || true; wait "$LAG_PID" 2>/dev/null || true
+    ADDR=$P_ADDR run "sluice-$mode c50 p1 r$round" sluice 50 1 100000 400000
     [ "$round" = 3 ] && break
     # Alone again: the primary detaches a follower whose link closed.
     kill "$F_PID"; wait "$F_PID" 2>/dev/null || true
     for _ in $(seq 200); do [ "$(role_field "$P_ADDR" state)" = alone ] && break; sleep 0.05; done
   done
-  ADDR=$P_ADDR run "sluice-$mode c50 p1" sluice 50 1 100000 400000
   # One client, no pipelining: the round trips alone, without 50
   # connections and three processes queueing for two cores.
   ADDR=$P_ADDR run "sluice-$mode c1 p1" sluice 1 1 100000 40000
