@@ -86,6 +86,10 @@ pub struct Acked {
     /// dropped stays until its drain is acknowledged or the flow given up
     /// on, then is woken once, spuriously, and gone.
     waiters: RefCell<Vec<(u64, Waker)>>,
+    /// The same, woken before `waiters`: the flow's group commit, so that
+    /// on an ack the next drain leaves before the replies the ack released
+    /// are written (the follower applies it meanwhile).
+    first: RefCell<Vec<(u64, Waker)>>,
 }
 
 impl Acked {
@@ -96,13 +100,15 @@ impl Acked {
             self.round.set(self.round.get() + 1);
         }
         self.state.set((drain, gave_up));
-        self.waiters.borrow_mut().retain(|(need, waker)| {
-            let done = gave_up || *need <= drain;
-            if done {
-                waker.wake_by_ref();
-            }
-            !done
-        });
+        for list in [&self.first, &self.waiters] {
+            list.borrow_mut().retain(|(need, waker)| {
+                let done = gave_up || *need <= drain;
+                if done {
+                    waker.wake_by_ref();
+                }
+                !done
+            });
+        }
     }
 
     /// An ack of `drain`: raises the state to it, if it is newer, and
@@ -122,6 +128,16 @@ impl Acked {
             need,
             round: self.round.get(),
             registered: false,
+            first: false,
+        }
+    }
+
+    /// [`Acked::wait`], woken before every plain wait that the same ack
+    /// ends.
+    fn wait_first(self: &Rc<Self>, need: u64) -> AckWait {
+        AckWait {
+            first: true,
+            ..self.wait(need)
         }
     }
 
@@ -146,6 +162,8 @@ pub struct AckWait {
     /// [`Acked::round`] when the wait began.
     round: u64,
     registered: bool,
+    /// Registered in [`Acked::first`].
+    first: bool,
 }
 
 impl Future for AckWait {
@@ -165,10 +183,12 @@ impl Future for AckWait {
             // repeat while it waits.
             self.registered = true;
             let need = self.need;
-            self.acked
-                .waiters
-                .borrow_mut()
-                .push((need, cx.waker().clone()));
+            let list = if self.first {
+                &self.acked.first
+            } else {
+                &self.acked.waiters
+            };
+            list.borrow_mut().push((need, cx.waker().clone()));
         }
         Poll::Pending
     }
@@ -466,7 +486,7 @@ async fn stream_flow(
 /// drain, whichever comes first: one drain in flight while changes are
 /// few, so that the ones made during its round trip ship together.
 async fn group_commit(core: &ShardCore, drain: u64, wake: &Notify) {
-    let acked = core.flow.borrow().acked.wait(drain);
+    let acked = core.flow.borrow().acked.wait_first(drain);
     let mut acked = std::pin::pin!(acked);
     core.flow.borrow_mut().grouping = true;
     loop {
@@ -797,6 +817,60 @@ mod tests {
     fn poll(wait: &mut AckWait) -> Poll<bool> {
         let mut cx = Context::from_waker(Waker::noop());
         Pin::new(wait).poll(&mut cx)
+    }
+
+    /// A waker that records `id` in `log` when woken.
+    struct Recorder {
+        id: u32,
+        log: std::sync::Arc<std::sync::Mutex<Vec<u32>>>,
+    }
+
+    impl std::task::Wake for Recorder {
+        fn wake(self: std::sync::Arc<Self>) {
+            self.wake_by_ref();
+        }
+        fn wake_by_ref(self: &std::sync::Arc<Self>) {
+            self.log.lock().unwrap().push(self.id);
+        }
+    }
+
+    /// On an ack, the flow's group commit is woken before the replies the
+    /// same ack releases, whatever order they began waiting in (the
+    /// executor runs woken tasks in order: the next drain leaves first).
+    /// The flow's wait is not a reply waiting either.
+    #[test]
+    fn an_ack_wakes_the_flow_before_the_replies_it_releases() {
+        let acked = Rc::new(Acked::default());
+        let log = std::sync::Arc::new(std::sync::Mutex::new(Vec::new()));
+        let waker = |id| {
+            Waker::from(std::sync::Arc::new(Recorder {
+                id,
+                log: log.clone(),
+            }))
+        };
+        let (w1, w2, w3) = (waker(1), waker(2), waker(3));
+        let mut reply = acked.wait(1);
+        let mut flow = acked.wait_first(1);
+        let mut later = acked.wait(2);
+        assert!(Pin::new(&mut flow)
+            .poll(&mut Context::from_waker(&w3))
+            .is_pending());
+        assert!(!acked.has_waiters(), "the flow's wait is no reply's");
+        assert!(Pin::new(&mut reply)
+            .poll(&mut Context::from_waker(&w1))
+            .is_pending());
+        assert!(Pin::new(&mut later)
+            .poll(&mut Context::from_waker(&w2))
+            .is_pending());
+        acked.advance(1);
+        assert_eq!(
+            *log.lock().unwrap(),
+            [3, 1],
+            "the flow first; drain 2 still waits"
+        );
+        assert_eq!(poll(&mut flow), Poll::Ready(true));
+        assert_eq!(poll(&mut reply), Poll::Ready(true));
+        assert_eq!(poll(&mut later), Poll::Pending);
     }
 
     #[test]
