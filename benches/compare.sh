@@ -189,9 +189,14 @@ for wl in "under --rate 1000/s" "spent --rate 10/s --burst 100"; do
 done
 
 echo "== redis-benchmark: Redis PING (protocol floor) and Sluice RESP CL.THROTTLE"
-rb "redis PING c50 p64" "$RPORT" 50 64 4000000 -t ping
+# The 50 x 64 pair in three alternating rounds (its ratio, the RESP
+# target, moved from 0.96 to 0.74 between two single runs): report.py
+# takes the median round.
+for round in 1 2 3; do
+  rb "redis PING c50 p64 r$round" "$RPORT" 50 64 4000000 -t ping
+  rb "sluice-resp CL.THROTTLE c50 p64 r$round" "${RESPADDR##*:}" 50 64 4000000 -r 100000 CL.THROTTLE 'key:__rand_int__' 99 10 1 1
+done
 rb "redis PING c50 p1" "$RPORT" 50 1 400000 -t ping
-rb "sluice-resp CL.THROTTLE c50 p64" "${RESPADDR##*:}" 50 64 4000000 -r 100000 CL.THROTTLE 'key:__rand_int__' 99 10 1 1
 rb "sluice-resp CL.THROTTLE c50 p1" "${RESPADDR##*:}" 50 1 400000 -r 100000 CL.THROTTLE 'key:__rand_int__' 99 10 1 1
 
 echo "== replication: the same runs against a primary with a follower (sync, then async)"
