@@ -338,6 +338,54 @@ async fn sigterm_drains_and_exits_zero() {
     );
 }
 
+/// SIGTERM closes idle connections at once (each notices the drain begin),
+/// not at the end of `--drain-ms`: with a drain of a minute, an idle
+/// binary connection and an idle RESP one both see the server close them,
+/// and the process exits, within seconds.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sigterm_closes_idle_connections_without_waiting_out_the_drain() {
+    let server = Sluiced::start(&["--shards", "2", "--resp-port", "0", "--drain-ms", "60000"]);
+    let resp_addr = server.resp_addr.expect("the RESP line was printed");
+    let mut binary = Raw::connect(server.addr).await;
+    binary.send_frame(&[(1, hello(b""))]).await;
+    assert!(matches!(
+        binary.next_reply().await,
+        Some((1, Reply::HelloOk(_)))
+    ));
+    let mut resp = tokio::net::TcpStream::connect(resp_addr).await.unwrap();
+    tokio::io::AsyncWriteExt::write_all(&mut resp, b"PING\r\n")
+        .await
+        .unwrap();
+    let mut pong = [0u8; 7];
+    tokio::io::AsyncReadExt::read_exact(&mut resp, &mut pong)
+        .await
+        .unwrap();
+    assert_eq!(&pong, b"+PONG\r\n");
+    let started = std::time::Instant::now();
+    server.signal("TERM");
+    let closed = tokio::time::timeout(Duration::from_secs(20), async {
+        assert!(
+            binary.closed_by_server().await,
+            "the binary connection was closed"
+        );
+        let mut rest = Vec::new();
+        let n = tokio::io::AsyncReadExt::read_to_end(&mut resp, &mut rest)
+            .await
+            .unwrap_or(0);
+        assert_eq!(n, 0, "nothing more on the RESP connection: {rest:?}");
+    })
+    .await;
+    assert!(
+        closed.is_ok(),
+        "idle connections were still open {:?} after SIGTERM (the drain is 60 s)",
+        started.elapsed()
+    );
+    let status = tokio::task::spawn_blocking(move || server.wait_for_exit(Duration::from_secs(20)))
+        .await
+        .unwrap();
+    assert!(status.success(), "exit status {status:?}");
+}
+
 /// A script may signal `sluiced` the moment it reads the listening line:
 /// SIGHUP then reloads (here: the error of no config file) and SIGTERM
 /// drains, each with its handler already in place, never the default
