@@ -457,7 +457,7 @@ async fn stream_flow(
                     repl.set_state(ReplState::Streaming);
                 }
                 tracing::info!(shard = core.id, "full sync sent; streaming");
-                core.full_syncs.set(core.full_syncs.get() + 1);
+                core.count_full_sync();
                 core.publish_stats();
             }
         }

@@ -432,6 +432,13 @@ pub struct PublishedStats {
     pub reply_bytes_owed: AtomicU64,
 }
 
+/// Adds `n` to a counter only one thread writes (a shard's own
+/// [`PublishedStats`]): a load and a store, no locked add.
+#[inline]
+fn bump(counter: &AtomicU64, n: u64) {
+    counter.store(counter.load(Ordering::Relaxed) + n, Ordering::Relaxed);
+}
+
 /// Status codes the error counters have room for (0 unused).
 pub const ERROR_CODES: usize = 32;
 
@@ -534,16 +541,6 @@ pub struct ShardCore {
     drained_tx: crate::inbox::Sender<u16>,
     /// Whether `drained_tx` has been used.
     drained_sent: Cell<bool>,
-    /// Bytes read from and written to this shard's client connections.
-    pub io_bytes: Cell<(u64, u64)>,
-    /// The frame-time histogram and total (see [`PublishedStats`]).
-    pub frame_time: RefCell<([u64; FRAME_TIME_BUCKETS], u64)>,
-    /// Forwarded batches: (requests decided, by-time counts, total ns).
-    pub batch_time: RefCell<(u64, [u64; FRAME_TIME_BUCKETS], u64)>,
-    /// Full syncs completed to a follower.
-    pub full_syncs: Cell<u64>,
-    /// ERROR replies sent, by status code.
-    pub errors: RefCell<[u64; ERROR_CODES]>,
     /// Reply bytes this shard's connections owe together, and the shard's
     /// share of `--reply-bytes-node-max` (see `coordinator::ReplyShare`).
     pub replies: crate::coordinator::ShardReplies,
@@ -580,11 +577,6 @@ impl ShardCore {
             connections: Cell::new(0),
             drained_tx,
             drained_sent: Cell::new(false),
-            io_bytes: Cell::new((0, 0)),
-            frame_time: RefCell::new(([0; FRAME_TIME_BUCKETS], 0)),
-            batch_time: RefCell::new((0, [0; FRAME_TIME_BUCKETS], 0)),
-            full_syncs: Cell::new(0),
-            errors: RefCell::new([0; ERROR_CODES]),
             replies: crate::coordinator::ShardReplies::new(reply_share),
         }
     }
@@ -677,11 +669,22 @@ impl ShardCore {
         }
     }
 
-    /// Publishes this shard's counters for STATS (a few relaxed stores).
+    /// This shard's published counters: written by this shard's thread
+    /// only, read by STATS and the admin port on any.
+    #[inline]
+    fn published(&self) -> &PublishedStats {
+        &self.node.stats[usize::from(self.id)]
+    }
+
+    /// Publishes the table's counters for STATS (relaxed stores). The
+    /// counters a connection or flow keeps (bytes, frame and batch times,
+    /// errors, full syncs) are counted in place by `count_*` instead: they
+    /// were copied here on every read (about 60 stores, over 100
+    /// instructions a read at 50 x 1: benches/notes.md).
     pub fn publish_stats(&self) {
         let t = self.table.borrow();
         let c = t.counters_total;
-        let p = &self.node.stats[usize::from(self.id)];
+        let p = self.published();
         p.buckets.store(t.len() as u64, Ordering::Relaxed);
         p.bucket_bytes
             .store(t.memory_bytes() as u64, Ordering::Relaxed);
@@ -694,25 +697,6 @@ impl ShardCore {
                 slot.store(n, Ordering::Relaxed);
             }
         }
-        let (read, written) = self.io_bytes.get();
-        p.bytes_in.store(read, Ordering::Relaxed);
-        p.bytes_out.store(written, Ordering::Relaxed);
-        let frames = self.frame_time.borrow();
-        for (slot, &n) in p.frame_time.iter().zip(frames.0.iter()) {
-            slot.store(n, Ordering::Relaxed);
-        }
-        p.frame_ns_total.store(frames.1, Ordering::Relaxed);
-        for (slot, &n) in p.errors.iter().zip(self.errors.borrow().iter()) {
-            slot.store(n, Ordering::Relaxed);
-        }
-        let batches = self.batch_time.borrow();
-        p.forwarded_total.store(batches.0, Ordering::Relaxed);
-        for (slot, &n) in p.batch_time.iter().zip(batches.1.iter()) {
-            slot.store(n, Ordering::Relaxed);
-        }
-        p.batch_ns_total.store(batches.2, Ordering::Relaxed);
-        p.full_syncs_total
-            .store(self.full_syncs.get(), Ordering::Relaxed);
         p.reply_bytes_owed
             .store(self.replies.owed() as u64, Ordering::Relaxed);
     }
@@ -721,35 +705,36 @@ impl ShardCore {
     #[inline]
     pub fn count_error(&self, status: Status) {
         let code = usize::from(status.code()).min(ERROR_CODES - 1);
-        self.errors.borrow_mut()[code] += 1;
+        bump(&self.published().errors[code], 1);
     }
 
     /// Counts bytes read (`true`) or written on a client connection.
     #[inline]
     pub fn count_io(&self, read: bool, n: usize) {
-        let (r, w) = self.io_bytes.get();
-        self.io_bytes.set(if read {
-            (r + n as u64, w)
-        } else {
-            (r, w + n as u64)
-        });
+        let p = self.published();
+        bump(if read { &p.bytes_in } else { &p.bytes_out }, n as u64);
     }
 
     /// Counts one frame handled in `ns`.
     #[inline]
     pub fn count_frame(&self, ns: u64) {
-        let mut f = self.frame_time.borrow_mut();
-        f.0[frame_time_bucket(ns)] += 1;
-        f.1 += ns;
+        let p = self.published();
+        bump(&p.frame_time[frame_time_bucket(ns)], 1);
+        bump(&p.frame_ns_total, ns);
     }
 
     /// Counts one forwarded batch of `requests`, decided in `ns`.
     #[inline]
     pub fn count_batch(&self, requests: usize, ns: u64) {
-        let mut b = self.batch_time.borrow_mut();
-        b.0 += requests as u64;
-        b.1[frame_time_bucket(ns)] += 1;
-        b.2 += ns;
+        let p = self.published();
+        bump(&p.forwarded_total, requests as u64);
+        bump(&p.batch_time[frame_time_bucket(ns)], 1);
+        bump(&p.batch_ns_total, ns);
+    }
+
+    /// Counts one full sync completed to a follower.
+    pub fn count_full_sync(&self) {
+        bump(&self.published().full_syncs_total, 1);
     }
 
     /// Called by a connection task as it ends.
