@@ -353,7 +353,9 @@ async fn serve<H: Handler>(
                     h.close();
                 } else {
                     h.handle_read(rbuf);
-                    let now = tokio::time::Instant::now();
+                    // The clock only when a timer is reset (most reads,
+                    // whole frames with no idle timeout, reset none).
+                    let now = tokio::time::Instant::now;
                     if rbuf.is_empty() {
                         half_sent_on = false;
                         // (Frames split off `rbuf` share its allocation:
@@ -364,10 +366,10 @@ async fn serve<H: Handler>(
                         }
                     } else if !half_sent_on {
                         half_sent_on = true;
-                        half_sent.as_mut().reset(now + ms(config.frame_timeout_ms));
+                        half_sent.as_mut().reset(now() + ms(config.frame_timeout_ms));
                     }
                     if idle_on {
-                        silent.as_mut().reset(now + ms(config.idle_timeout_ms));
+                        silent.as_mut().reset(now() + ms(config.idle_timeout_ms));
                     }
                 }
             }
