@@ -22,7 +22,9 @@ async fn metrics_pass_promtool_and_count_the_decisions() {
         dir.to_str().unwrap(),
     ]);
     let admin = server.admin_addr.expect("the admin line was printed");
-    let client = sluice_client::Client::connect(server.addr).await.unwrap();
+    // The shared test client's long deadline: the default (5 ms, a
+    // gateway's) timed the first call out once on a loaded CI machine.
+    let client = sluice_tests::support::client(&server, false).await;
     let policy = Policy::new(1, 3_600_000_000_000, 3).unwrap();
     for _ in 0..5 {
         client.throttle(b"scraped", policy, 1).await.unwrap();
