@@ -33,7 +33,8 @@ use crate::sync::{AtomicU64, Mutex, Ordering};
 /// both sides learn the link is alive).
 pub const HEARTBEAT_MS: u64 = 50;
 /// Async mode: how long a flow lets changes gather before a drain (sync
-/// mode drains as soon as the shard is free, since replies wait for it).
+/// mode, where replies wait for it, drains as soon as the shard is free or
+/// its last drain is acknowledged: see [`SYNC_GROUP_ENTRIES`]).
 pub const ASYNC_DRAIN_MS: u64 = 1;
 /// Sync mode's group commit: while a drain is unacknowledged, the next one
 /// waits for its ack (the changes made meanwhile gather into it) unless

@@ -9,6 +9,8 @@
 //! until the follower has acknowledged that drain ([`AckWait`]).
 //! Acks are cumulative, so one ack releases every connection waiting on
 //! that drain or an earlier one: many batches are in flight per round trip.
+//! While changes are few the flow keeps one drain in flight and the next
+//! gathers what its round trip brings ([`group_commit`]).
 //! A follower that does not ack within `replica_timeout_ms` is dropped and
 //! the shard serves alone (and says so), until it resyncs. That limit is
 //! watched once per flow ([`watch_acks`]), not by a timer per wait.
@@ -217,8 +219,9 @@ impl Default for FlowShard {
 
 /// Sync mode: the wait for the drain a connection must see acknowledged
 /// before its replies go, if its work changed anything a follower must
-/// have (await it: [`AckWait`]). Also wakes the flow, which
-/// ships the changes as soon as the shard is free.
+/// have (await it: [`AckWait`]). Also wakes the flow, which ships the
+/// changes as soon as the shard is free, unless it is holding them for its
+/// last drain's ack and fewer than [`SYNC_GROUP_ENTRIES`] wait.
 #[inline]
 pub fn replication_wait(core: &ShardCore) -> Option<AckWait> {
     let waiting = core.table.borrow().changes_len();
