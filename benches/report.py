@@ -32,14 +32,18 @@ def get(name):
     return rows.get(name)
 
 
-# redis-benchmark's 50 x 64 pair (Redis PING, Sluice's RESP CL.THROTTLE)
-# ran in three alternating rounds: the median round's rows stand for it.
-_pairs = [(get(f"sluice-resp CL.THROTTLE c50 p64 r{i}"), get(f"redis PING c50 p64 r{i}")) for i in (1, 2, 3)]
-if not all(s and p for s, p in _pairs):
+# redis-benchmark's 50 x 64 rows (Redis PING, Sluice's RESP CL.THROTTLE,
+# the RESP floor's CL.THROTTLE) ran in three alternating rounds: the
+# median round (by CL.THROTTLE / PING) stands for them.
+_rounds = [(get(f"sluice-resp CL.THROTTLE c50 p64 r{i}"), get(f"redis PING c50 p64 r{i}"),
+            get(f"floor-resp CL.THROTTLE c50 p64 r{i}")) for i in (1, 2, 3)]
+if not all(all(r) for r in _rounds):
     sys.exit("report.py: a redis-benchmark 50 x 64 round is missing: compare.sh did not measure it")
-resp_rounds = [s["ops_per_s"] / p["ops_per_s"] for s, p in _pairs]
-rows["sluice-resp CL.THROTTLE c50 p64"], rows["redis PING c50 p64"] = _pairs[
-    sorted(range(3), key=lambda i: resp_rounds[i])[1]]
+resp_rounds = [s["ops_per_s"] / p["ops_per_s"] for s, p, _ in _rounds]
+resp_floor_rounds = [s["ops_per_s"] / f["ops_per_s"] for s, _, f in _rounds]
+floor_ping_rounds = [f["ops_per_s"] / p["ops_per_s"] for _, p, f in _rounds]
+(rows["sluice-resp CL.THROTTLE c50 p64"], rows["redis PING c50 p64"],
+ rows["floor-resp CL.THROTTLE c50 p64"]) = _rounds[sorted(range(3), key=lambda i: resp_rounds[i])[1]]
 
 
 def fmt_ops(x):
@@ -178,6 +182,7 @@ w("| what | ops/s | p50 | p99 | ratio to Redis + Lua (same connections x pipelin
 w("|---|---|---|---|---|")
 for name, base in [("redis PING c50 p64", "redis-lua c50 p64"), ("redis PING c50 p1", "redis-lua c50 p1"),
                    ("sluice-resp CL.THROTTLE c50 p64", "redis-lua c50 p64"),
+                   ("floor-resp CL.THROTTLE c50 p64", "redis-lua c50 p64"),
                    ("sluice-resp CL.THROTTLE c50 p1", "redis-lua c50 p1")]:
     r, b = get(name), get(base)
     if not r:
@@ -185,8 +190,15 @@ for name, base in [("redis PING c50 p64", "redis-lua c50 p64"), ("redis PING c50
     rr = f"{ratio(r['ops_per_s'], b['ops_per_s']):.1f}x" if b else "-"
     w(f"| {name} | {fmt_ops(r['ops_per_s'])} | {fmt_us(r['latency_us']['p50'])} | {fmt_us(r['latency_us']['p99'])} | {rr} |")
 w("")
-w("50 x 64: three alternating rounds of PING and CL.THROTTLE; the rows above are the round whose")
-w("CL.THROTTLE / PING is the median (every round's: " + ", ".join(f"{x:.2f}" for x in resp_rounds) + ").\n")
+w("50 x 64: three alternating rounds of PING, Sluice's CL.THROTTLE and the RESP floor's (sluice-floor")
+w("--resp-port: the same RESP parser, command parse and reply encoder, a GCRA decision on a 4,096-bucket")
+w("array); the rows above are the round whose CL.THROTTLE / PING is the median. Every round's")
+w("Sluice / PING: " + ", ".join(f"{x:.2f}" for x in resp_rounds) + "; Sluice / RESP floor: "
+  + ", ".join(f"{x:.2f}" for x in resp_floor_rounds) + "; RESP floor / PING: "
+  + ", ".join(f"{x:.2f}" for x in floor_ping_rounds) + ". redis-benchmark spends about twice the CPU on")
+w("a CL.THROTTLE (a key substituted, five integers parsed and freed) as on a PING, and shares the two")
+w("cores with the server: the floor's row is the most this generator gets out of any server for this")
+w("command.\n")
 def alone(mode, c, p):
     """The no-follower baseline of a replicated row: the same primary
     alone, just before its follower attached."""
@@ -401,7 +413,12 @@ if resp64 and r64:
     target("RESP CL.THROTTLE (redis-benchmark), 50 x 64: >= 5x Redis + Lua", f"{x:.1f}x", x >= 5)
 if resp64 and ping64:
     x = ratio(resp64["ops_per_s"], ping64["ops_per_s"])
-    target("RESP CL.THROTTLE (redis-benchmark), 50 x 64: >= 0.8 of Redis PING (the RESP floor)", f"{x:.2f}", x >= 0.8)
+    target("RESP CL.THROTTLE (redis-benchmark), 50 x 64: >= 0.8 of Redis PING", f"{x:.2f}", x >= 0.8)
+rfloor64 = get("floor-resp CL.THROTTLE c50 p64")
+if resp64 and rfloor64:
+    x = ratio(resp64["ops_per_s"], rfloor64["ops_per_s"])
+    target("RESP CL.THROTTLE (redis-benchmark), 50 x 64: >= 0.8 of the RESP floor's CL.THROTTLE",
+           f"{x:.2f} (floor / PING {ratio(rfloor64['ops_per_s'], ping64['ops_per_s']):.2f})", x >= 0.8)
 if k1 and k10:
     x = ratio(k10["ops_per_s"], k1["ops_per_s"])
     target("10M keys within 20% of 1k keys", f"{x:.2f}", x >= 0.8)

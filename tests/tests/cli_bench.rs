@@ -179,6 +179,52 @@ fn the_loopback_floor_answers_the_bench_with_real_decisions() {
     assert!((1..=500).contains(&allowed), "{allowed} admitted: {v}");
 }
 
+#[test]
+fn the_resp_floor_answers_cl_throttle_with_real_decisions() {
+    // compare.sh's RESP floor row is only worth something if the floor
+    // decides: one unit (max_burst 0), none back within the hour, so the
+    // second CL.THROTTLE of a key is limited; PING and CONFIG GET (what
+    // redis-benchmark asks first) are answered.
+    use std::io::{BufRead, Read, Write};
+    let mut floor = std::process::Command::new(binary("sluice-floor"))
+        .args(["--resp-port", "0"])
+        .stdout(std::process::Stdio::piped())
+        .spawn()
+        .expect("sluice-floor starts");
+    let mut out = std::io::BufReader::new(floor.stdout.take().unwrap());
+    let (mut first, mut second) = (String::new(), String::new());
+    out.read_line(&mut first).unwrap();
+    out.read_line(&mut second).unwrap();
+    let addr = second
+        .trim()
+        .strip_prefix("sluice-floor resp listening on ")
+        .unwrap_or_else(|| panic!("second line: {second:?}"))
+        .to_owned();
+    let mut stream = std::net::TcpStream::connect(&addr).expect("connects");
+    stream
+        .set_read_timeout(Some(std::time::Duration::from_secs(10)))
+        .unwrap();
+    let throttle =
+        b"*6\r\n$11\r\nCL.THROTTLE\r\n$1\r\nk\r\n$1\r\n0\r\n$1\r\n1\r\n$4\r\n3600\r\n$1\r\n1\r\n";
+    let mut request = Vec::new();
+    request.extend_from_slice(b"*3\r\n$6\r\nCONFIG\r\n$3\r\nGET\r\n$4\r\nsave\r\n");
+    request.extend_from_slice(throttle);
+    request.extend_from_slice(throttle);
+    request.extend_from_slice(b"PING\r\n");
+    stream.write_all(&request).unwrap();
+    let expected: &[u8] =
+        b"*0\r\n*5\r\n:0\r\n:1\r\n:0\r\n:-1\r\n:3600\r\n*5\r\n:1\r\n:1\r\n:0\r\n:3600\r\n:3600\r\n+PONG\r\n";
+    let mut got = vec![0u8; expected.len()];
+    let read = stream.read_exact(&mut got);
+    let _ = floor.kill();
+    let _ = floor.wait();
+    read.expect("every reply");
+    assert_eq!(
+        String::from_utf8_lossy(&got),
+        String::from_utf8_lossy(expected)
+    );
+}
+
 /// `--priority-mix` and `--reserve` on one key with 2 shards (so one shard
 /// owns no key): 3,000 requests of all three classes against 10 units,
 /// half kept for critical. Every class is counted; exactly 10 are admitted,

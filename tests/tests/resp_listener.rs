@@ -431,3 +431,93 @@ async fn sigterm_drains_resp_connections() {
         "the RESP connection was closed at shutdown"
     );
 }
+
+/// CL.THROTTLEs are parsed up to 16 ahead of their decision (their slots
+/// prefetched); the reply bound can stop the decisions part way through
+/// such a run, and parsing resumes at the first one left undecided. With
+/// `--reply-bytes-max 1024` (about 34 replies) that happens on nearly
+/// every read: 30,000 commands over two shards' keys, a PING every 97th
+/// and a malformed command at the end, written while the replies are read.
+/// Every CL.THROTTLE must be decided exactly once and in order (each key's
+/// `remaining` falls by one a reply), every PING answered in its place, and
+/// the protocol error come after all of them.
+#[tokio::test]
+async fn cl_throttles_parsed_ahead_are_decided_once_each_in_order_under_the_reply_bound() {
+    let (server, addr) = start(&["--shards", "2", "--reply-bytes-max", "1024"]);
+    // Two keys of each shard: every read decides some and forwards some.
+    let mut keys: Vec<String> = Vec::new();
+    for shard in 0..2u16 {
+        keys.extend(
+            (0..)
+                .map(|i| format!("ahead-{i}"))
+                .filter(|k| shard_of(key_hash(k.as_bytes()), server.shards) == shard)
+                .take(2),
+        );
+    }
+    let burst = 100_000;
+    let mut bytes = Vec::new();
+    let mut expected = Vec::new();
+    let mut spent = [0i64; 4];
+    for n in 0..30_000usize {
+        if n % 97 == 0 {
+            bytes.extend_from_slice(b"PING\r\n");
+            expected.push(None);
+            continue;
+        }
+        let k = n % keys.len();
+        bytes.extend_from_slice(&encode(&[
+            "CL.THROTTLE",
+            &keys[k],
+            &burst.to_string(),
+            "1",
+            "3600",
+        ]));
+        spent[k] += 1;
+        expected.push(Some((k, burst + 1 - spent[k])));
+    }
+    bytes.extend_from_slice(b"*1\r\n:1\r\n");
+    let stream = TcpStream::connect(addr).await.unwrap();
+    let (mut rd, mut wr) = stream.into_split();
+    let writer = tokio::spawn(async move {
+        wr.write_all(&bytes).await.unwrap();
+        wr
+    });
+    let mut buf = Vec::new();
+    let mut replies = Vec::new();
+    tokio::time::timeout(Duration::from_secs(60), async {
+        while replies.len() <= expected.len() {
+            let mut chunk = [0u8; 1 << 14];
+            let n = rd.read(&mut chunk).await.unwrap();
+            assert!(n > 0, "closed after {} replies", replies.len());
+            buf.extend_from_slice(&chunk[..n]);
+            while let Some((v, used)) = parse(&buf) {
+                buf.drain(..used);
+                replies.push(v);
+            }
+        }
+    })
+    .await
+    .expect("every reply in time");
+    let _wr = writer.await.unwrap();
+    for (i, (got, want)) in replies.iter().zip(&expected).enumerate() {
+        match want {
+            None => assert_eq!(got, &simple("PONG"), "reply {i}"),
+            Some((k, remaining)) => {
+                let ints = got.ints();
+                assert_eq!(
+                    (ints[0], ints[2]),
+                    (0, *remaining),
+                    "reply {i}, key {}",
+                    keys[*k]
+                );
+            }
+        }
+    }
+    assert_eq!(
+        replies.last(),
+        Some(&Value::Error(
+            "ERR Protocol error: expected '$', got ':'".to_owned()
+        )),
+        "the error after every earlier reply"
+    );
+}

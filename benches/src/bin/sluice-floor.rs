@@ -13,20 +13,37 @@
 //! metrics, no limits: what it leaves out is what Sluice's ratio to it
 //! measures.
 //!
-//! Usage: `sluice-floor [--port N]` (0, the default, picks a free port);
-//! prints `sluice-floor listening on ADDR` and serves until killed.
-//! Answers HELLO, PING and THROTTLE; closes a connection on anything else.
+//! With `--resp-port N` it is also the RESP floor for redis-benchmark's
+//! `CL.THROTTLE` row: the same RESP parser, the same command parse and the
+//! same reply encoder as sluiced's RESP listener, a real `cell::throttle`
+//! on a second 4,096-bucket array, and one write per read. Redis's own
+//! PING is not a floor for that row: redis-benchmark spends about twice
+//! the CPU on a CL.THROTTLE (a 12-digit key substituted per command, a
+//! five-integer array parsed and freed per reply) that it spends on a
+//! PING, so on a machine where it shares the cores with the server the
+//! generator, not the server, sets the row's ceiling. This floor measures
+//! that ceiling in the same run.
+//!
+//! Usage: `sluice-floor [--port N] [--resp-port N]` (0, the default for
+//! `--port`, picks a free one); prints `sluice-floor listening on ADDR`,
+//! then `sluice-floor resp listening on ADDR` when asked for, and serves
+//! until killed. Answers HELLO, PING and THROTTLE (RESP: CL.THROTTLE,
+//! PING, and CONFIG GET with an empty array, which redis-benchmark asks at
+//! start); closes a connection on anything else.
 
 use std::cell::RefCell;
 use std::net::SocketAddr;
 use std::rc::Rc;
 
 use bytes::BytesMut;
+use sluice_protocol::cell;
 use sluice_protocol::codec::{FrameDecoder, FrameWriter};
 use sluice_protocol::gcra::{self, Bucket};
 use sluice_protocol::message::{put_hello_ok, put_pong, put_verdict, HelloOk, Request};
 use sluice_protocol::routing::{key_hash, ROUTING_XXH3_128_MULSHIFT};
 use sluice_protocol::PROTOCOL_VERSION;
+use sluice_server::resp::command::{self, Command, Reply};
+use sluice_server::resp::parser::Parser;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::{TcpListener, TcpStream};
 use tokio_util::codec::Decoder;
@@ -37,17 +54,21 @@ const TABLE_BUCKETS: usize = 4096;
 const FRAME_BYTES_MAX: u32 = 1 << 20;
 
 type Table = Rc<RefCell<Vec<Option<Bucket>>>>;
+/// The RESP floor's buckets: redis-cell's state, a theoretical arrival time.
+type CellTable = Rc<RefCell<Vec<Option<u64>>>>;
 
 fn main() {
     let mut args = std::env::args().skip(1);
     let mut port = 0u16;
+    let mut resp_port = None;
     while let Some(a) = args.next() {
+        let parse_port = |p: &str| -> u16 {
+            p.parse()
+                .unwrap_or_else(|_| usage(&format!("bad port {p}")))
+        };
         match (a.as_str(), args.next()) {
-            ("--port", Some(p)) => {
-                port = p
-                    .parse()
-                    .unwrap_or_else(|_| usage(&format!("bad port {p}")))
-            }
+            ("--port", Some(p)) => port = parse_port(&p),
+            ("--resp-port", Some(p)) => resp_port = Some(parse_port(&p)),
             _ => usage(&format!("unknown argument {a}")),
         }
     }
@@ -69,6 +90,25 @@ fn main() {
         // later one's future, and the floor denied every request, with no
         // bucket ever written.)
         let origin = std::time::Instant::now();
+        if let Some(resp_port) = resp_port {
+            let resp = TcpListener::bind(SocketAddr::from(([127, 0, 0, 1], resp_port)))
+                .await
+                .unwrap_or_else(|e| usage(&format!("cannot listen on port {resp_port}: {e}")));
+            println!(
+                "sluice-floor resp listening on {}",
+                resp.local_addr().expect("a bound address")
+            );
+            let cells: CellTable = Rc::new(RefCell::new(vec![None; TABLE_BUCKETS]));
+            tokio::task::spawn_local(async move {
+                loop {
+                    let Ok((stream, _)) = resp.accept().await else {
+                        continue;
+                    };
+                    let _ = stream.set_nodelay(true);
+                    tokio::task::spawn_local(serve_resp(stream, cells.clone(), origin));
+                }
+            });
+        }
         loop {
             let Ok((stream, _)) = listener.accept().await else {
                 continue;
@@ -80,7 +120,7 @@ fn main() {
 }
 
 fn usage(why: &str) -> ! {
-    eprintln!("sluice-floor: {why}\nusage: sluice-floor [--port N]");
+    eprintln!("sluice-floor: {why}\nusage: sluice-floor [--port N] [--resp-port N]");
     std::process::exit(2)
 }
 
@@ -131,6 +171,58 @@ async fn serve(mut stream: TcpStream, table: Table, origin: std::time::Instant) 
         }
         if !wbuf.is_empty() {
             writer.finish(&mut wbuf);
+            if stream.write_all(&wbuf).await.is_err() {
+                return;
+            }
+            wbuf.clear();
+        }
+    }
+}
+
+/// One RESP connection: whole commands in, one write of their replies out.
+async fn serve_resp(mut stream: TcpStream, cells: CellTable, origin: std::time::Instant) {
+    let mut parser = Parser::new(FRAME_BYTES_MAX as usize);
+    let (mut rbuf, mut wbuf) = (BytesMut::with_capacity(16 << 10), BytesMut::new());
+    loop {
+        if rbuf.capacity() - rbuf.len() < 4096 {
+            rbuf.reserve(16 << 10);
+        }
+        match stream.read_buf(&mut rbuf).await {
+            Ok(0) | Err(_) => return,
+            Ok(_) => {}
+        }
+        let now_ns = origin.elapsed().as_nanos() as u64 + 1;
+        let mut used = 0;
+        loop {
+            let n = match parser.parse(&rbuf[used..]) {
+                Ok(Some(n)) => n,
+                Ok(None) => break,
+                Err(_) => return,
+            };
+            let args = parser.args(&rbuf[used..]);
+            let reply = match command::parse(&args) {
+                Ok(Some(Command::Throttle(t))) => {
+                    let mut cells = cells.borrow_mut();
+                    let slot = &mut cells[key_hash(t.key) as usize & (TABLE_BUCKETS - 1)];
+                    let d = cell::throttle(*slot, &t.policy, t.quantity, now_ns);
+                    if !d.verdict.limited {
+                        *slot = d.tat_ns;
+                    }
+                    Reply::Cell(d.verdict)
+                }
+                Ok(Some(Command::Ping(_))) => Reply::Simple("PONG"),
+                Ok(Some(Command::ConfigGet(_))) => Reply::Array(Vec::new()),
+                Ok(None) => {
+                    used += n;
+                    continue;
+                }
+                _ => return,
+            };
+            command::encode(&mut wbuf, &reply, 2);
+            used += n;
+        }
+        let _ = rbuf.split_to(used);
+        if !wbuf.is_empty() {
             if stream.write_all(&wbuf).await.is_err() {
                 return;
             }
