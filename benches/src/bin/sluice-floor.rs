@@ -129,14 +129,7 @@ async fn serve(mut stream: TcpStream, table: Table, origin: std::time::Instant) 
     let mut decoder = FrameDecoder::new(FRAME_BYTES_MAX);
     let mut writer = FrameWriter::new();
     let (mut rbuf, mut wbuf) = (BytesMut::with_capacity(16 << 10), BytesMut::new());
-    loop {
-        if rbuf.capacity() - rbuf.len() < 4096 {
-            rbuf.reserve(16 << 10);
-        }
-        match stream.read_buf(&mut rbuf).await {
-            Ok(0) | Err(_) => return,
-            Ok(_) => {}
-        }
+    while read_more(&mut stream, &mut rbuf).await {
         let now_ns = origin.elapsed().as_nanos() as u64 + 1;
         loop {
             let frame = match decoder.decode(&mut rbuf) {
@@ -171,26 +164,36 @@ async fn serve(mut stream: TcpStream, table: Table, origin: std::time::Instant) 
         }
         if !wbuf.is_empty() {
             writer.finish(&mut wbuf);
-            if stream.write_all(&wbuf).await.is_err() {
-                return;
-            }
-            wbuf.clear();
+        }
+        if !write_out(&mut stream, &mut wbuf).await {
+            return;
         }
     }
+}
+
+/// Reads what the socket has into `rbuf`; false at its end or an error.
+async fn read_more(stream: &mut TcpStream, rbuf: &mut BytesMut) -> bool {
+    if rbuf.capacity() - rbuf.len() < 4096 {
+        rbuf.reserve(16 << 10);
+    }
+    matches!(stream.read_buf(rbuf).await, Ok(n) if n > 0)
+}
+
+/// Writes the replies in `wbuf` (if any) in one write; false on an error.
+async fn write_out(stream: &mut TcpStream, wbuf: &mut BytesMut) -> bool {
+    if wbuf.is_empty() {
+        return true;
+    }
+    let ok = stream.write_all(wbuf).await.is_ok();
+    wbuf.clear();
+    ok
 }
 
 /// One RESP connection: whole commands in, one write of their replies out.
 async fn serve_resp(mut stream: TcpStream, cells: CellTable, origin: std::time::Instant) {
     let mut parser = Parser::new(FRAME_BYTES_MAX as usize);
     let (mut rbuf, mut wbuf) = (BytesMut::with_capacity(16 << 10), BytesMut::new());
-    loop {
-        if rbuf.capacity() - rbuf.len() < 4096 {
-            rbuf.reserve(16 << 10);
-        }
-        match stream.read_buf(&mut rbuf).await {
-            Ok(0) | Err(_) => return,
-            Ok(_) => {}
-        }
+    while read_more(&mut stream, &mut rbuf).await {
         let now_ns = origin.elapsed().as_nanos() as u64 + 1;
         let mut used = 0;
         loop {
@@ -222,11 +225,8 @@ async fn serve_resp(mut stream: TcpStream, cells: CellTable, origin: std::time::
             used += n;
         }
         let _ = rbuf.split_to(used);
-        if !wbuf.is_empty() {
-            if stream.write_all(&wbuf).await.is_err() {
-                return;
-            }
-            wbuf.clear();
+        if !write_out(&mut stream, &mut wbuf).await {
+            return;
         }
     }
 }

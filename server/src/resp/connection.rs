@@ -232,55 +232,58 @@ impl Handler for RespConnection {
             (config.reply_bytes_max, config.inflight_max)
         };
         self.backlog = false;
-        while !self.session.closing {
-            if self.session.owes_too_much(reply_max, inflight_max) {
+        loop {
+            let parsed = if self.session.closing {
+                Ok(None)
+            } else if self.session.owes_too_much(reply_max, inflight_max) {
                 // The rest waits in `rbuf` until the replies are written.
+                self.backlog = true;
+                Ok(None)
+            } else {
+                self.parser.parse(&rbuf[at..])
+            };
+            let step = parsed.map(|whole| {
+                whole.map(|n| {
+                    self.fresh = false;
+                    (n, command::parse(&self.parser.args(&rbuf[at..])))
+                })
+            });
+            let queued = match &step {
+                Ok(Some((n, Ok(Some(Command::Throttle(t)))))) if self.session.authed => {
+                    let key = key_hash(t.key);
+                    let core = &self.session.core;
+                    if shard_of(key, core.node.shard_count) == core.id {
+                        core.table.borrow().prefetch(key);
+                    }
+                    self.ahead.push(Ahead {
+                        at,
+                        key,
+                        policy: t.policy,
+                        quantity: t.quantity,
+                    });
+                    at += n;
+                    true
+                }
+                _ => false,
+            };
+            if queued && self.ahead.len() < AHEAD_MAX {
+                continue;
+            }
+            // Anything else goes after the CL.THROTTLEs before it.
+            if let Some(stop) =
+                self.session
+                    .decide_ahead(&mut self.ahead, reply_max, inflight_max, &mut now_ns)
+            {
+                // Back to a command boundary: whatever the parser had of a
+                // partial command after it belongs to another offset.
+                at = stop;
+                self.parser.restart();
                 self.backlog = true;
                 break;
             }
-            match self.parser.parse(&rbuf[at..]) {
-                Ok(Some(n)) => {
-                    self.fresh = false;
-                    let args = self.parser.args(&rbuf[at..]);
-                    let parsed = command::parse(&args);
-                    if let (Ok(Some(Command::Throttle(t))), true) = (&parsed, self.session.authed) {
-                        let key = key_hash(t.key);
-                        let core = &self.session.core;
-                        if shard_of(key, core.node.shard_count) == core.id {
-                            core.table.borrow().prefetch(key);
-                        }
-                        self.ahead.push(Ahead {
-                            at,
-                            key,
-                            policy: t.policy,
-                            quantity: t.quantity,
-                        });
-                        at += n;
-                        if self.ahead.len() == AHEAD_MAX {
-                            if let Some(stop) = self.session.decide_ahead(
-                                &mut self.ahead,
-                                reply_max,
-                                inflight_max,
-                                &mut now_ns,
-                            ) {
-                                at = stop;
-                                self.backlog = true;
-                                break;
-                            }
-                        }
-                        continue;
-                    }
-                    // Anything else goes after the CL.THROTTLEs before it.
-                    if let Some(stop) = self.session.decide_ahead(
-                        &mut self.ahead,
-                        reply_max,
-                        inflight_max,
-                        &mut now_ns,
-                    ) {
-                        at = stop;
-                        self.backlog = true;
-                        break;
-                    }
+            match step {
+                _ if queued => {}
+                Ok(Some((n, parsed))) => {
                     if self.session.owes_too_much(reply_max, inflight_max) {
                         self.backlog = true;
                         break;
@@ -294,30 +297,12 @@ impl Handler for RespConnection {
                 }
                 Ok(None) => break,
                 Err(e) => {
-                    if let Some(stop) = self.session.decide_ahead(
-                        &mut self.ahead,
-                        reply_max,
-                        inflight_max,
-                        &mut now_ns,
-                    ) {
-                        // The error is found again once the replies drain.
-                        at = stop;
-                        self.backlog = true;
-                        break;
-                    }
                     tracing::debug!(shard = self.session.core.id, error = %e, "closing a RESP connection on bad input");
                     self.session.reply(Reply::err(e));
                     self.session.closing = true;
                     self.session.bad_input = true;
                 }
             }
-        }
-        if let Some(stop) =
-            self.session
-                .decide_ahead(&mut self.ahead, reply_max, inflight_max, &mut now_ns)
-        {
-            at = stop;
-            self.backlog = true;
         }
         rbuf.advance(at);
         let s = &mut self.session;

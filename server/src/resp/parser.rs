@@ -109,6 +109,13 @@ impl Parser {
         }
     }
 
+    /// Forgets any progress through a command not yet whole: the next
+    /// `parse` starts afresh at the front of the buffer it is given (for a
+    /// caller that goes back to an earlier command boundary).
+    pub fn restart(&mut self) {
+        self.state = State::Start;
+    }
+
     /// Parses the command at the front of `buf` (see the module docs).
     /// After `Ok(Some(_))`, [`Parser::args`] holds its arguments until the
     /// next call; zero arguments is an empty command (`*0`, a blank line)
@@ -606,6 +613,23 @@ mod tests {
             assert!(whole.1.is_some(), "{whole:?}");
             assert_eq!(whole, fed(input, MAX, 1));
         }
+    }
+
+    /// A parser that stopped part way through a command and is sent back
+    /// to an earlier boundary parses from there as from nothing.
+    #[test]
+    fn restart_forgets_a_partial_command() {
+        let stream = b"*2\r\n$4\r\nECHO\r\n$2\r\nhi\r\n*3\r\n$3\r\nSET\r\n$1\r\nk";
+        let mut p = Parser::new(MAX);
+        let first = p
+            .parse(stream)
+            .unwrap()
+            .expect("the first command is whole");
+        assert_eq!(p.parse(&stream[first..]), Ok(None), "the second is not");
+        p.restart();
+        assert_eq!(p.parse(stream), Ok(Some(first)));
+        let args: Vec<&[u8]> = p.args(stream).iter().collect();
+        assert_eq!(args, [&b"ECHO"[..], b"hi"]);
     }
 
     fn words(ws: &[&str]) -> Vec<Vec<u8>> {
