@@ -209,8 +209,23 @@ echo "== replication: the same runs against a primary with a follower (sync, the
 role_field() { "$SLUICE" --addr "$1" --timeout-ms 10000 role --json | python3 -c 'import json,sys; print(json.load(sys.stdin)[sys.argv[1]])' "$2"; }
 REPL=$WORK/replication.jsonl
 : >"$REPL"
+# The primary on CPU 0 and the follower on CPU 1 (`--cpu-list`; the load
+# generator runs where the kernel puts it), as a follower on a machine of
+# its own would never take the primary's core. Unpinned, on two cores
+# shared by three processes, the follower's thread and table evicted the
+# primary's: perf put the primary's first load of a bucket slot at 52 % of
+# its decision time with a follower against 21 % alone, about 45 ns more
+# a decision (benches/notes.md, "Replication"). The baselines ("alone")
+# are the same pinned primary. One shard only: with more, the list would
+# put them all on CPU 0.
+PIN_P=() PIN_F=()
+rm -f "$WORK/pinned"
+if [ "$SHARDS" = 1 ] && [ "$(nproc)" -ge 2 ]; then
+  PIN_P=(--cpu-list 0) PIN_F=(--cpu-list 1)
+  echo "primary --cpu-list 0, follower --cpu-list 1" >"$WORK/pinned"
+fi
 for mode in sync async; do
-  start_sluiced P --shards "$SHARDS" --replication "$mode"
+  start_sluiced P --shards "$SHARDS" --replication "$mode" "${PIN_P[@]}"
   ADDR=$P_ADDR "$SLUICE" --addr "$P_ADDR" bench --connections 50 --pipeline 64 --keys 100000 \
     --requests $(( 400000 / SCALE )) --duration-s 20 "${LIMIT[@]}" >/dev/null
   # The baselines for this mode's ratios: the same primary, alone, right
@@ -229,7 +244,7 @@ for mode in sync async; do
     ADDR=$P_ADDR run "sluice-alone-$mode c50 p64 r$round" sluice 50 64 100000 4000000
     cpu_row "sluice-alone-$mode c50 p64 r$round" $(( 4000000 / SCALE )) primary $(( $(cpu_ticks "$P_PID") - tp ))
     ADDR=$P_ADDR run "sluice-alone-$mode c50 p1 r$round" sluice 50 1 100000 400000
-    start_sluiced F --shards "$SHARDS" --replica-of "$P_ADDR"
+    start_sluiced F --shards "$SHARDS" --replica-of "$P_ADDR" "${PIN_F[@]}"
     for _ in $(seq 200); do [ "$(role_field "$F_ADDR" state)" = streaming ] && break; sleep 0.05; done
     # The follower's lag, sampled every 20 ms during the pipelined run: one
     # `role --json --every-ms` process asking over one connection (a round

@@ -216,7 +216,15 @@ def alone(mode, c, p):
 
 w("## Replication: the cost of a follower\n")
 w("The same generator and settings against a primary (same shard count) whose")
-w("follower runs on the same machine: three processes share the two cores. Ratios")
+w("follower runs on the same machine: three processes share the two cores.")
+pinned_path = os.path.join(work, "pinned")
+if os.path.exists(pinned_path):
+    with open(pinned_path) as f:
+        pinned = f.read().strip()
+    w(f"Pinned ({pinned}; the generator unpinned), as a follower on a machine of its")
+    w("own never takes the primary's core; the baselines are the same pinned primary. Ratios")
+else:
+    w("Unpinned (more than one shard, or one CPU). Ratios")
 w("are to the same row against the same primary alone, measured right before its")
 w("follower attached (so that the machine's drift over a run stays out of them). Lag: the follower's")
 w("`lag_ms` (how far its newest SYNC is behind the primary's clock), sampled every")

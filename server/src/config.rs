@@ -187,6 +187,13 @@ pub struct Config {
     #[arg(long)]
     pub shards: Option<u16>,
 
+    /// Pin shard thread i to the i-th CPU of this list (like `0,2,4-7`;
+    /// wraps around when there are more shards than CPUs). Every CPU must
+    /// be one this process may run on. Default: unpinned, the kernel
+    /// places the threads.
+    #[arg(long, value_name = "LIST")]
+    pub cpu_list: Option<crate::affinity::CpuList>,
+
     /// Most open client connections, both listeners together; past it a new
     /// connection is told TOO_MANY_CONNECTIONS (RESP: `-ERR max number of
     /// clients reached`) and closed.
@@ -413,6 +420,7 @@ struct FileConfig {
     rls_headers: Option<RlsHeaders>,
     rls_threads: Option<u16>,
     shards: Option<u16>,
+    cpu_list: Option<crate::affinity::CpuList>,
     connections_max: Option<usize>,
     frame_bytes_max: Option<u32>,
     batch_max: Option<usize>,
@@ -558,6 +566,11 @@ impl Config {
                 replica_timeout_ms,
                 rls_headers
             );
+            if let Some(v) = file.cpu_list.clone() {
+                if from_file("cpu_list") {
+                    config.cpu_list = Some(v);
+                }
+            }
             if let Some(v) = file.rls_port {
                 if from_file("rls_port") {
                     config.rls_port = Some(v);
@@ -781,12 +794,13 @@ mod tests {
         let path = dir.join("sluice.toml");
         std::fs::write(
             &path,
-            "port = 7123\nkeys_max = 1000\n[tiers.free]\nlimits = [\"token-bucket:10/s,burst=20\", \"concurrency:2\"]\n",
+            "port = 7123\nkeys_max = 1000\ncpu_list = \"0-1\"\n[tiers.free]\nlimits = [\"token-bucket:10/s,burst=20\", \"concurrency:2\"]\n",
         )
         .unwrap();
         let p = path.to_str().unwrap();
         let c = Config::load(["sluiced", "--config", p]).unwrap();
         assert_eq!((c.port, c.keys_max), (7123, 1000));
+        assert_eq!(c.cpu_list.map(|l| l.to_string()).as_deref(), Some("0,1"));
         assert_eq!(c.tiers.get(b"free").unwrap().set().len(), 2);
         let c = Config::load(["sluiced", "--config", p, "--port", "7000"]).unwrap();
         assert_eq!(c.port, 7000, "a flag wins over the file");
@@ -795,6 +809,12 @@ mod tests {
             Config::load(["sluiced", "--config", p]),
             Err(LoadError::Parse { .. })
         ));
+        std::fs::write(&path, "cpu_list = \"1-0\"\n").unwrap();
+        let e = Config::load(["sluiced", "--config", p]).unwrap_err();
+        assert!(
+            e.to_string().contains("\"1-0\": expected CPU numbers"),
+            "{e}"
+        );
         std::fs::write(&path, "[tiers.free]\nlimits = [\"token-bucket:0/s\"]\n").unwrap();
         let e = Config::load(["sluiced", "--config", p]).unwrap_err();
         assert!(e.to_string().contains("tier \"free\", limit 0"), "{e}");

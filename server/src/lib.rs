@@ -25,6 +25,7 @@
 //! docs/ARCHITECTURE.md walks one request through these.
 
 pub mod admin;
+pub mod affinity;
 pub mod config;
 pub mod connection;
 mod coordinator;

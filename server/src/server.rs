@@ -15,7 +15,7 @@ use sluice_protocol::{message, MonotonicClock, Status};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::{TcpListener, TcpStream};
 
-use crate::config::Config;
+use crate::config::{Config, ConfigError};
 use crate::inbox;
 use crate::shard::{Adopt, AdoptResp, ConnectionGuard, Node, ShardMsg};
 use crate::sync::{Arc, AtomicUsize};
@@ -108,6 +108,22 @@ impl Server {
             _ => None,
         };
         let shard_count = config.shard_count();
+        if let Some(list) = &config.cpu_list {
+            let bad = |range: String| ConfigError {
+                field: "cpu-list",
+                range,
+                got: list.to_string(),
+            };
+            let allowed =
+                crate::affinity::allowed().map_err(|e| bad(format!("unset here ({e})")))?;
+            if let Some(cpu) = list.outside(&allowed) {
+                return Err(bad(format!(
+                    "CPUs this process may run on ({}; CPU {cpu} is not)",
+                    crate::affinity::CpuList::from_cpus(allowed)
+                ))
+                .into());
+            }
+        }
         let clock = MonotonicClock::new();
         let (drained_tx, drained_rx) = inbox::inbox();
         let mut senders = Vec::new();
@@ -116,7 +132,8 @@ impl Server {
         for id in 0..shard_count {
             let (tx, rx) = inbox::inbox();
             let (node_tx, node_rx) = crate::sync::mpsc::channel();
-            let thread = worker::spawn(id, rx, node_rx, drained_tx.clone(), clock)
+            let cpu = config.cpu_list.as_ref().map(|l| l.for_shard(id));
+            let thread = worker::spawn(id, cpu, rx, node_rx, drained_tx.clone(), clock)
                 .map_err(StartError::Thread)?;
             senders.push(tx);
             node_txs.push(node_tx);

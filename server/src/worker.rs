@@ -26,18 +26,28 @@ use crate::resp;
 use crate::shard::{table, Batch, BatchReply, Node, Outcome, ShardCore, ShardMsg};
 use crate::sync::Arc;
 
-/// Starts shard `id`'s thread. Messages reach it through `rx`; it reports
-/// drained on `drained_tx`.
+/// Starts shard `id`'s thread, pinned to `cpu` when given (`--cpu-list`):
+/// it returns once the thread runs there, or with the error that kept it
+/// from pinning (the thread then ends). Messages reach it through `rx`; it
+/// reports drained on `drained_tx`.
 pub fn spawn(
     id: u16,
+    cpu: Option<u16>,
     rx: Receiver<ShardMsg>,
     node_rx: crate::sync::mpsc::Receiver<Arc<Node>>,
     drained_tx: crate::inbox::Sender<u16>,
     clock: MonotonicClock,
 ) -> std::io::Result<std::thread::JoinHandle<()>> {
-    std::thread::Builder::new()
+    let (pinned_tx, pinned_rx) = crate::sync::mpsc::channel();
+    let thread = std::thread::Builder::new()
         .name(format!("sluice-shard-{id}"))
         .spawn(move || {
+            let pinned = cpu.map_or(Ok(()), crate::affinity::pin_current_thread);
+            let stop = pinned.is_err();
+            let _ = pinned_tx.send(pinned);
+            if stop {
+                return;
+            }
             // The node (with every shard's inbox) exists only once all shards
             // have been created, so it arrives after the thread starts.
             let Ok(node) = node_rx.recv() else { return };
@@ -48,7 +58,19 @@ pub fn spawn(
             let local = tokio::task::LocalSet::new();
             let core = Rc::new(ShardCore::new(id, node, clock, drained_tx));
             local.block_on(&rt, run(core, rx));
-        })
+        })?;
+    let pinned = pinned_rx.recv().unwrap_or_else(|_| {
+        Err(std::io::Error::other(
+            "the shard thread ended before it started",
+        ))
+    });
+    pinned.map_err(|e| match cpu {
+        Some(cpu) => {
+            std::io::Error::new(e.kind(), format!("cannot pin shard {id} to CPU {cpu}: {e}"))
+        }
+        None => e,
+    })?;
+    Ok(thread)
 }
 
 /// The shard's loop: take every queued message, act on each, repeat.

@@ -442,3 +442,81 @@ fn signals_right_after_the_listening_line_are_handled() {
         );
     }
 }
+
+/// `Cpus_allowed_list` of a process or thread, from its `status` file.
+fn cpus_allowed(status_path: &str) -> String {
+    let status = std::fs::read_to_string(status_path).unwrap();
+    status
+        .lines()
+        .find_map(|l| l.strip_prefix("Cpus_allowed_list:"))
+        .unwrap_or_else(|| panic!("no Cpus_allowed_list in {status_path}"))
+        .trim()
+        .to_owned()
+}
+
+/// The CPUs of a `Cpus_allowed_list` like `0-3,6`.
+fn cpus_of(list: &str) -> Vec<u16> {
+    let mut cpus = Vec::new();
+    for part in list.split(',') {
+        match part.split_once('-') {
+            Some((lo, hi)) => cpus.extend(lo.parse::<u16>().unwrap()..=hi.parse().unwrap()),
+            None => cpus.push(part.parse().unwrap()),
+        }
+    }
+    cpus
+}
+
+/// `--cpu-list` pins shard thread i to the i-th CPU of the list, wrapping
+/// around, and leaves every other thread where it was; a CPU this process
+/// may not run on stops the start with exit status 2 naming the flag.
+#[test]
+fn cpu_list_pins_each_shard_thread_and_refuses_a_cpu_it_may_not_use() {
+    let ours = cpus_allowed("/proc/self/status");
+    let cpus = cpus_of(&ours);
+    let (a, b) = (cpus[0], *cpus.last().unwrap());
+    // Backwards, so the pinning follows the list, not the CPU numbers.
+    let list = if a == b {
+        a.to_string()
+    } else {
+        format!("{b},{a}")
+    };
+    let server = Sluiced::start(&["--shards", "3", "--cpu-list", &list]);
+    let want = |shard: u16| if a == b || shard % 2 == 1 { a } else { b };
+    let mut shards_seen = 0;
+    for task in std::fs::read_dir(format!("/proc/{}/task", server.pid())).unwrap() {
+        let task = task.unwrap().path();
+        let name = std::fs::read_to_string(task.join("comm")).unwrap();
+        let allowed = cpus_allowed(task.join("status").to_str().unwrap());
+        match name.trim().strip_prefix("sluice-shard-") {
+            Some(id) => {
+                let id: u16 = id.parse().unwrap();
+                assert_eq!(allowed, want(id).to_string(), "shard {id}");
+                shards_seen += 1;
+            }
+            None => assert_eq!(allowed, ours, "thread {name:?} is not a shard"),
+        }
+    }
+    assert_eq!(shards_seen, 3);
+
+    let out = std::process::Command::new(sluice_tests::support::binary("sluiced"))
+        .args(["--bind", "127.0.0.1", "--port", "0", "--cpu-list", "1023"])
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(2));
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        err.contains("--cpu-list must be CPUs this process may run on")
+            && err.contains("CPU 1023 is not"),
+        "{err}"
+    );
+    let out = std::process::Command::new(sluice_tests::support::binary("sluiced"))
+        .args(["--cpu-list", "2-1"])
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(2));
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        err.contains("--cpu-list") && err.contains("\"2-1\""),
+        "{err}"
+    );
+}
