@@ -275,6 +275,14 @@ pub fn exposition(state: &AdminState) -> String {
         "Bytes of replies the shard's connections owe (not yet written); each shard holds at most its part of --reply-bytes-node-max.",
         &io(&|p| &p.reply_bytes_owed),
     );
+    time_histogram(
+        &mut out,
+        node,
+        "sluice_replication_ack_seconds",
+        "Primary: time from a drain's SYNC written to the follower's ACK covering it (the replication link's round trip; a sync reply waits it on top of its decision).",
+        |p| &p.ack_time,
+        |p| &p.ack_ns_total,
+    );
     family(
         &mut out,
         "sluice_replication_full_syncs_total",

@@ -308,14 +308,27 @@ async fn a_bucket_years_from_refilled_replicates_whole() {
     }
 }
 
-/// `sluice_replication_stream_syncs_total` on a node's admin port.
-async fn syncs_sent(admin: std::net::SocketAddr) -> f64 {
+/// One sample (`series`, labels included) on a node's admin port.
+async fn sample(admin: std::net::SocketAddr, series: &'static str) -> f64 {
     let (code, scrape) =
         tokio::task::spawn_blocking(move || sluice_tests::support::http_get(admin, "/metrics"))
             .await
             .unwrap();
     assert_eq!(code, 200);
-    sluice_tests::support::metric_sample(&scrape, "sluice_replication_stream_syncs_total")
+    sluice_tests::support::metric_sample(&scrape, series)
+}
+
+/// `sluice_replication_stream_syncs_total` on a node's admin port.
+async fn syncs_sent(admin: std::net::SocketAddr) -> f64 {
+    sample(admin, "sluice_replication_stream_syncs_total").await
+}
+
+/// The primary's ack histogram (one shard): acks counted, seconds summed.
+async fn acks(admin: std::net::SocketAddr) -> (f64, f64) {
+    (
+        sample(admin, "sluice_replication_ack_seconds_count{shard=\"0\"}").await,
+        sample(admin, "sluice_replication_ack_seconds_sum{shard=\"0\"}").await,
+    )
 }
 
 /// Sync mode's group commit: while a drain waits for its ack, the next one
@@ -349,6 +362,7 @@ async fn sync_drains_wait_for_the_one_in_flight_then_ship_together() {
     // in flight that the paused follower will not acknowledge.
     tokio::time::sleep(Duration::from_millis(200)).await;
     let before = syncs_sent(admin).await;
+    let (acks_before, ack_s_before) = acks(admin).await;
     let mut spends = JoinSet::new();
     const SPENDS: u64 = 6;
     for i in 0..SPENDS {
@@ -380,4 +394,15 @@ async fn sync_drains_wait_for_the_one_in_flight_then_ship_together() {
         let left = f.peek(key.as_bytes(), policy, 0).await.unwrap();
         assert_eq!(left.remaining, 49, "the follower has {key}'s spend");
     }
+    // The drain that waited through the pause was acknowledged at least
+    // 300 ms after its SYNC left (the spends and waits above), and the
+    // primary's ack histogram says so: a link round trip an operator can
+    // read, not only the lag's last sample.
+    let (acks_after, ack_s_after) = acks(admin).await;
+    assert!(acks_after > acks_before, "no ack counted");
+    assert!(
+        ack_s_after - ack_s_before >= 0.3,
+        "acks summed {} s across a pause of over 0.3 s",
+        ack_s_after - ack_s_before
+    );
 }

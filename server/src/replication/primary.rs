@@ -593,8 +593,12 @@ async fn read_acks(
                     }
                     q.pop_front();
                     released = Some(drain);
-                    let lag_us = u64::try_from(sent.elapsed().as_micros()).unwrap_or(u64::MAX);
-                    core.node.repl.lag_us.store(lag_us, Ordering::Relaxed);
+                    let lag_ns = u64::try_from(sent.elapsed().as_nanos()).unwrap_or(u64::MAX);
+                    core.node
+                        .repl
+                        .lag_us
+                        .store(lag_ns / 1_000, Ordering::Relaxed);
+                    core.count_ack(lag_ns);
                     // The lease runs from when the acknowledged SYNC was
                     // *sent*: the follower received it later, and promotes
                     // itself only `promote_after_ms` after its last receipt,

@@ -427,6 +427,13 @@ pub struct PublishedStats {
     pub batch_ns_total: AtomicU64,
     /// Full syncs this shard completed to a follower.
     pub full_syncs_total: AtomicU64,
+    /// Drains acknowledged by the follower, by the time from their SYNC's
+    /// write to the ACK that covered them (buckets as `frame_time`): the
+    /// replication link's round trip, which a sync reply waits on top of
+    /// its decision. Written by the primary's ack reader.
+    pub ack_time: [AtomicU64; FRAME_TIME_BUCKETS],
+    /// Total ns of the waits `ack_time` counts.
+    pub ack_ns_total: AtomicU64,
     /// Reply bytes the shard's connections owe together (as last
     /// published: at least once a second).
     pub reply_bytes_owed: AtomicU64,
@@ -735,6 +742,13 @@ impl ShardCore {
     /// Counts one full sync completed to a follower.
     pub fn count_full_sync(&self) {
         bump(&self.published().full_syncs_total, 1);
+    }
+
+    /// Counts one drain acknowledged `ns` after its SYNC was written.
+    pub fn count_ack(&self, ns: u64) {
+        let p = self.published();
+        bump(&p.ack_time[frame_time_bucket(ns)], 1);
+        bump(&p.ack_ns_total, ns);
     }
 
     /// Called by a connection task as it ends.
