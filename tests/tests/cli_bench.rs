@@ -79,6 +79,10 @@ fn every_kind_reports_one_json_object_with_percentiles() {
             0.0 < p50 && p50 <= p99 && p99 <= p999 && p999 <= max,
             "{lat}"
         );
+        // The mean of 3000 round trips, none longer than max: positive and
+        // at most max (a mean from the wrong unit would be 1000 times off).
+        let mean = lat["mean"].as_f64().unwrap();
+        assert!(0.0 < mean && mean <= max, "{lat}");
         assert!(v["ops_per_s"].as_f64().unwrap() > 0.0);
     }
 }

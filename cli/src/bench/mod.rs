@@ -161,10 +161,13 @@ impl Tally {
     }
 }
 
-/// Latency percentiles, in microseconds.
+/// Latency percentiles (and the mean), in microseconds.
 #[derive(Clone, Copy, Debug, Serialize)]
 pub struct Latency {
     pub p50: f64,
+    /// The mean: comparable with a mean measured elsewhere (the
+    /// replication link's round trip, from a primary's histogram sum).
+    pub mean: f64,
     pub p99: f64,
     pub p999: f64,
     pub max: f64,
@@ -354,6 +357,7 @@ pub async fn run(config: BenchConfig) -> Result<Report, Error> {
         errors: total.errors,
         latency_us: Latency {
             p50: us(h.value_at_quantile(0.5)),
+            mean: h.mean() / 1e3,
             p99: us(h.value_at_quantile(0.99)),
             p999: us(h.value_at_quantile(0.999)),
             max: us(h.max()),
