@@ -82,6 +82,17 @@ for _ in $(seq 100); do [ "$(wc -l <"$WORK/floor.out")" -ge 2 ] && break; sleep 
 FLOOR_ADDR=$(sed -n '1s/^sluice-floor listening on \(.*\)$/\1/p' "$WORK/floor.out")
 FLOOR_RESP=$(sed -n '2s/^sluice-floor resp listening on \(.*\)$/\1/p' "$WORK/floor.out")
 [ -n "$FLOOR_ADDR" ] && [ -n "$FLOOR_RESP" ] || { echo "sluice-floor did not start"; cat "$WORK/floor.err"; exit 1; }
+# The floor for 10M keys: the same server with a 2^24-bucket array (512
+# MiB, one cache line a key, a frame's buckets prefetched before its first
+# decision, as the shard does): the least memory traffic a 10M-key store
+# can have, so that the 10M rows compare Sluice with what this machine's
+# memory allows at that size, not with a table that stays in cache.
+"$FLOOR" --port 0 --buckets 16777216 >"$WORK/floorbig.out" 2>"$WORK/floorbig.err" &
+FLOORBIG_PID=$!
+PIDS+=($FLOORBIG_PID)
+for _ in $(seq 100); do [ "$(wc -l <"$WORK/floorbig.out")" -ge 1 ] && break; sleep 0.1; done
+FLOORBIG_ADDR=$(sed -n '1s/^sluice-floor listening on \(.*\)$/\1/p' "$WORK/floorbig.out")
+[ -n "$FLOORBIG_ADDR" ] || { echo "sluice-floor --buckets did not start"; cat "$WORK/floorbig.err"; exit 1; }
 # The generator takes one of the cores, so the main runs give sluiced the
 # other one (--shards 1): more shard threads than free cores makes the
 # kernel time-slice them, which shows up as p99. The default (one shard per
@@ -200,6 +211,11 @@ for round in 1 2 3; do
   rb "redis PING c50 p64 r$round" "$RPORT" 50 64 4000000 -t ping
   rb "sluice-resp CL.THROTTLE c50 p64 r$round" "${RESPADDR##*:}" 50 64 4000000 -r 100000 CL.THROTTLE 'key:__rand_int__' 99 10 1 1
   rb "floor-resp CL.THROTTLE c50 p64 r$round" "${FLOOR_RESP##*:}" 50 64 4000000 -r 100000 CL.THROTTLE 'key:__rand_int__' 99 10 1 1
+  # Redis's own cheapest reply of CL.THROTTLE's shape: SMISMEMBER of five
+  # members on a key that does not exist is a lookup that misses and an
+  # array of five integers, the same command length and the same reply
+  # shape for redis-benchmark to build and parse.
+  rb "redis SMISMEMBER c50 p64 r$round" "$RPORT" 50 64 4000000 -r 100000 SMISMEMBER 'key:__rand_int__' 99 10 1 1
 done
 rb "redis PING c50 p1" "$RPORT" 50 1 400000 -t ping
 rb "sluice-resp CL.THROTTLE c50 p1" "${RESPADDR##*:}" 50 1 400000 -r 100000 CL.THROTTLE 'key:__rand_int__' 99 10 1 1
@@ -224,8 +240,39 @@ if [ "$SHARDS" = 1 ] && [ "$(nproc)" -ge 2 ]; then
   PIN_P=(--cpu-list 0) PIN_F=(--cpu-list 1)
   echo "primary --cpu-list 0, follower --cpu-list 1" >"$WORK/pinned"
 fi
+# ack_sample ADDR: the primary's ack histogram (count and seconds summed
+# over its shards) from its admin port: the replication link's round trip,
+# SYNC written to the ACK covering it, as the primary measured it.
+ack_sample() {
+  python3 - "$1" <<'PY'
+import sys, urllib.request
+body = urllib.request.urlopen(f"http://{sys.argv[1]}/metrics", timeout=10).read().decode()
+n = s = 0.0
+for line in body.splitlines():
+    if line.startswith("sluice_replication_ack_seconds_count{"):
+        n += float(line.split()[-1])
+    elif line.startswith("sluice_replication_ack_seconds_sum{"):
+        s += float(line.split()[-1])
+print(int(n), s)
+PY
+}
+ACKS=$WORK/acks.jsonl
+: >"$ACKS"
+# acked_run NAME ARGS...: `run NAME ARGS...` against the primary, with the
+# acks its follower sent meanwhile and their summed round trips.
+acked_run() {
+  local name=$1 n0 s0 n1 s1
+  read -r n0 s0 < <(ack_sample "$P_ADMIN")
+  ADDR=$P_ADDR run "$@"
+  read -r n1 s1 < <(ack_sample "$P_ADMIN")
+  python3 -c 'import json,sys; print(json.dumps({"name":sys.argv[1],"acks":int(sys.argv[3])-int(sys.argv[2]),"ack_s":float(sys.argv[5])-float(sys.argv[4])}))' \
+    "$name" "$n0" "$n1" "$s0" "$s1" >>"$ACKS"
+}
 for mode in sync async; do
-  start_sluiced P --shards "$SHARDS" --replication "$mode" "${PIN_P[@]}"
+  start_sluiced P --shards "$SHARDS" --replication "$mode" --admin-port 0 "${PIN_P[@]}"
+  for _ in $(seq 100); do [ "$(wc -l <"$WORK/P.out")" -ge 3 ] && break; sleep 0.1; done
+  P_ADMIN=$(sed -n '3s/^sluiced admin listening on \([^ ]*\).*/\1/p' "$WORK/P.out")
+  [ -n "$P_ADMIN" ] || { echo "the primary's admin port did not open"; cat "$WORK/P.err"; exit 1; }
   ADDR=$P_ADDR "$SLUICE" --addr "$P_ADDR" bench --connections 50 --pipeline 64 --keys 100000 \
     --requests $(( 400000 / SCALE )) --duration-s 20 "${LIMIT[@]}" >/dev/null
   # The baselines for this mode's ratios: the same primary, alone, right
@@ -261,7 +308,7 @@ for mode in sync async; do
     cpu_row "sluice-$mode c50 p64 r$round" $(( 4000000 / SCALE )) primary $(( $(cpu_ticks "$P_PID") - tp )) \
       follower $(( $(cpu_ticks "$F_PID") - tf ))
     kill "$LAG_PID" 2>/dev/null || true; wait "$LAG_PID" 2>/dev/null || true
-    ADDR=$P_ADDR run "sluice-$mode c50 p1 r$round" sluice 50 1 100000 400000
+    acked_run "sluice-$mode c50 p1 r$round" sluice 50 1 100000 400000
     [ "$round" = 3 ] && break
     # Alone again: the primary detaches a follower whose link closed.
     kill "$F_PID"; wait "$F_PID" 2>/dev/null || true
@@ -269,7 +316,7 @@ for mode in sync async; do
   done
   # One client, no pipelining: the round trips alone, without 50
   # connections and three processes queueing for two cores.
-  ADDR=$P_ADDR run "sluice-$mode c1 p1" sluice 1 1 100000 40000
+  acked_run "sluice-$mode c1 p1" sluice 1 1 100000 40000
   # Stream bytes per decision: clients under their limits (every decision
   # writes a bucket: fresh keys, 1000/s) and hot keys (100 keys far over
   # their limits: most decisions deny and change nothing; the rest coalesce).
@@ -296,19 +343,27 @@ echo "== keyspace: 1k keys vs 10M keys (Sluice, c50 p64; 10M pre-filled first)"
 # the same shard count, started fresh), 10M on S after its fill; report.py
 # takes the median round.
 start_sluiced K --shards "$SHARDS"
-"$SLUICE" --addr "$SADDR" bench --connections 50 --pipeline 64 --keys 10000000 --requests $(( 20000000 / SCALE )) \
-  --duration-s 60 --rate 1/h --burst 100 --json >/dev/null
+for a in "$SADDR" "$FLOORBIG_ADDR"; do
+  "$SLUICE" --addr "$a" bench --connections 50 --pipeline 64 --keys 10000000 --requests $(( 20000000 / SCALE )) \
+    --duration-s 60 --rate 1/h --burst 100 --json >/dev/null
+done
+# The floor's own pair in the same rounds: 1k keys on the cache-resident
+# floor, 10M on the 2^24-bucket one. Its 10M / 1k is what this machine's
+# memory costs a server that does nothing else.
 for round in 1 2 3; do
   LIMIT_ARGS="--rate 1/h --burst 100" ADDR=$K_ADDR run "sluice 1k keys r$round" sluice 50 64 1000 4000000
   LIMIT_ARGS="--rate 1/h --burst 100" run "sluice 10M keys r$round" sluice 50 64 10000000 4000000
+  LIMIT_ARGS="--rate 1/h --burst 100" ADDR=$FLOOR_ADDR run "floor 1k keys r$round" sluice 50 64 1000 4000000
+  LIMIT_ARGS="--rate 1/h --burst 100" ADDR=$FLOORBIG_ADDR run "floor 10M keys r$round" sluice 50 64 10000000 4000000
 done
 kill "$K_PID" 2>/dev/null || true
 LIMIT_ARGS="--rate 1/h --burst 100" run "10M sluice p16" sluice 50 16 10000000 4000000
 LIMIT_ARGS="--rate 1/h --burst 100" run "10M sluice p1" sluice 50 1 10000000 400000
 for p in 1 16 64; do
-  LIMIT_ARGS="--rate 1/h --burst 100" ADDR=$FLOOR_ADDR run "10M floor p$p" sluice 50 "$p" 10000000 \
+  LIMIT_ARGS="--rate 1/h --burst 100" ADDR=$FLOORBIG_ADDR run "10M floor p$p" sluice 50 "$p" 10000000 \
     $(( p == 1 ? 400000 : 4000000 ))
 done
+kill "$FLOORBIG_PID" 2>/dev/null || true
 RSS_KB=$(ps -o rss= -p "$S_PID" | tr -d ' ')
 # The default shard count: the same fill, the same runs.
 "$SLUICE" --addr "$D_ADDR" bench --connections 50 --pipeline 64 --keys 10000000 --requests $(( 20000000 / SCALE )) \

@@ -24,8 +24,16 @@
 //! generator, not the server, sets the row's ceiling. This floor measures
 //! that ceiling in the same run.
 //!
-//! Usage: `sluice-floor [--port N] [--resp-port N]` (0, the default for
-//! `--port`, picks a free one); prints `sluice-floor listening on ADDR`,
+//! With `--buckets N` (a power of two, 4,096 by default) the binary
+//! protocol's array has N buckets instead: with N above the default, a
+//! frame's keys are hashed and their buckets prefetched before the first
+//! decision, as sluiced's shard does. That makes it the floor for a large
+//! keyspace: one cache line per key and nothing else (no probing, no key
+//! compare, no growth), so `--buckets 16777216` under 10M random keys
+//! measures what this machine's memory allows at that size.
+//!
+//! Usage: `sluice-floor [--port N] [--resp-port N] [--buckets N]` (0, the
+//! default for `--port`, picks a free one); prints `sluice-floor listening on ADDR`,
 //! then `sluice-floor resp listening on ADDR` when asked for, and serves
 //! until killed. Answers HELLO, PING and THROTTLE (RESP: CL.THROTTLE,
 //! PING, and CONFIG GET with an empty array, which redis-benchmark asks at
@@ -39,7 +47,9 @@ use bytes::BytesMut;
 use sluice_protocol::cell;
 use sluice_protocol::codec::{FrameDecoder, FrameWriter};
 use sluice_protocol::gcra::{self, Bucket};
-use sluice_protocol::message::{put_hello_ok, put_pong, put_verdict, HelloOk, Request};
+use sluice_protocol::message::{
+    put_hello_ok, put_pong, put_verdict, HelloOk, Request, RequestError,
+};
 use sluice_protocol::routing::{key_hash, ROUTING_XXH3_128_MULSHIFT};
 use sluice_protocol::PROTOCOL_VERSION;
 use sluice_server::resp::command::{self, Command, Reply};
@@ -48,8 +58,10 @@ use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::{TcpListener, TcpStream};
 use tokio_util::codec::Decoder;
 
-/// Buckets in the table (a power of two).
+/// Buckets in each table unless `--buckets` says otherwise (a power of two).
 const TABLE_BUCKETS: usize = 4096;
+/// Most buckets `--buckets` may ask for: 2^28 slots of 32 bytes are 8 GiB.
+const TABLE_BUCKETS_MAX: usize = 1 << 28;
 /// Largest frame accepted (sluiced's default).
 const FRAME_BYTES_MAX: u32 = 1 << 20;
 
@@ -61,6 +73,7 @@ fn main() {
     let mut args = std::env::args().skip(1);
     let mut port = 0u16;
     let mut resp_port = None;
+    let mut buckets = TABLE_BUCKETS;
     while let Some(a) = args.next() {
         let parse_port = |p: &str| -> u16 {
             p.parse()
@@ -69,6 +82,13 @@ fn main() {
         match (a.as_str(), args.next()) {
             ("--port", Some(p)) => port = parse_port(&p),
             ("--resp-port", Some(p)) => resp_port = Some(parse_port(&p)),
+            ("--buckets", Some(n)) => {
+                buckets = n
+                    .parse()
+                    .ok()
+                    .filter(|n: &usize| n.is_power_of_two() && *n <= TABLE_BUCKETS_MAX)
+                    .unwrap_or_else(|| usage(&format!("--buckets {n}: a power of two up to 2^28")))
+            }
             _ => usage(&format!("unknown argument {a}")),
         }
     }
@@ -83,7 +103,7 @@ fn main() {
             .unwrap_or_else(|e| usage(&format!("cannot listen on port {port}: {e}")));
         let addr = listener.local_addr().expect("a bound address");
         println!("sluice-floor listening on {addr}");
-        let table: Table = Rc::new(RefCell::new(vec![None; TABLE_BUCKETS]));
+        let table: Table = Rc::new(RefCell::new(vec![None; buckets]));
         // One clock for every connection: the buckets are shared, so their
         // times must be too. (Each connection had its own, started at its
         // accept: a bucket left by an earlier connection was then far in a
@@ -120,7 +140,7 @@ fn main() {
 }
 
 fn usage(why: &str) -> ! {
-    eprintln!("sluice-floor: {why}\nusage: sluice-floor [--port N] [--resp-port N]");
+    eprintln!("sluice-floor: {why}\nusage: sluice-floor [--port N] [--resp-port N] [--buckets N]");
     std::process::exit(2)
 }
 
@@ -129,6 +149,9 @@ async fn serve(mut stream: TcpStream, table: Table, origin: std::time::Instant) 
     let mut decoder = FrameDecoder::new(FRAME_BYTES_MAX);
     let mut writer = FrameWriter::new();
     let (mut rbuf, mut wbuf) = (BytesMut::with_capacity(16 << 10), BytesMut::new());
+    // A frame's bucket indexes, with a large table (reused: no allocation
+    // per frame).
+    let mut indexes: Vec<usize> = Vec::new();
     while read_more(&mut stream, &mut rbuf).await {
         let now_ns = origin.elapsed().as_nanos() as u64 + 1;
         loop {
@@ -138,27 +161,42 @@ async fn serve(mut stream: TcpStream, table: Table, origin: std::time::Instant) 
                 Err(_) => return,
             };
             let mut table = table.borrow_mut();
+            let mask = table.len() - 1;
+            let index = |r: &Result<Request, RequestError>| match r {
+                Ok(Request::Throttle(t)) => key_hash(t.key) as usize & mask,
+                _ => 0,
+            };
+            let out = &mut (&mut writer, &mut wbuf);
+            if table.len() <= TABLE_BUCKETS {
+                for (h, payload) in frame.messages() {
+                    let request = Request::parse(h, payload);
+                    let i = index(&request);
+                    if !answer(h.request_id, request, &mut table[i], now_ns, out) {
+                        return;
+                    }
+                }
+                continue;
+            }
+            // A large table: every key's bucket is loading before the first
+            // decision waits for one. The requests are parsed twice (the
+            // parse is a few bounds checks on bytes already in cache) rather
+            // than kept: a frame's worth of parsed requests is kilobytes to
+            // copy.
+            indexes.clear();
             for (h, payload) in frame.messages() {
-                match Request::parse(h, payload) {
-                    Ok(Request::Throttle(t)) => {
-                        let slot = &mut table[key_hash(t.key) as usize & (TABLE_BUCKETS - 1)];
-                        let d = gcra::throttle(*slot, &t.policy, t.cost, now_ns);
-                        *slot = d.bucket;
-                        put_verdict(&mut writer, &mut wbuf, h.request_id, false, &d.verdict);
-                    }
-                    Ok(Request::Hello(_)) => {
-                        let ok = HelloOk {
-                            version: PROTOCOL_VERSION,
-                            shard_count: 1,
-                            shard: None,
-                            routing: ROUTING_XXH3_128_MULSHIFT,
-                            node_id: 1,
-                            epoch: 0,
-                        };
-                        put_hello_ok(&mut writer, &mut wbuf, h.request_id, &ok);
-                    }
-                    Ok(Request::Ping) => put_pong(&mut writer, &mut wbuf, h.request_id),
-                    _ => return,
+                let i = index(&Request::parse(h, payload));
+                prefetch(&table[i]);
+                indexes.push(i);
+            }
+            for ((h, payload), &i) in frame.messages().zip(indexes.iter()) {
+                if !answer(
+                    h.request_id,
+                    Request::parse(h, payload),
+                    &mut table[i],
+                    now_ns,
+                    out,
+                ) {
+                    return;
                 }
             }
         }
@@ -169,6 +207,53 @@ async fn serve(mut stream: TcpStream, table: Table, origin: std::time::Instant) 
             return;
         }
     }
+}
+
+/// Answers one request (a THROTTLE with `slot`, its key's bucket) into
+/// `out`; false for a request the floor does not serve.
+fn answer(
+    request_id: u32,
+    request: Result<Request, RequestError>,
+    slot: &mut Option<Bucket>,
+    now_ns: u64,
+    (writer, wbuf): &mut (&mut FrameWriter, &mut BytesMut),
+) -> bool {
+    match request {
+        Ok(Request::Throttle(t)) => {
+            let d = gcra::throttle(*slot, &t.policy, t.cost, now_ns);
+            *slot = d.bucket;
+            put_verdict(writer, wbuf, request_id, false, &d.verdict);
+        }
+        Ok(Request::Hello(_)) => {
+            let ok = HelloOk {
+                version: PROTOCOL_VERSION,
+                shard_count: 1,
+                shard: None,
+                routing: ROUTING_XXH3_128_MULSHIFT,
+                node_id: 1,
+                epoch: 0,
+            };
+            put_hello_ok(writer, wbuf, request_id, &ok);
+        }
+        Ok(Request::Ping) => put_pong(writer, wbuf, request_id),
+        _ => return false,
+    }
+    true
+}
+
+/// Starts loading `slot`'s cache line (a hint: it cannot fault).
+#[allow(unsafe_code)]
+fn prefetch<T>(slot: &T) {
+    #[cfg(target_arch = "x86_64")]
+    // SAFETY: PREFETCHT0 has no architectural effect and cannot fault; SSE,
+    // which it needs, is part of the x86_64 baseline.
+    unsafe {
+        core::arch::x86_64::_mm_prefetch::<{ core::arch::x86_64::_MM_HINT_T0 }>(
+            (slot as *const T).cast(),
+        );
+    }
+    #[cfg(not(target_arch = "x86_64"))]
+    let _ = slot;
 }
 
 /// Reads what the socket has into `rbuf`; false at its end or an error.
