@@ -127,60 +127,79 @@ fn the_loopback_floor_answers_the_bench_with_real_decisions() {
     // benches/compare.sh measures Sluice against `sluice-floor`; its rows
     // are only worth something if the floor decides for real. Burst 1,
     // no refill within the run: each of the 500 keys admits once at most
-    // (keys that share one of its buckets, fewer), never 3000 times.
-    let mut floor = std::process::Command::new(binary("sluice-floor"))
-        .stdout(std::process::Stdio::piped())
-        .spawn()
-        .expect("sluice-floor starts");
-    let mut line = String::new();
-    std::io::BufRead::read_line(
-        &mut std::io::BufReader::new(floor.stdout.take().unwrap()),
-        &mut line,
-    )
-    .unwrap();
-    let addr = line
-        .trim()
-        .strip_prefix("sluice-floor listening on ")
-        .unwrap_or_else(|| panic!("first line: {line:?}"))
-        .to_owned();
-    let out = std::process::Command::new(binary("sluice"))
-        .args([
-            "--addr",
-            &addr,
-            "bench",
-            "--connections",
-            "4",
-            "--pipeline",
-            "16",
-        ])
-        .args([
-            "--requests",
-            "3000",
-            "--keys",
-            "500",
-            "--rate",
-            "1/h",
-            "--burst",
-            "1",
-            "--json",
-        ])
+    // (keys that share one of its buckets, fewer), never 3000 times. The
+    // same with a large array (`--buckets`, the 10M-key floor's path: a
+    // frame's buckets prefetched, then decided).
+    for extra in [&[][..], &["--buckets", "1048576"][..]] {
+        let mut floor = std::process::Command::new(binary("sluice-floor"))
+            .args(extra)
+            .stdout(std::process::Stdio::piped())
+            .spawn()
+            .expect("sluice-floor starts");
+        let mut line = String::new();
+        std::io::BufRead::read_line(
+            &mut std::io::BufReader::new(floor.stdout.take().unwrap()),
+            &mut line,
+        )
+        .unwrap();
+        let addr = line
+            .trim()
+            .strip_prefix("sluice-floor listening on ")
+            .unwrap_or_else(|| panic!("first line: {line:?}"))
+            .to_owned();
+        let out = std::process::Command::new(binary("sluice"))
+            .args([
+                "--addr",
+                &addr,
+                "bench",
+                "--connections",
+                "4",
+                "--pipeline",
+                "16",
+            ])
+            .args([
+                "--requests",
+                "3000",
+                "--keys",
+                "500",
+                "--rate",
+                "1/h",
+                "--burst",
+                "1",
+                "--json",
+            ])
+            .output()
+            .expect("sluice runs");
+        let _ = floor.kill();
+        let _ = floor.wait();
+        assert!(
+            out.status.success(),
+            "{}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        let v: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+        assert_eq!(v["errors"], 0, "{extra:?}: {v}");
+        let (allowed, denied) = (
+            v["allowed"].as_u64().unwrap(),
+            v["denied"].as_u64().unwrap(),
+        );
+        assert_eq!(allowed + denied, 3000, "{extra:?}: {v}");
+        assert!(
+            (1..=500).contains(&allowed),
+            "{extra:?}: {allowed} admitted: {v}"
+        );
+    }
+    // A size that is not a power of two is refused at start, by name.
+    let out = std::process::Command::new(binary("sluice-floor"))
+        .args(["--buckets", "1000"])
         .output()
-        .expect("sluice runs");
-    let _ = floor.kill();
-    let _ = floor.wait();
+        .expect("sluice-floor runs");
+    assert_eq!(out.status.code(), Some(2));
     assert!(
-        out.status.success(),
+        String::from_utf8_lossy(&out.stderr).contains("--buckets 1000"),
         "{}",
         String::from_utf8_lossy(&out.stderr)
     );
-    let v: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
-    assert_eq!(v["errors"], 0, "{v}");
-    let (allowed, denied) = (
-        v["allowed"].as_u64().unwrap(),
-        v["denied"].as_u64().unwrap(),
-    );
-    assert_eq!(allowed + denied, 3000, "{v}");
-    assert!((1..=500).contains(&allowed), "{allowed} admitted: {v}");
 }
 
 #[test]
