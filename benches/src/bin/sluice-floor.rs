@@ -54,6 +54,7 @@ use sluice_protocol::routing::{key_hash, ROUTING_XXH3_128_MULSHIFT};
 use sluice_protocol::PROTOCOL_VERSION;
 use sluice_server::resp::command::{self, Command, Reply};
 use sluice_server::resp::parser::Parser;
+use sluice_server::shard::bucket_map::prefetch_read_ptr;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::{TcpListener, TcpStream};
 use tokio_util::codec::Decoder;
@@ -185,7 +186,7 @@ async fn serve(mut stream: TcpStream, table: Table, origin: std::time::Instant) 
             indexes.clear();
             for (h, payload) in frame.messages() {
                 let i = index(&Request::parse(h, payload));
-                prefetch(&table[i]);
+                prefetch_read_ptr((&table[i] as *const Option<Bucket>).cast());
                 indexes.push(i);
             }
             for ((h, payload), &i) in frame.messages().zip(indexes.iter()) {
@@ -239,21 +240,6 @@ fn answer(
         _ => return false,
     }
     true
-}
-
-/// Starts loading `slot`'s cache line (a hint: it cannot fault).
-#[allow(unsafe_code)]
-fn prefetch<T>(slot: &T) {
-    #[cfg(target_arch = "x86_64")]
-    // SAFETY: PREFETCHT0 has no architectural effect and cannot fault; SSE,
-    // which it needs, is part of the x86_64 baseline.
-    unsafe {
-        core::arch::x86_64::_mm_prefetch::<{ core::arch::x86_64::_MM_HINT_T0 }>(
-            (slot as *const T).cast(),
-        );
-    }
-    #[cfg(not(target_arch = "x86_64"))]
-    let _ = slot;
 }
 
 /// Reads what the socket has into `rbuf`; false at its end or an error.

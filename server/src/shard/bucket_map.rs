@@ -611,10 +611,11 @@ fn zeroed_slots<V: Record>(n: usize) -> Vec<Slot<V>> {
 
 /// Asks the CPU to start loading the cache line of `p`, valid or not (it
 /// is never read). A hint only: it never faults, blocks or changes anything
-/// a program can observe.
+/// a program can observe. Public for benches/'s loopback floor, which
+/// prefetches its own array the way the shard does.
 #[inline(always)]
 #[allow(unsafe_code)]
-fn prefetch_read_ptr(p: *const u8) {
+pub fn prefetch_read_ptr(p: *const u8) {
     #[cfg(target_arch = "x86_64")]
     // SAFETY: PREFETCHT0 has no architectural effect and cannot fault, for
     // any address; SSE, which it needs, is part of the x86_64 baseline.
