@@ -484,6 +484,7 @@ async fn run_cluster(mut cli: Cli, path: std::path::PathBuf) -> Result<ExitCode,
             shard_aware: false,
             auth_token: cli.auth_token.clone(),
             known_epoch: 0,
+            layout_hash: 0,
         },
         ..ClusterConfig::default()
     };
@@ -583,6 +584,7 @@ async fn run(cli: Cli) -> Result<ExitCode, Error> {
         shard_aware: false,
         auth_token: cli.auth_token,
         known_epoch: 0,
+        layout_hash: 0,
     };
     let client = Client::connect_with(cli.addr.as_str(), config).await?;
     match cli.command {

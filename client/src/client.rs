@@ -36,6 +36,11 @@ pub struct ClientConfig {
     /// in HELLO (0: none): a primary older than that learns it is stale
     /// and stops admitting. The cluster client sets it per group.
     pub known_epoch: u64,
+    /// The cluster layout hash of a node that forwards through this client
+    /// (`sluice_protocol::ring::layout_hash`), sent in HELLO; 0 (the
+    /// default) for a gateway. A node with another layout refuses the
+    /// HELLO with LAYOUT_MISMATCH.
+    pub layout_hash: u64,
 }
 
 impl Default for ClientConfig {
@@ -46,6 +51,7 @@ impl Default for ClientConfig {
             shard_aware: true,
             auth_token: None,
             known_epoch: 0,
+            layout_hash: 0,
         }
     }
 }
@@ -91,7 +97,7 @@ impl Client {
     ) -> Result<Client, Error> {
         let addr = resolve(addr).await?;
         let token = config.auth_token.clone().unwrap_or_default();
-        let epoch = config.known_epoch;
+        let epoch = (config.known_epoch, config.layout_hash);
         let first = Conn::open(addr, None, token.as_bytes(), config.connect_timeout, epoch).await?;
         let hello = first.hello;
         if hello.routing != ROUTING_XXH3_128_MULSHIFT {
@@ -169,6 +175,27 @@ impl Client {
         match self.call(slot, call).await? {
             Reply::Throttle(v) if !peek => Ok(v),
             Reply::Peek(v) if peek => Ok(v),
+            other => Err(unexpected(&other)),
+        }
+    }
+
+    /// redis-cell's `CL.THROTTLE` of `key` (CELL): what a node forwards for
+    /// a RESP client, decided by the owner with redis-cell's arithmetic on
+    /// the same bucket as a CL.THROTTLE sent to its RESP port.
+    pub async fn cell(
+        &self,
+        key: &[u8],
+        policy: sluice_protocol::cell::CellPolicy,
+        quantity: u64,
+    ) -> Result<sluice_protocol::cell::CellVerdict, Error> {
+        check_key(key)?;
+        let call = Call::Cell {
+            key: key.into(),
+            policy,
+            quantity,
+        };
+        match self.call(self.slot_of(key), call).await? {
+            Reply::Cell(v) => Ok(v),
             other => Err(unexpected(&other)),
         }
     }
@@ -413,7 +440,7 @@ impl Client {
             slot.shard,
             token.as_bytes(),
             self.inner.config.connect_timeout,
-            self.inner.config.known_epoch,
+            (self.inner.config.known_epoch, self.inner.config.layout_hash),
         )
         .await?;
         if conn.hello.shard_count != self.inner.hello.shard_count {

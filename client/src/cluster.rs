@@ -110,6 +110,16 @@ impl Topology {
         self
     }
 
+    /// The layout hash nodes exchange when they forward to each other
+    /// ([`sluice_protocol::ring::layout_hash`]).
+    pub fn layout_hash(&self) -> u64 {
+        sluice_protocol::ring::layout_hash(
+            self.groups
+                .iter()
+                .map(|g| (g.name.as_str(), g.primary.as_str(), g.follower.as_deref())),
+        )
+    }
+
     fn validate(&self) -> Result<(), Error> {
         if self.groups.is_empty() {
             return Err(Error::Invalid("a cluster needs at least one group".into()));
@@ -129,6 +139,37 @@ pub enum FailurePolicy {
     Closed,
     /// Decide in-process, with a share of each limit (the default).
     Local,
+    /// Answer [`Error::Unavailable`]: the caller decides (a node that
+    /// forwards for Envoy or a Redis client passes it on as its own
+    /// protocol's error).
+    Error,
+}
+
+/// What one call to a group's primary came to.
+enum StoreCall<T> {
+    /// The primary answered (the node, the group).
+    Answered(T, Arc<str>, Arc<Group>),
+    /// The group could not answer; `unknown`: it was sent and may have
+    /// been applied.
+    Unavailable { group: Arc<Group>, unknown: bool },
+    /// The store refused the call itself (a bad request, say).
+    Failed(Error),
+}
+
+/// The error of a call whose group could not answer.
+fn unavailable(group: &Group, unknown: bool) -> Error {
+    let primary = group
+        .primary
+        .read()
+        .expect("not poisoned")
+        .as_ref()
+        .map_or_else(|| group.spec.primary.clone(), |(a, _)| a.to_string());
+    Error::Unavailable {
+        group: group.spec.name.clone(),
+        primary,
+        outcome_unknown: unknown,
+        last_error: group.last_error.lock().expect("not poisoned").clone(),
+    }
 }
 
 /// Where a verdict came from.
@@ -249,6 +290,15 @@ struct Group {
     failed_at: Mutex<Option<Instant>>,
     /// The local fallback's buckets for this group's keys.
     local: Mutex<LocalTable>,
+    /// The last error a call or search of this group met, for the text of
+    /// [`Error::Unavailable`] (a refused HELLO's LAYOUT_MISMATCH, say).
+    last_error: Mutex<Option<String>>,
+}
+
+impl Group {
+    fn note_error(&self, e: &Error) {
+        *self.last_error.lock().expect("not poisoned") = Some(e.to_string());
+    }
 }
 
 /// Routing and groups, swapped whole by a reload.
@@ -320,6 +370,31 @@ impl Cluster {
     /// The counters.
     pub fn stats(&self) -> &ClusterStats {
         &self.inner.stats
+    }
+
+    /// The name of the group that owns the key of 128-bit hash `hash`
+    /// (`sluice_protocol::routing::key_hash`).
+    pub fn owner_of(&self, hash: u128) -> String {
+        let layout = self.layout();
+        layout.ring.owner(hash).to_owned()
+    }
+
+    /// Every group as this client knows it now: name, current primary (as
+    /// last found; `None` before any call found one) and epoch. Asks no one.
+    pub fn known(&self) -> Vec<(String, Option<String>, u64)> {
+        let layout = self.layout();
+        layout
+            .groups
+            .iter()
+            .map(|g| {
+                let primary = g.primary.read().expect("not poisoned");
+                (
+                    g.spec.name.clone(),
+                    primary.as_ref().map(|(a, _)| a.to_string()),
+                    g.epoch.load(Ordering::Relaxed),
+                )
+            })
+            .collect()
     }
 
     /// The group that owns `key`, and the node serving it now (its primary
@@ -443,58 +518,163 @@ impl Cluster {
         let stats = &self.inner.stats;
         stats.calls_total.fetch_add(1, Ordering::Relaxed);
         crate::metrics::call();
+        let spends = mode != Mode::Probe;
+        let call = |client: Client| async move {
+            client.decide_as(key, limits, mode, cost, priority).await
+        };
+        let (group, unknown) = match self.store_call(key, spends, call).await {
+            StoreCall::Answered(decision, node, group) => {
+                return Ok(ClusterVerdict {
+                    source: Source::Store,
+                    group: group.spec.name.clone(),
+                    decision,
+                    outcome_unknown: false,
+                    node: Some(node),
+                    epoch: group.epoch.load(Ordering::Relaxed),
+                })
+            }
+            StoreCall::Failed(e) => return Err(e),
+            StoreCall::Unavailable { group, unknown } => (group, unknown),
+        };
+        if failure == FailurePolicy::Error {
+            return Err(unavailable(&group, unknown));
+        }
+        Ok(self.fallback(
+            &group,
+            key,
+            limits,
+            (mode, priority),
+            cost,
+            failure,
+            unknown,
+        ))
+    }
+
+    /// redis-cell's `CL.THROTTLE` of `key` through its group (what a node
+    /// forwards for a RESP client). When the group cannot answer: an
+    /// [`Error::Unavailable`] under [`FailurePolicy::Error`] (or `Local`:
+    /// redis-cell's arithmetic has no local share), else the policy's
+    /// fixed answer (open: allowed, closed: limited), with nothing spent.
+    pub async fn cell(
+        &self,
+        key: &[u8],
+        policy: sluice_protocol::cell::CellPolicy,
+        quantity: u64,
+        failure: FailurePolicy,
+    ) -> Result<(Source, sluice_protocol::cell::CellVerdict), Error> {
+        let stats = &self.inner.stats;
+        stats.calls_total.fetch_add(1, Ordering::Relaxed);
+        crate::metrics::call();
+        let call = |client: Client| async move { client.cell(key, policy, quantity).await };
+        let (group, unknown) = match self.store_call(key, quantity > 0, call).await {
+            StoreCall::Answered(v, _, _) => return Ok((Source::Store, v)),
+            StoreCall::Failed(e) => return Err(e),
+            StoreCall::Unavailable { group, unknown } => (group, unknown),
+        };
+        let limited = match failure {
+            FailurePolicy::Open => false,
+            FailurePolicy::Closed => true,
+            FailurePolicy::Local | FailurePolicy::Error => {
+                return Err(unavailable(&group, unknown))
+            }
+        };
+        let (source, counter) = if limited {
+            (Source::Closed, &stats.closed_total)
+        } else {
+            (Source::Open, &stats.open_total)
+        };
+        counter.fetch_add(1, Ordering::Relaxed);
+        crate::metrics::verdict(source);
+        let v = sluice_protocol::cell::CellVerdict {
+            limited,
+            limit: policy.limit,
+            remaining: if limited { 0 } else { policy.limit },
+            retry_after_ns: -1_000_000_000,
+            reset_after_ns: 0,
+        };
+        Ok((source, v))
+    }
+
+    /// RELEASE (`renew == false`) or RENEW of a lease of `key`, through
+    /// its group. When the group cannot answer: [`Error::Unavailable`]
+    /// (a lease has no fixed or local answer).
+    pub async fn lease(
+        &self,
+        key: &[u8],
+        target: sluice_protocol::message::LeaseTarget<'_>,
+        lease_id: u64,
+        renew: bool,
+        _failure: FailurePolicy,
+    ) -> Result<sluice_protocol::message::LeaseOk, Error> {
+        self.inner.stats.calls_total.fetch_add(1, Ordering::Relaxed);
+        crate::metrics::call();
+        let call = |client: Client| async move {
+            if renew {
+                client.renew(key, target, lease_id).await
+            } else {
+                client.release(key, target, lease_id).await
+            }
+        };
+        match self.store_call(key, true, call).await {
+            StoreCall::Answered(ok, _, _) => Ok(ok),
+            StoreCall::Failed(e) => Err(e),
+            StoreCall::Unavailable { group, unknown } => Err(unavailable(&group, unknown)),
+        }
+    }
+
+    /// One call to the key's group's primary: at most one search and one
+    /// resend per call. A call that was not applied may go to the primary
+    /// found; one that may have been applied (`spends`, sent, no answer)
+    /// never goes anywhere else.
+    async fn store_call<T, F, Fut>(&self, key: &[u8], spends: bool, call: F) -> StoreCall<T>
+    where
+        F: Fn(Client) -> Fut,
+        Fut: std::future::Future<Output = Result<T, Error>>,
+    {
+        let stats = &self.inner.stats;
         let layout = self.layout();
         let group = layout.groups[layout.ring.group_of(key_hash(key))].clone();
-        // At most one search and one resend per call: a call that was not
-        // applied may go to the primary found; one that may have been
-        // applied never goes anywhere else.
         for attempt in 0..2 {
             let Some((node, client)) = self.primary_of(&group, attempt > 0).await else {
                 break;
             };
-            match client.decide_as(key, limits, mode, cost, priority).await {
-                Ok(decision) => {
+            match call(client).await {
+                Ok(answer) => {
                     stats.store_total.fetch_add(1, Ordering::Relaxed);
                     crate::metrics::verdict(Source::Store);
-                    return Ok(ClusterVerdict {
-                        source: Source::Store,
-                        group: group.spec.name.clone(),
-                        decision,
-                        outcome_unknown: false,
-                        node: Some(node),
-                        epoch: group.epoch.load(Ordering::Relaxed),
-                    });
+                    return StoreCall::Answered(answer, node, group);
                 }
                 Err(e) if not_applied(&e) => {
                     crate::metrics::error(&e);
+                    group.note_error(&e);
                     forget(&group)
                 }
-                Err(e @ (Error::Timeout(_) | Error::Disconnected)) if mode == Mode::Probe => {
+                Err(e @ (Error::Timeout(_) | Error::Disconnected)) if !spends => {
                     crate::metrics::error(&e);
+                    group.note_error(&e);
                     forget(&group)
                 }
                 Err(e @ (Error::Timeout(_) | Error::Disconnected)) => {
                     crate::metrics::error(&e);
                     crate::metrics::outcome_unknown();
+                    group.note_error(&e);
                     forget(&group);
                     stats.unknown_total.fetch_add(1, Ordering::Relaxed);
-                    return Ok(self.fallback(
-                        &group,
-                        key,
-                        limits,
-                        (mode, priority),
-                        cost,
-                        failure,
-                        true,
-                    ));
+                    return StoreCall::Unavailable {
+                        group,
+                        unknown: true,
+                    };
                 }
                 Err(e) => {
                     crate::metrics::error(&e);
-                    return Err(e);
+                    return StoreCall::Failed(e);
                 }
             }
         }
-        Ok(self.fallback(&group, key, limits, (mode, priority), cost, failure, false))
+        StoreCall::Unavailable {
+            group,
+            unknown: false,
+        }
     }
 
     /// The group's primary: the one known, or (if `search` or none is
@@ -553,6 +733,7 @@ impl Cluster {
                 Ok(c) => c,
                 Err(e) => {
                     crate::metrics::error(&e);
+                    group.note_error(&e);
                     continue;
                 }
             };
@@ -560,6 +741,7 @@ impl Cluster {
                 Ok(r) => r,
                 Err(e) => {
                     crate::metrics::error(&e);
+                    group.note_error(&e);
                     continue;
                 }
             };
@@ -579,8 +761,13 @@ impl Cluster {
             known_epoch: epoch,
             ..config.clone()
         };
-        let client = Client::connect_with(addr.as_str(), config).await.ok()?;
-        Some((Arc::from(addr), client))
+        match Client::connect_with(addr.as_str(), config).await {
+            Ok(client) => Some((Arc::from(addr), client)),
+            Err(e) => {
+                group.note_error(&e);
+                None
+            }
+        }
     }
 
     /// The failure policy's answer for a group that could not answer.
@@ -659,6 +846,7 @@ fn layout(topology: &Topology, keep: &HashMap<String, Arc<Group>>) -> Layout {
                     searching: tokio::sync::Mutex::new(()),
                     failed_at: Mutex::new(None),
                     local: Mutex::new(LocalTable::default()),
+                    last_error: Mutex::new(None),
                 })
             })
         })

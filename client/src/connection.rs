@@ -61,6 +61,12 @@ pub(crate) enum Call {
     Promote,
     /// FAILOVER: planned handover from the node (a primary) to its follower.
     Failover,
+    /// CELL: redis-cell's CL.THROTTLE (a node forwarding for RESP).
+    Cell {
+        key: Box<[u8]>,
+        policy: sluice_protocol::cell::CellPolicy,
+        quantity: u64,
+    },
 }
 
 /// [`Limits`] that outlive the caller's borrow until the writer encodes them.
@@ -179,6 +185,15 @@ impl Call {
             Call::Role => Request::Role,
             Call::Promote => Request::Promote,
             Call::Failover => Request::Failover,
+            Call::Cell {
+                key,
+                policy,
+                quantity,
+            } => Request::Cell(sluice_protocol::message::Cell {
+                key,
+                policy: *policy,
+                quantity: *quantity,
+            }),
         };
         request.encode(w, buf, request_id);
     }
@@ -211,7 +226,7 @@ impl Conn {
         shard: Option<u16>,
         token: &[u8],
         timeout: Duration,
-        epoch: u64,
+        (epoch, layout): (u64, u64),
     ) -> Result<Conn, Error> {
         let connect_err = |source| Error::Connect {
             addr: addr.to_string(),
@@ -220,7 +235,7 @@ impl Conn {
         let handshake = async {
             let mut stream = TcpStream::connect(addr).await.map_err(connect_err)?;
             stream.set_nodelay(true).map_err(connect_err)?;
-            let (hello, rbuf) = handshake_at(&mut stream, shard, token, epoch).await?;
+            let (hello, rbuf) = handshake_with(&mut stream, shard, token, epoch, layout).await?;
             Ok::<_, Error>((stream, rbuf, FrameDecoder::default(), hello))
         };
         let (stream, rbuf, decoder, hello) = tokio::time::timeout(timeout, handshake)
@@ -275,6 +290,18 @@ pub async fn handshake_at(
     token: &[u8],
     epoch: u64,
 ) -> Result<(HelloOk, BytesMut), Error> {
+    handshake_with(stream, shard, token, epoch, 0).await
+}
+
+/// [`handshake_at`] from a node that forwards, with its cluster layout
+/// hash (0: none): a node whose layout differs answers LAYOUT_MISMATCH.
+pub async fn handshake_with(
+    stream: &mut TcpStream,
+    shard: Option<u16>,
+    token: &[u8],
+    epoch: u64,
+    layout: u64,
+) -> Result<(HelloOk, BytesMut), Error> {
     let mut buf = BytesMut::new();
     let mut w = FrameWriter::new();
     let hello = Hello {
@@ -283,6 +310,7 @@ pub async fn handshake_at(
         shard,
         token,
         epoch,
+        layout,
     };
     Request::Hello(hello).encode(&mut w, &mut buf, 1);
     w.finish(&mut buf);

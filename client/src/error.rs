@@ -37,6 +37,18 @@ pub enum Error {
     /// The call's arguments can never succeed (checked before sending).
     #[error("invalid argument: {0}")]
     Invalid(String),
+    /// The key's group could not answer (cluster client, under
+    /// `FailurePolicy::Error`): no member admitted, or (`outcome_unknown`)
+    /// the spend was sent and no answer came.
+    #[error("group {group} unavailable (last known primary {primary}){}{}",
+        if *outcome_unknown { ": sent, no answer: it may have been applied" } else { ": not applied" },
+        last_error.as_ref().map(|e| format!(" (last error: {e})")).unwrap_or_default())]
+    Unavailable {
+        group: String,
+        primary: String,
+        outcome_unknown: bool,
+        last_error: Option<String>,
+    },
 }
 
 /// A server error's words, each said once: the status's name and code,
@@ -67,6 +79,11 @@ impl Error {
             } => s.action(),
             Error::Server { status: None, .. } => Action::GiveUp,
             Error::Invalid(_) => Action::GiveUp,
+            Error::Unavailable {
+                outcome_unknown: true,
+                ..
+            } => Action::OutcomeUnknown,
+            Error::Unavailable { .. } => Action::Retry,
         }
     }
 

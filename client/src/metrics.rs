@@ -70,6 +70,7 @@ pub(crate) fn error(e: &Error) {
             Error::Protocol(_) => "protocol",
             Error::Server { .. } => "server",
             Error::Invalid(_) => "invalid",
+            Error::Unavailable { .. } => "unavailable",
         };
         metrics::counter!("sluice_client_errors_total", "kind" => kind).increment(1);
     }

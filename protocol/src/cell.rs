@@ -147,6 +147,30 @@ impl CellPolicy {
     }
 }
 
+impl CellPolicy {
+    /// The policy from what [`CellPolicy::new`] derived (`limit` =
+    /// `max_burst + 1` and the emission interval), as protocol v1's CELL
+    /// carries it: the same checks, so a forwarded request is exactly as
+    /// valid as the one its entry node parsed.
+    pub fn from_parts(limit: i64, emission_ns: u64) -> Result<CellPolicy, CellError> {
+        if emission_ns == 0 || emission_ns > i64::MAX as u64 {
+            return Err(CellError::ZeroRate);
+        }
+        if limit < 1 {
+            return Err(CellError::Negative("max_burst"));
+        }
+        let tolerance = i128::from(emission_ns) * i128::from(limit);
+        if tolerance > i128::from(TOLERANCE_NS_MAX) {
+            return Err(CellError::RefillTooLong);
+        }
+        Ok(CellPolicy {
+            limit,
+            emission_ns,
+            tolerance_ns: tolerance as u64,
+        })
+    }
+}
+
 /// A parsed, validated `CL.THROTTLE`.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct CellRequest<'a> {

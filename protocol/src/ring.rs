@@ -130,6 +130,30 @@ pub fn score(key_bits: u64, name_hash: u64) -> u64 {
     mix64(key_bits ^ name_hash)
 }
 
+/// The seed of a cluster's layout hash: the ASCII bytes `sluicely` read as
+/// a little-endian `u64`.
+pub const LAYOUT_SEED: u64 = u64::from_le_bytes(*b"sluicely");
+
+/// The hash of a cluster's layout, which nodes that forward to each other
+/// exchange in HELLO (PROTOCOL.md, "Entry points"): XXH3-64 with seed
+/// [`LAYOUT_SEED`] of each group's line `name \t primary \t follower \n`
+/// (an empty follower when it has none), the lines sorted as byte strings.
+/// It depends on the set of groups and their members, never on their
+/// order; two nodes with the same hash own every key alike and forward to
+/// the same addresses. Never 0 (0 means "no layout" on the wire).
+pub fn layout_hash<'a, I>(groups: I) -> u64
+where
+    I: IntoIterator<Item = (&'a str, &'a str, Option<&'a str>)>,
+{
+    let mut lines: Vec<String> = groups
+        .into_iter()
+        .map(|(name, primary, follower)| format!("{name}\t{primary}\t{}\n", follower.unwrap_or("")))
+        .collect();
+    lines.sort_unstable();
+    let h = xxh3_64_with_seed(lines.concat().as_bytes(), LAYOUT_SEED);
+    h.max(1)
+}
+
 /// Why a set of group names makes no ring.
 #[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
 pub enum RingError {

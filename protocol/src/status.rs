@@ -115,6 +115,23 @@ statuses! {
     /// whose earlier requests' replies reached the bound, was not applied.
     /// Send fewer large requests (STATS) per frame, and read the replies.
     ReplyBufferFull = 20, "reply buffer full", Retry;
+    /// The key belongs to another shard group, and this connection came
+    /// from a node that forwards (its HELLO carried a layout hash), which a
+    /// node never forwards again. Nothing was applied. With equal layouts
+    /// it cannot happen: it means the layouts changed in between.
+    WrongGroup = 21, "wrong group", GiveUp;
+    /// HELLO carried a cluster layout hash that differs from this node's:
+    /// the two nodes read different cluster files (or versions of one), so
+    /// they could disagree on who owns a key. The text names both hashes;
+    /// the connection is not authenticated by that HELLO.
+    LayoutMismatch = 22, "layout mismatch", GiveUp;
+    /// The node forwards this key to another group, and no primary of that
+    /// group answered (the text names the group and its last known
+    /// primary). Nothing was applied.
+    GroupUnavailable = 23, "group unavailable", Retry;
+    /// The node forwarded this spend to its owner and no answer came in
+    /// time: it may or may not have been applied there. Not resent.
+    OutcomeUnknown = 24, "outcome unknown", OutcomeUnknown;
 }
 
 impl std::fmt::Display for Status {

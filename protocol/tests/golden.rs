@@ -305,6 +305,7 @@ fn expected_frames() -> Vec<(&'static str, Vec<(u32, Msg)>)> {
                     shard: Some(2),
                     token: b"secret",
                     epoch: 0,
+                    layout: 0,
                 })),
             )],
         ),
@@ -319,6 +320,7 @@ fn expected_frames() -> Vec<(&'static str, Vec<(u32, Msg)>)> {
                     shard: None,
                     token: b"",
                     epoch: 0,
+                    layout: 0,
                 })),
             )],
         ),
@@ -487,6 +489,7 @@ fn encode_reply(w: &mut FrameWriter, buf: &mut BytesMut, request_id: u32, reply:
         Reply::Failover(ok) => {
             sluice_protocol::replication::put_failover_ok(w, buf, request_id, ok)
         }
+        Reply::Cell(v) => message::put_cell_ok(w, buf, request_id, v),
         Reply::Error { code, text } => {
             let status = Status::from_code(*code).expect("golden errors use known codes");
             message::put_error(w, buf, request_id, status, text);

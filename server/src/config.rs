@@ -86,6 +86,25 @@ pub enum RlsHeaders {
     XRatelimit,
 }
 
+/// What an entry node answers for a key whose owner group cannot answer
+/// (`--forward-failure`).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, clap::ValueEnum, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum ForwardFailure {
+    /// An error each protocol's clients understand: v1 GROUP_UNAVAILABLE
+    /// (or OUTCOME_UNKNOWN), RESP `-TRYAGAIN`, RLS `UNAVAILABLE` (Envoy's
+    /// `failure_mode_deny` then decides).
+    #[default]
+    Error,
+    /// Allow, spending nothing (availability over limits).
+    Open,
+    /// Deny, spending nothing.
+    Closed,
+}
+
+/// Default `--forward-deadline-ms`.
+pub const FORWARD_DEADLINE_MS_DEFAULT: u64 = 500;
+
 /// A primary's replication mode (`--replication`).
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, clap::ValueEnum, Deserialize)]
 #[serde(rename_all = "lowercase")]
@@ -356,9 +375,26 @@ pub struct Config {
     #[arg(long, value_name = "etcd://HOST:PORT,...")]
     pub coordinator: Option<String>,
 
-    /// With --coordinator: the group this node belongs to.
+    /// With --coordinator or --cluster: the group this node belongs to.
     #[arg(long, value_name = "NAME")]
     pub group: Option<String>,
+
+    /// The cluster file (the client's: `[[groups]] name, primary,
+    /// follower`): the node checks it is listed in --group under its
+    /// --advertise (or listening) address, then answers for every key of
+    /// the cluster on every port, forwarding the keys of other groups to
+    /// their primaries. Re-read on SIGHUP and RELOAD.
+    #[arg(long, value_name = "FILE")]
+    pub cluster: Option<PathBuf>,
+
+    /// With --cluster: what a key gets when its owner group cannot answer.
+    #[arg(long, value_enum, default_value_t = ForwardFailure::Error)]
+    pub forward_failure: ForwardFailure,
+
+    /// With --cluster: how long a forwarded request may wait for its
+    /// owner's answer (then: outcome unknown, never resent).
+    #[arg(long, value_name = "MS", default_value_t = FORWARD_DEADLINE_MS_DEFAULT)]
+    pub forward_deadline_ms: u64,
 
     /// With --coordinator: the cluster's name (the second part of every
     /// key), so that several clusters can share one etcd.
@@ -447,6 +483,9 @@ struct FileConfig {
     advertise: Option<String>,
     coordinator: Option<String>,
     group: Option<String>,
+    cluster: Option<PathBuf>,
+    forward_failure: Option<ForwardFailure>,
+    forward_deadline_ms: Option<u64>,
     cluster_name: Option<String>,
     leader_ttl_s: Option<u64>,
     #[serde(default)]
@@ -564,8 +603,15 @@ impl Config {
                 keys_max,
                 replication,
                 replica_timeout_ms,
-                rls_headers
+                rls_headers,
+                forward_failure,
+                forward_deadline_ms
             );
+            if let Some(v) = file.cluster.clone() {
+                if from_file("cluster") {
+                    config.cluster = Some(v);
+                }
+            }
             if let Some(v) = file.cpu_list.clone() {
                 if from_file("cpu_list") {
                     config.cpu_list = Some(v);
@@ -736,6 +782,16 @@ impl Config {
             {
                 return Err(bad("a port no other listener uses"));
             }
+        }
+        if let Some(c) = &self.cluster {
+            if self.group.as_deref().map_or(true, str::is_empty) {
+                return Err(ConfigError {
+                    field: "cluster",
+                    range: "given with --group NAME (the group this node is in)".to_owned(),
+                    got: c.display().to_string(),
+                });
+            }
+            check("forward-deadline-ms", self.forward_deadline_ms, 1, 60_000)?;
         }
         if let Some(c) = &self.coordinator {
             let bad = |range: &str| ConfigError {

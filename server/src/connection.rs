@@ -35,6 +35,7 @@ use tokio::net::TcpStream;
 use tokio_util::codec::Decoder;
 
 use crate::coordinator::{self, constant_time_eq, Handler, ReplyShare, READ_CHUNK_BYTES};
+use crate::forward::{RemoteLimits, RemoteOp, RemoteTarget};
 use crate::pipeline::{Pipeline, Protocol};
 use crate::shard::{
     Adopt, BatchReply, ConnectionGuard, DecideOp, MultiVerdict, Op, Outcome, ShardCore, ShardMsg,
@@ -95,7 +96,12 @@ impl Protocol for V1 {
             Outcome::Refused(status) => error(status.into()),
             Outcome::Failover(Ok(ok)) => Local::Failover(ok),
             Outcome::Failover(Err(text)) => Local::Error(Status::BadRequest, text),
-            Outcome::Cell(_) => unreachable!("protocol v1 never forwards CL.THROTTLE"),
+            Outcome::Cell(v) => Local::Cell(v),
+            Outcome::Failed(status, text) => Local::Error(status, text),
+            Outcome::LeaseOk(ok) => Local::Lease {
+                renew: tag.renew_ns.is_some(),
+                ok,
+            },
         };
         Reply::Other {
             request_id: tag.request_id,
@@ -144,6 +150,7 @@ enum Local {
     Role(Box<RoleOk>),
     Promote(u64),
     Failover(replication::FailoverOk),
+    Cell(sluice_protocol::cell::CellVerdict),
     Stats {
         shard_count: u16,
         shard_first: u16,
@@ -199,6 +206,9 @@ struct Connection {
     hashes: Vec<u128>,
     /// Whether HELLO carried the right token (or none is needed).
     authed: bool,
+    /// Whether HELLO came from a forwarding node of this node's layout
+    /// (`forward`): its keys are decided here or refused, never forwarded.
+    forwarded: bool,
     /// A frame was decoded (or a HELLO, before a move): bytes that are not
     /// a frame are then just bad, not a Redis client at the wrong port.
     framed: bool,
@@ -224,6 +234,7 @@ pub async fn run(core: Rc<ShardCore>, adopt: Adopt) {
         read_buf,
         hello_request_id,
         authed,
+        forwarded,
         guard,
     } = adopt;
     let frame_bytes_max = if authed {
@@ -239,6 +250,7 @@ pub async fn run(core: Rc<ShardCore>, adopt: Adopt) {
         pipe: Pipeline::new(core.node.shard_count),
         hashes: Vec::new(),
         authed,
+        forwarded,
         framed: hello_request_id.is_some(),
         closing: false,
         backlog: false,
@@ -404,6 +416,12 @@ impl Connection {
         self.core.sync_epoch();
         let primary = self.core.admits(now_ns);
         let reply_max = self.core.node.config.reply_bytes_max;
+        let route = self.core.node.forward.as_ref().map(|f| Route {
+            view: f.view(),
+            // A follower's own keys go to its primary too.
+            decides_own: self.core.node.repl.is_primary(),
+            forwarded: self.forwarded,
+        });
         self.hash_and_prefetch(frame);
         for (i, (h, payload)) in frame.messages().enumerate() {
             if self.closing || self.migrate.is_some() {
@@ -440,10 +458,18 @@ impl Connection {
             }
             // Matched by reference: a DECIDE is 340 bytes, not worth a copy.
             let parsed = Request::parse(h, payload);
-            match &parsed {
-                Ok(Request::Throttle(_) | Request::Release(_) | Request::Renew(_)) if !primary => {
-                    self.not_primary(h.request_id)
+            if let (Some(route), Ok(request)) = (&route, &parsed) {
+                if self.routed(route, h.request_id, request, self.hashes[i]) {
+                    continue;
                 }
+            }
+            match &parsed {
+                Ok(
+                    Request::Throttle(_)
+                    | Request::Release(_)
+                    | Request::Renew(_)
+                    | Request::Cell(_),
+                ) if !primary => self.not_primary(h.request_id),
                 Ok(Request::Decide(d)) if !primary && d.mode != message::Mode::Probe => {
                     self.not_primary(h.request_id)
                 }
@@ -464,6 +490,7 @@ impl Connection {
                 }
                 Ok(Request::Promote) => self.promote(h.request_id),
                 Ok(Request::Failover) => self.failover(h.request_id),
+                Ok(Request::Cell(c)) => self.cell(h.request_id, c, now_ns),
                 Err(e) => self.push(h.request_id, error(*e)),
             }
         }
@@ -752,6 +779,14 @@ impl Connection {
                 );
             }
         }
+        if hello.layout != 0 {
+            // A forwarding node: same layout, or no forwards at all.
+            let ours = self.core.node.forward.as_ref().map(|f| f.layout_hash());
+            if ours != Some(hello.layout) {
+                return self.layout_mismatch(request_id, hello.layout, ours);
+            }
+            self.forwarded = true;
+        }
         // (Only from an authenticated peer: a stale primary stops admitting.)
         self.core.node.repl.saw_epoch(hello.epoch);
         let Some(shard) = hello.shard else {
@@ -780,6 +815,30 @@ impl Connection {
         }
         self.authenticated();
         self.migrate = Some(Handoff::Move(Migration { shard, request_id }));
+    }
+
+    /// A forwarding node's HELLO with another layout: refused, counted,
+    /// logged (once a connection: the forwarder reconnects at most every
+    /// search interval).
+    fn layout_mismatch(&mut self, request_id: u32, theirs: u64, ours: Option<u64>) {
+        let ours_text = match ours {
+            Some(h) => format!("{h:016x}"),
+            None => "none (this node has no --cluster)".to_owned(),
+        };
+        if let Some(f) = &self.core.node.forward {
+            f.stats
+                .layout_mismatches
+                .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        }
+        tracing::warn!(
+            theirs = format_args!("{theirs:016x}"),
+            ours = %ours_text,
+            "refused a forwarding node whose cluster layout differs from this node's"
+        );
+        let text = format!(
+            "layout mismatch: the forwarding node's cluster layout is {theirs:016x}, this node's is {ours_text}; give both the same cluster file"
+        );
+        self.push(request_id, Local::Error(Status::LayoutMismatch, text));
     }
 
     /// The connection has authenticated: frames up to the node's limit.
@@ -829,6 +888,7 @@ impl Connection {
             read_buf: rbuf,
             hello_request_id: Some(m.request_id),
             authed: self.authed,
+            forwarded: self.forwarded,
             guard: self.guard,
         };
         // Refused only while shutting down: dropping the socket closes it.
@@ -836,7 +896,96 @@ impl Connection {
     }
 }
 
+/// How a frame's keys are placed on a node of a cluster (`--cluster`).
+#[derive(Debug)]
+struct Route {
+    /// The cluster as the node sees it now.
+    view: std::sync::Arc<crate::forward::View>,
+    /// Whether this node decides its own group's keys (it is the primary).
+    decides_own: bool,
+    /// The connection came from a forwarding node: never forward again.
+    forwarded: bool,
+}
+
 impl Connection {
+    /// Places a keyed request on a node of a cluster: `true` when it was
+    /// taken (forwarded to another node, or refused WRONG_GROUP), `false`
+    /// when it is decided here as on a lone node. `hash`: the key's hash
+    /// for a THROTTLE or PEEK (computed by the prefetch pass), else 0.
+    fn routed(
+        &mut self,
+        route: &Route,
+        request_id: u32,
+        request: &Request<'_>,
+        hash: u128,
+    ) -> bool {
+        let key = match request {
+            Request::Throttle(t) | Request::Peek(t) => t.key,
+            Request::Decide(d) => d.key,
+            Request::Release(l) | Request::Renew(l) => l.key,
+            Request::Cell(c) => c.key,
+            _ => return false,
+        };
+        let hash = if hash != 0 { hash } else { key_hash(key) };
+        let own = route.view.owns(hash);
+        if route.forwarded {
+            if own {
+                return false;
+            }
+            let forward = self
+                .core
+                .node
+                .forward
+                .as_ref()
+                .expect("a route needs --cluster");
+            forward
+                .stats
+                .wrong_group
+                .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+            let text = format!(
+                "wrong group: the key belongs to group `{}` and this node is in `{}`; a forwarded request is never forwarded again (the two nodes' layouts changed apart)",
+                route.view.owner(hash),
+                forward.group()
+            );
+            self.push(request_id, Local::Error(Status::WrongGroup, text));
+            return true;
+        }
+        if own && route.decides_own {
+            return false;
+        }
+        let (tag, op) = remote_op(request_id, request, key);
+        self.pipe.forward_remote(tag, op);
+        true
+    }
+
+    /// CELL: a CL.THROTTLE another node forwarded (or a v1 client sent),
+    /// decided on the key's shard with redis-cell's arithmetic.
+    fn cell(&mut self, request_id: u32, c: &message::Cell<'_>, now_ns: u64) {
+        let key = key_hash(c.key);
+        let shard = shard_of(key, self.core.node.shard_count);
+        if shard != self.core.id {
+            let tag = Tag {
+                request_id,
+                peek: false,
+                renew_ns: None,
+            };
+            let op = Op::Cell {
+                policy: c.policy,
+                quantity: c.quantity,
+            };
+            return self.pipe.forward(shard, tag, key, op);
+        }
+        let verdict = self
+            .core
+            .table
+            .borrow_mut()
+            .cell_throttle(key, &c.policy, c.quantity, now_ns);
+        match verdict {
+            Ok(v) => self.push(request_id, Local::Cell(v)),
+            Err(status) => self.push(request_id, error(status.into())),
+        }
+    }
+
     /// A resolved request's refusal; an unknown tier's says which tiers
     /// there are.
     fn refusal(&self, e: RequestError, tier: Option<&str>) -> Local {
@@ -847,6 +996,54 @@ impl Connection {
             _ => error(e),
         }
     }
+}
+
+/// A keyed request as the forwarder sends it to another node, and what
+/// its slot remembers.
+fn remote_op(request_id: u32, request: &Request<'_>, key: &[u8]) -> (Tag, RemoteOp) {
+    let key: Box<[u8]> = key.into();
+    let mut tag = Tag {
+        request_id,
+        peek: false,
+        renew_ns: None,
+    };
+    let op = match *request {
+        Request::Throttle(t) | Request::Peek(t) => {
+            tag.peek = matches!(request, Request::Peek(_));
+            RemoteOp::Throttle {
+                key,
+                policy: t.policy,
+                cost: t.cost,
+                peek: tag.peek,
+            }
+        }
+        Request::Decide(d) => RemoteOp::Decide {
+            key,
+            limits: RemoteLimits::new(&d.limits),
+            mode: d.mode,
+            cost: d.cost,
+            priority: d.priority,
+        },
+        Request::Release(l) | Request::Renew(l) => {
+            let renew = matches!(request, Request::Renew(_));
+            // The owner's RENEW_OK carries the lease's life; the tag only
+            // says which reply it is.
+            tag.renew_ns = renew.then_some(0);
+            RemoteOp::Lease {
+                key,
+                target: RemoteTarget::new(&l.target),
+                lease_id: l.lease_id,
+                renew,
+            }
+        }
+        Request::Cell(c) => RemoteOp::Cell {
+            key,
+            policy: c.policy,
+            quantity: c.quantity,
+        },
+        _ => unreachable!("only keyed requests are forwarded"),
+    };
+    (tag, op)
 }
 
 /// Largest frame body a connection may send before it has authenticated:
@@ -905,6 +1102,7 @@ fn encode_local(w: &mut FrameWriter, buf: &mut BytesMut, request_id: u32, reply:
         Local::Role(r) => replication::put_role_ok(w, buf, request_id, r),
         Local::Promote(epoch) => replication::put_promote_ok(w, buf, request_id, *epoch),
         Local::Failover(ok) => replication::put_failover_ok(w, buf, request_id, ok),
+        Local::Cell(v) => message::put_cell_ok(w, buf, request_id, v),
         Local::Stats {
             shard_count,
             shard_first,

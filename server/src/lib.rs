@@ -29,6 +29,7 @@ pub mod affinity;
 pub mod config;
 pub mod connection;
 mod coordinator;
+pub mod forward;
 pub mod inbox;
 pub mod pipeline;
 pub mod replication;

@@ -21,6 +21,7 @@
 use std::collections::VecDeque;
 use std::fmt::Debug;
 
+use crate::forward::{RemoteBatch, RemoteOp};
 use crate::inbox::{self, Receiver, Sender};
 use crate::shard::{Batch, BatchReply, FwdItem, Node, Op, Outcome, ShardMsg};
 
@@ -67,6 +68,9 @@ pub struct Pipeline<P: Protocol> {
     batches_out: usize,
     /// [`Protocol::weight`] of the `Ready` slots in `pending`.
     held_bytes: usize,
+    /// Requests for other nodes (`--cluster`), gathered while handling
+    /// one read and sent to the forwarder as one batch.
+    remote: Vec<(u64, RemoteOp)>,
 }
 
 impl<P: Protocol> Pipeline<P> {
@@ -81,6 +85,7 @@ impl<P: Protocol> Pipeline<P> {
             replies_rx,
             batches_out: 0,
             held_bytes: 0,
+            remote: Vec::new(),
         }
     }
 
@@ -105,7 +110,7 @@ impl<P: Protocol> Pipeline<P> {
 
     /// Whether requests gathered for other shards have not been sent yet.
     pub fn has_unsent(&self) -> bool {
-        self.fwd.iter().any(|f| !f.is_empty())
+        !self.remote.is_empty() || self.fwd.iter().any(|f| !f.is_empty())
     }
 
     /// Whether batches are out, so that [`Pipeline::recv`] will yield.
@@ -161,6 +166,15 @@ impl<P: Protocol> Pipeline<P> {
         self.fwd[usize::from(shard)].push(FwdItem { seq, key, op });
     }
 
+    /// Takes the next request, for another node to decide (its key's
+    /// group, through the node's forwarder): its reply waits in order, and
+    /// the request joins this read's remote batch.
+    pub fn forward_remote(&mut self, tag: P::Tag, op: RemoteOp) {
+        let seq = self.head_seq + self.pending.len() as u64;
+        self.pending.push_back(Slot::Waiting(tag));
+        self.remote.push((seq, op));
+    }
+
     /// Takes the next request, to be answered later by a task of this
     /// thread (a planned failover): its reply waits in order; the task
     /// sends `(seq, outcome)` as a [`BatchReply`] to the returned sender.
@@ -175,6 +189,18 @@ impl<P: Protocol> Pipeline<P> {
     /// (shutting down) are answered [`Protocol::refused`]. Then hands the
     /// ready prefix to `emit`.
     pub fn send_forwards(&mut self, node: &Node, emit: impl FnMut(&P::Reply)) {
+        if !self.remote.is_empty() {
+            let forwarder = node
+                .forward
+                .as_ref()
+                .expect("remote requests need --cluster");
+            let batch = RemoteBatch {
+                reply_to: self.replies_tx.clone(),
+                items: std::mem::take(&mut self.remote),
+            };
+            forwarder.submit(forwarder.view(), batch);
+            self.batches_out += 1;
+        }
         for shard in 0..self.fwd.len() {
             if self.fwd[shard].is_empty() {
                 continue;

@@ -49,6 +49,8 @@ pub enum StartError {
     Thread(std::io::Error),
     #[error("--rls-config {0}")]
     Rls(String),
+    #[error("--cluster: {0}")]
+    Cluster(String),
     #[error("snapshot {path}: {reason}; fix or remove the file, or start with --snapshot-ignore-corrupt to start empty (the next snapshot replaces it)")]
     Snapshot {
         path: std::path::PathBuf,
@@ -149,6 +151,16 @@ impl Server {
             config.replication,
             config.coordinator.is_some(),
         );
+        let forward = match &config.cluster {
+            Some(_) => {
+                let own = config
+                    .advertise
+                    .clone()
+                    .unwrap_or_else(|| bound_addr(&listener).to_string());
+                Some(crate::forward::Forwarder::start(&config, own).map_err(StartError::Cluster)?)
+            }
+            None => None,
+        };
         let node = Arc::new(Node {
             config,
             shard_count,
@@ -159,6 +171,7 @@ impl Server {
             resp_addr: resp_listener.as_ref().map(bound_addr),
             started,
             stats: (0..shard_count).map(|_| Default::default()).collect(),
+            forward,
         });
         for tx in node_txs {
             tx.send(node.clone())
@@ -384,6 +397,7 @@ impl Server {
                 read_buf: BytesMut::new(),
                 hello_request_id: None,
                 authed: self.node.config.auth_token.is_none(),
+                forwarded: false,
                 guard,
             }),
             Listener::Resp => ShardMsg::AdoptResp(AdoptResp { stream, guard }),

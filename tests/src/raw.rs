@@ -109,6 +109,7 @@ pub fn hello(token: &[u8]) -> Request<'_> {
         shard: None,
         token,
         epoch: 0,
+        layout: 0,
     })
 }
 

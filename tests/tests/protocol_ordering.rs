@@ -131,6 +131,7 @@ async fn hello_binds_a_connection_to_a_shard() {
             shard: Some(shard),
             token: b"",
             epoch: 0,
+            layout: 0,
         };
         raw.send_frame(&[(1, Request::Hello(hello))]).await;
         let (id, reply) = raw.next_reply().await.unwrap();
@@ -158,6 +159,7 @@ async fn hello_binds_a_connection_to_a_shard() {
         shard: Some(4),
         token: b"",
         epoch: 0,
+        layout: 0,
     };
     let old = Hello {
         version_min: 2,
@@ -165,6 +167,7 @@ async fn hello_binds_a_connection_to_a_shard() {
         shard: None,
         token: b"",
         epoch: 0,
+        layout: 0,
     };
     raw.send_frame(&[(1, Request::Hello(bad)), (2, Request::Hello(old))])
         .await;

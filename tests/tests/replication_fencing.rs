@@ -241,6 +241,7 @@ async fn a_primary_that_hears_of_a_newer_epoch_stops_admitting() {
         shard: None,
         token: b"",
         epoch: 3,
+        layout: 0,
     });
     raw.send_frame(&[(1, hello)]).await;
     let (_, reply) = raw.next_reply().await.expect("HELLO_OK");

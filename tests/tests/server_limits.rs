@@ -245,6 +245,7 @@ async fn auth_token_is_required_and_checked() {
             shard: Some(shard),
             token: b"s3cret",
             epoch: 0,
+            layout: 0,
         })
     };
     let mut refused = 0;

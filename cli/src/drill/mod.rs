@@ -427,6 +427,7 @@ async fn drill(args: &DrillArgs, global: &Global) -> Result<Outcome, DrillError>
         shard_aware: false,
         auth_token: global.auth_token.clone(),
         known_epoch: 0,
+        layout_hash: 0,
     };
     let groups = topology.groups.len();
     let recover_timeout = Duration::from_secs(args.recover_timeout_s.max(1));

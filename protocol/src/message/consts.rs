@@ -30,6 +30,10 @@ pub const DENIED_NONE: u8 = 0xff;
 pub(super) const HELLO_FIXED_BYTES: usize = 8;
 /// Fixed bytes of a THROTTLE/PEEK payload before the key.
 pub const THROTTLE_FIXED_BYTES: usize = 34;
+/// Fixed bytes of a CELL payload before the key.
+pub const CELL_FIXED_BYTES: usize = 26;
+/// Bytes of a CELL_OK payload.
+pub(super) const CELL_OK_BYTES: usize = 40;
 /// Bytes of a HELLO_OK payload.
 pub(super) const HELLO_OK_BYTES: usize = 24;
 /// Bytes of a verdict payload.

@@ -57,6 +57,24 @@ pub fn put_verdict(
     w.message_whole(buf, &m);
 }
 
+/// Appends a CELL_OK: `limited` (u8, then 7 reserved zero bytes), then
+/// `limit`, `remaining`, `retry_after_ns` and `reset_after_ns` as i64, in
+/// nanoseconds (the RESP side rounds them as redis-cell does).
+pub fn put_cell_ok(
+    w: &mut FrameWriter,
+    buf: &mut BytesMut,
+    request_id: u32,
+    v: &crate::cell::CellVerdict,
+) {
+    w.message(buf, op::CELL_OK, request_id, |b| {
+        b.put_u64_le(u64::from(v.limited));
+        b.put_i64_le(v.limit);
+        b.put_i64_le(v.remaining);
+        b.put_i64_le(v.retry_after_ns);
+        b.put_i64_le(v.reset_after_ns);
+    });
+}
+
 /// Appends a DECIDE_OK for `verdicts` (one per limit, in order,
 /// 1..=[`LIMITS_MAX`] of them: asserted). The composite fields (allowed,
 /// denied_index, retry_after_ns) are computed from the verdicts, so they

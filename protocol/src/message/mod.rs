@@ -28,16 +28,16 @@ mod request;
 mod test_util;
 
 pub use consts::{
-    DENIED_NONE, ERROR_TEXT_BYTES_MAX, KEY_BYTES_MAX, LIMITS_MAX, LIMIT_RECORD_BYTES, SHARD_ANY,
-    STATS_RECORDS_MAX, STATS_RECORD_BYTES, THROTTLE_FIXED_BYTES, TIER_BYTES_MAX, TOKEN_BYTES_MAX,
-    VERDICT_RECORD_BYTES,
+    CELL_FIXED_BYTES, DENIED_NONE, ERROR_TEXT_BYTES_MAX, KEY_BYTES_MAX, LIMITS_MAX,
+    LIMIT_RECORD_BYTES, SHARD_ANY, STATS_RECORDS_MAX, STATS_RECORD_BYTES, THROTTLE_FIXED_BYTES,
+    TIER_BYTES_MAX, TOKEN_BYTES_MAX, VERDICT_RECORD_BYTES,
 };
 pub use encode::{
-    put_decide_ok, put_error, put_hello_ok, put_lease_ok, put_pong, put_reload_ok, put_stats,
-    put_verdict,
+    put_cell_ok, put_decide_ok, put_error, put_hello_ok, put_lease_ok, put_pong, put_reload_ok,
+    put_stats, put_verdict,
 };
 pub use error::{Detail, LayoutError, RequestError};
 pub use reply::{DecideOk, HelloOk, LeaseOk, LimitVerdict, Reply, ShardStats, StatsOk};
 pub use request::{
-    Decide, Hello, LeaseOp, LeaseTarget, LimitSet, Limits, Mode, Request, Stats, Throttle,
+    Cell, Decide, Hello, LeaseOp, LeaseTarget, LimitSet, Limits, Mode, Request, Stats, Throttle,
 };

@@ -10,6 +10,8 @@ pub const RELEASE: u8 = 0x06;
 pub const RENEW: u8 = 0x07;
 pub const RELOAD: u8 = 0x08;
 pub const STATS: u8 = 0x09;
+/// redis-cell's CL.THROTTLE, forwarded by a node for a RESP client.
+pub const CELL: u8 = 0x0d;
 /// Set on every reply op.
 pub const REPLY: u8 = 0x80;
 pub const HELLO_OK: u8 = HELLO | REPLY;
@@ -21,4 +23,5 @@ pub const RELEASE_OK: u8 = RELEASE | REPLY;
 pub const RENEW_OK: u8 = RENEW | REPLY;
 pub const RELOAD_OK: u8 = RELOAD | REPLY;
 pub const STATS_OK: u8 = STATS | REPLY;
+pub const CELL_OK: u8 = CELL | REPLY;
 pub const ERROR: u8 = 0xff;

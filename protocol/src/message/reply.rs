@@ -1,7 +1,7 @@
 //! The replies: their types and parsing.
 
 use super::consts::{
-    DECIDE_OK_FIXED_BYTES, DENIED_NONE, HELLO_OK_BYTES, LEASE_OK_BYTES, LIMITS_MAX,
+    CELL_OK_BYTES, DECIDE_OK_FIXED_BYTES, DENIED_NONE, HELLO_OK_BYTES, LEASE_OK_BYTES, LIMITS_MAX,
     RELOAD_OK_BYTES, SHARD_ANY, STATS_OK_FIXED_BYTES, STATS_RECORD_BYTES, VERDICT_BYTES,
     VERDICT_RECORD_BYTES,
 };
@@ -174,6 +174,8 @@ pub enum Reply {
     },
     /// FAILOVER_OK.
     Failover(crate::replication::FailoverOk),
+    /// CELL_OK: a forwarded CL.THROTTLE's verdict.
+    Cell(crate::cell::CellVerdict),
     /// An error: the code (which a newer server may send unknown to us) and
     /// the human text.
     Error {
@@ -215,6 +217,15 @@ impl Reply {
                 tier_count: u32_at(p, 0),
             }),
             op::STATS_OK => parse_stats_ok(p).map(Reply::Stats),
+            op::CELL_OK if p.len() == CELL_OK_BYTES && p[1..8] == [0; 7] && p[0] <= 1 => {
+                Some(Reply::Cell(crate::cell::CellVerdict {
+                    limited: p[0] == 1,
+                    limit: u64_at(p, 8) as i64,
+                    remaining: u64_at(p, 16) as i64,
+                    retry_after_ns: u64_at(p, 24) as i64,
+                    reset_after_ns: u64_at(p, 32) as i64,
+                }))
+            }
             crate::replication::op::ROLE_OK => {
                 crate::replication::RoleOk::parse(p).map(Reply::Role)
             }

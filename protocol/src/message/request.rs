@@ -5,13 +5,14 @@ use std::ops::Deref;
 use bytes::{BufMut, BytesMut};
 
 use super::consts::{
-    DECIDE_FIXED_BYTES, HELLO_FIXED_BYTES, KEY_BYTES_MAX, LEASE_FIXED_BYTES, LIMITS_MAX,
-    LIMIT_RECORD_BYTES, SHARD_ANY, STATS_PAGED_BYTES, THROTTLE_FIXED_BYTES, TIER_BYTES_MAX,
-    TOKEN_BYTES_MAX,
+    CELL_FIXED_BYTES, DECIDE_FIXED_BYTES, HELLO_FIXED_BYTES, KEY_BYTES_MAX, LEASE_FIXED_BYTES,
+    LIMITS_MAX, LIMIT_RECORD_BYTES, SHARD_ANY, STATS_PAGED_BYTES, THROTTLE_FIXED_BYTES,
+    TIER_BYTES_MAX, TOKEN_BYTES_MAX,
 };
 use super::error::{LayoutError, RequestError};
 use super::op;
 use super::read::{u16_at, u64_at};
+use crate::cell::CellPolicy;
 use crate::codec::{FrameWriter, MessageHeader};
 use crate::identity::Slot;
 use crate::limit::{Concurrency, Kind, Limit, Window};
@@ -35,6 +36,26 @@ pub struct Hello<'a> {
     /// learns of a newer epoch than its own is stale: it stops admitting
     /// (and, with `--peer`, steps down to follow the newer primary).
     pub epoch: u64,
+    /// The cluster layout hash of a node that forwards to this one
+    /// ([`ring::layout_hash`](crate::ring::layout_hash); 0: not a
+    /// forwarding node, and not sent). A node whose own layout differs
+    /// refuses the HELLO with LAYOUT_MISMATCH, so two nodes that disagree
+    /// on who owns a key never split its counts; a connection that sent it
+    /// is never forwarded further (WRONG_GROUP for a key of another group).
+    pub layout: u64,
+}
+
+/// CELL: redis-cell's `CL.THROTTLE` over protocol v1, what a node
+/// forwards to a key's owner for a RESP client (the owner decides with
+/// redis-cell's arithmetic, `cell::throttle`, on the same bucket).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Cell<'a> {
+    /// The bucket's name; 1..=KEY_BYTES_MAX bytes.
+    pub key: &'a [u8],
+    /// The limit, validated ([`CellPolicy::from_parts`]).
+    pub policy: CellPolicy,
+    /// Units to spend; 0 peeks.
+    pub quantity: u64,
 }
 
 /// THROTTLE and PEEK: spend (or ask about) `cost` units of `key`'s bucket.
@@ -375,6 +396,8 @@ pub enum Request<'a> {
     Promote,
     /// FAILOVER: planned handover to the follower.
     Failover,
+    /// CELL: a forwarded `CL.THROTTLE`.
+    Cell(Cell<'a>),
 }
 
 impl<'a> Request<'a> {
@@ -396,6 +419,7 @@ impl<'a> Request<'a> {
             op::RELOAD if payload.is_empty() => Ok(Request::Reload),
             op::RELOAD => Err(LayoutError::Length.into()),
             op::STATS => Ok(Request::Stats(parse_stats(payload)?)),
+            op::CELL => Ok(Request::Cell(parse_cell(payload)?)),
             crate::replication::op::ROLE if payload.is_empty() => Ok(Request::Role),
             crate::replication::op::PROMOTE if payload.is_empty() => Ok(Request::Promote),
             crate::replication::op::FAILOVER if payload.is_empty() => Ok(Request::Failover),
@@ -439,10 +463,14 @@ impl<'a> Request<'a> {
                 b.put_u16_le(h.shard.unwrap_or(SHARD_ANY));
                 b.put_u16_le(h.token.len() as u16);
                 b.put_slice(h.token);
-                if h.epoch != 0 {
+                if h.epoch != 0 || h.layout != 0 {
                     b.put_u64_le(h.epoch);
                 }
+                if h.layout != 0 {
+                    b.put_u64_le(h.layout);
+                }
             }),
+            Request::Cell(c) => w.message(buf, op::CELL, request_id, |b| put_cell(b, c)),
             Request::Ping => w.message(buf, op::PING, request_id, |_| {}),
             Request::Throttle(t) => {
                 w.message(buf, op::THROTTLE, request_id, |b| put_throttle(b, t))
@@ -480,9 +508,11 @@ fn parse_hello(payload: &[u8]) -> Result<Request<'_>, RequestError> {
     let token_end = HELLO_FIXED_BYTES + token_len;
     // The epoch is optional: a client that knows none sends the original
     // layout.
-    let epoch = match payload.len().checked_sub(token_end) {
-        Some(0) => 0,
-        Some(8) => u64_at(payload, token_end),
+    // So is the layout hash, after the epoch (a forwarding node's).
+    let (epoch, layout) = match payload.len().checked_sub(token_end) {
+        Some(0) => (0, 0),
+        Some(8) => (u64_at(payload, token_end), 0),
+        Some(16) => (u64_at(payload, token_end), u64_at(payload, token_end + 8)),
         _ => return Err(Status::BadRequest.into()),
     };
     if token_len > TOKEN_BYTES_MAX {
@@ -495,7 +525,37 @@ fn parse_hello(payload: &[u8]) -> Result<Request<'_>, RequestError> {
         shard: (shard != SHARD_ANY).then_some(shard),
         token: &payload[HELLO_FIXED_BYTES..token_end],
         epoch,
+        layout,
     }))
+}
+
+/// CELL: `limit` (i64), `emission_ns` (u64), `quantity` (u64), key.
+fn parse_cell(payload: &[u8]) -> Result<Cell<'_>, RequestError> {
+    if payload.len() < CELL_FIXED_BYTES {
+        return Err(Status::BadRequest.into());
+    }
+    let key_len = usize::from(u16_at(payload, 24));
+    if payload.len() != CELL_FIXED_BYTES + key_len {
+        return Err(Status::BadRequest.into());
+    }
+    if key_len == 0 || key_len > KEY_BYTES_MAX {
+        return Err(Status::BadKey.into());
+    }
+    let policy = CellPolicy::from_parts(u64_at(payload, 0) as i64, u64_at(payload, 8))
+        .map_err(|_| RequestError::from(Status::InvalidPolicy))?;
+    Ok(Cell {
+        key: &payload[CELL_FIXED_BYTES..],
+        policy,
+        quantity: u64_at(payload, 16),
+    })
+}
+
+fn put_cell(b: &mut BytesMut, c: &Cell<'_>) {
+    b.put_i64_le(c.policy.limit);
+    b.put_u64_le(c.policy.emission_ns);
+    b.put_u64_le(c.quantity);
+    b.put_u16_le(c.key.len() as u16);
+    b.put_slice(c.key);
 }
 
 #[inline]
@@ -912,6 +972,7 @@ mod tests {
                 shard: Some(2),
                 token: b"secret",
                 epoch: 7,
+                layout: 0,
             }),
             Request::Hello(Hello {
                 version_min: 1,
@@ -919,6 +980,20 @@ mod tests {
                 shard: None,
                 token: b"",
                 epoch: 0,
+                layout: 0,
+            }),
+            Request::Hello(Hello {
+                version_min: 1,
+                version_max: 1,
+                shard: None,
+                token: b"t",
+                epoch: 0,
+                layout: 0x0123_4567_89ab_cdef,
+            }),
+            Request::Cell(Cell {
+                key: b"user:42",
+                policy: CellPolicy::new(14, 30, 60).unwrap(),
+                quantity: 2,
             }),
             Request::Throttle(Throttle {
                 key: b"user:42",

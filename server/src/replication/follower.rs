@@ -281,6 +281,7 @@ async fn connect(
         token: token.as_bytes(),
         // A primary older than what we know learns that it is stale.
         epoch: core.node.repl.epoch(),
+        layout: 0,
     });
     let mut w = FrameWriter::new();
     let mut buf = BytesMut::new();

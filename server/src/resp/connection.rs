@@ -30,6 +30,7 @@ use tokio::net::TcpStream;
 use super::command::{self, Command, CommandProbe, Field, Reply};
 use super::parser::{Args, Parser};
 use crate::coordinator::{self, constant_time_eq, Handler, ReplyShare, READ_CHUNK_BYTES};
+use crate::forward::RemoteOp;
 use crate::pipeline::{Pipeline, Protocol};
 use crate::shard::{AdoptResp, BatchReply, ConnectionGuard, Op, Outcome, ShardCore};
 
@@ -47,6 +48,7 @@ impl Protocol for Resp {
         match outcome {
             Outcome::Cell(verdict) => Reply::Cell(verdict),
             Outcome::Refused(status) => Reply::err(status.text()),
+            Outcome::Failed(status, text) => Reply::Error(resp_error(status, &text)),
             _ => unreachable!("the RESP connection forwards only CL.THROTTLE"),
         }
     }
@@ -120,8 +122,11 @@ struct RespConnection {
 const AHEAD_MAX: usize = 16;
 
 /// A CL.THROTTLE parsed ahead of its decision.
-#[derive(Clone, Copy, Debug)]
+#[derive(Clone, Debug)]
 struct Ahead {
+    /// With `--cluster`, for a key this node does not decide: the key, for
+    /// the forwarder.
+    remote: Option<Box<[u8]>>,
     /// Its offset in the read buffer: where parsing resumes if the
     /// connection's reply bound stops it before its decision.
     at: usize,
@@ -131,6 +136,20 @@ struct Ahead {
     policy: CellPolicy,
     /// Units to spend.
     quantity: u64,
+}
+
+/// A forwarded CL.THROTTLE's failure in Redis's words: `TRYAGAIN` when
+/// the owner group could not answer (Redis Cluster's word for "not now,
+/// nothing done"), `CLUSTERDOWN`-like text for an unknown outcome, the
+/// owner's text otherwise.
+fn resp_error(status: Status, text: &str) -> String {
+    match status {
+        Status::GroupUnavailable => format!("TRYAGAIN {text}"),
+        Status::OutcomeUnknown => format!("TRYAGAIN {text} (do not resend a spend blindly)"),
+        Status::NotPrimary => format!("READONLY {text}"),
+        Status::LayoutMismatch | Status::WrongGroup => format!("CLUSTERDOWN {text}"),
+        _ => format!("ERR {text}"),
+    }
 }
 
 /// What a client of the binary protocol hears on the RESP port.
@@ -232,6 +251,11 @@ impl Handler for RespConnection {
             (config.reply_bytes_max, config.inflight_max)
         };
         self.backlog = false;
+        // With --cluster: which keys this node decides (a follower: none).
+        let route = self.session.core.node.forward.as_ref().map(|f| {
+            let primary = self.session.core.node.repl.is_primary();
+            (f.view(), primary)
+        });
         loop {
             let parsed = if self.session.closing {
                 Ok(None)
@@ -252,10 +276,17 @@ impl Handler for RespConnection {
                 Ok(Some((n, Ok(Some(Command::Throttle(t)))))) if self.session.authed => {
                     let key = key_hash(t.key);
                     let core = &self.session.core;
-                    if shard_of(key, core.node.shard_count) == core.id {
+                    let remote = match &route {
+                        Some((view, decides_own)) if !(*decides_own && view.owns(key)) => {
+                            Some(t.key.into())
+                        }
+                        _ => None,
+                    };
+                    if remote.is_none() && shard_of(key, core.node.shard_count) == core.id {
                         core.table.borrow().prefetch(key);
                     }
                     self.ahead.push(Ahead {
+                        remote,
                         at,
                         key,
                         policy: t.policy,
@@ -360,10 +391,19 @@ impl Session {
         now_ns: &mut Option<u64>,
     ) -> Option<usize> {
         let mut stop = None;
-        for a in ahead.iter() {
+        for a in ahead.iter_mut() {
             if self.owes_too_much(reply_max, inflight_max) {
                 stop = Some(a.at);
                 break;
+            }
+            if let Some(key) = a.remote.take() {
+                let op = RemoteOp::Cell {
+                    key,
+                    policy: a.policy,
+                    quantity: a.quantity,
+                };
+                self.pipe.forward_remote((), op);
+                continue;
             }
             self.throttle(a.key, &a.policy, a.quantity, now_ns);
         }

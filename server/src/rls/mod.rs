@@ -245,7 +245,9 @@ impl RateLimitService for Rls {
         let rules = self.rules();
         let mut plans = plan(&rules, &request);
         let now_ns = self.clock.now_ns();
-        if !self.node.repl.admits(now_ns) {
+        // An entry point (--cluster) forwards what it does not decide; its
+        // shards refuse what they cannot admit.
+        if self.node.forward.is_none() && !self.node.repl.admits(now_ns) {
             return Err(tonic::Status::unavailable(
                 self.node.repl.not_primary_text(),
             ));
@@ -354,6 +356,9 @@ struct Pending {
     op: DecideOp,
     /// Other enforced spends of the same cost may join it.
     joinable: bool,
+    /// For another node (`--cluster`; in the last list of a request's
+    /// pending, one limit each): the descriptor's key.
+    remote: Option<Arc<[u8]>>,
 }
 
 impl Rls {
@@ -366,17 +371,52 @@ impl Rls {
         plans: &mut [Plan<'_>],
     ) -> Result<(Decided, bool), tonic::Status> {
         let hopeless = plans.iter().any(|p| p.enforced() && p.hopeless());
-        let mut pending: Vec<Vec<Pending>> =
-            (0..self.node.shards.len()).map(|_| Vec::new()).collect();
+        // One list per shard, and one for other nodes (--cluster).
+        let remote_at = self.node.shards.len();
+        let mut pending: Vec<Vec<Pending>> = (0..=remote_at).map(|_| Vec::new()).collect();
+        let route = self.node.forward.as_ref().map(|f| {
+            let decides_own = self.node.repl.is_primary();
+            (f.view(), decides_own)
+        });
         for (plan, d) in plans.iter_mut().zip(&request.descriptors) {
             let Some(limit) = plan.limit() else { continue };
             if plan.hopeless() {
                 continue;
             }
-            let hash = key_hash(&descriptor_key(
+            let key = descriptor_key(
                 &request.domain,
                 d.entries.iter().map(|e| (e.key.as_str(), e.value.as_str())),
-            ));
+            );
+            let hash = key_hash(&key);
+            let remote = match &route {
+                Some((view, decides_own)) => !(*decides_own && view.owns(hash)),
+                None => false,
+            };
+            let mode = match (plan.refund, hopeless) {
+                (true, _) => Mode::Refund,
+                (false, true) => Mode::Probe,
+                (false, false) => Mode::Spend,
+            };
+            if remote {
+                let mut op = DecideOp::EMPTY;
+                op.mode = mode;
+                op.cost = plan.cost;
+                op.count = 1;
+                op.refs[0] = LimitRef {
+                    bucket: bucket_key(hash, limit.kind(), Slot::Inline(0)),
+                    limit,
+                    floor: 0,
+                };
+                // (The remote list is never joined: `joinable` only says
+                // whether its denial denies the request.)
+                pending[remote_at].push(Pending {
+                    op,
+                    joinable: plan.enforced(),
+                    remote: Some(key.into()),
+                });
+                plan.at = Some((remote_at, pending[remote_at].len() - 1, 0));
+                continue;
+            }
             let shard = usize::from(shard_of(hash, self.node.shard_count));
             let joinable = plan.enforced();
             let r = LimitRef {
@@ -399,13 +439,13 @@ impl Rls {
                     let mut op = DecideOp::EMPTY;
                     // A request that cannot be admitted spends nothing: its
                     // limits are only asked about.
-                    op.mode = match (plan.refund, hopeless) {
-                        (true, _) => Mode::Refund,
-                        (false, true) => Mode::Probe,
-                        (false, false) => Mode::Spend,
-                    };
+                    op.mode = mode;
                     op.cost = plan.cost;
-                    groups.push(Pending { op, joinable });
+                    groups.push(Pending {
+                        op,
+                        joinable,
+                        remote: None,
+                    });
                     groups.len() - 1
                 }
             };
@@ -439,6 +479,7 @@ impl Rls {
                                 ..g.op
                             },
                             joinable: false,
+                            remote: g.remote.clone(),
                         })
                         .collect()
                 })
@@ -454,8 +495,9 @@ impl Rls {
         let mut decided: Decided = pending.iter().map(|g| vec![None; g.len()]).collect();
         let (reply_tx, mut replies) = inbox::inbox::<BatchReply>();
         let mut waiting = 0;
+        let remote_at = self.node.shards.len();
         for (shard, groups) in pending.iter().enumerate() {
-            if groups.is_empty() {
+            if groups.is_empty() || shard == remote_at {
                 continue;
             }
             let items = groups
@@ -481,6 +523,9 @@ impl Rls {
             waiting += 1;
         }
         drop(reply_tx);
+        if let Some(remote) = pending.get(remote_at).filter(|r| !r.is_empty()) {
+            decided[remote_at] = self.send_remote(remote).await?;
+        }
         let mut got = Vec::new();
         while waiting > 0 {
             if !replies.recv_many(&mut got).await {
@@ -499,6 +544,53 @@ impl Rls {
             }
         }
         Ok(decided)
+    }
+
+    /// Decides each of `remote`'s DECIDEs on its key's group, through the
+    /// node's forwarder (concurrently: the cluster client batches calls
+    /// to one node into one frame).
+    async fn send_remote(
+        &self,
+        remote: &[Pending],
+    ) -> Result<Vec<Option<Box<MultiVerdict>>>, tonic::Status> {
+        let forwarder = self.node.forward.clone().expect("remote needs --cluster");
+        let calls: Vec<(Arc<[u8]>, Limit, Mode, u64)> = remote
+            .iter()
+            .map(|p| {
+                let key = p.remote.clone().expect("a remote item has its key");
+                (key, p.op.refs[0].limit, p.op.mode, p.op.cost)
+            })
+            .collect();
+        let f = forwarder.clone();
+        let outcomes = forwarder
+            .run(async move {
+                let view = f.view();
+                let futures = calls.into_iter().map(|(key, limit, mode, cost)| {
+                    let (f, view) = (f.clone(), view.clone());
+                    Box::pin(async move {
+                        let set = sluice_protocol::message::LimitSet::new(&[limit])
+                            .expect("one limit fits");
+                        let limits = sluice_protocol::message::Limits::Inline(set);
+                        let owner = view.owner(key_hash(&key)).to_owned();
+                        let start = std::time::Instant::now();
+                        let r = f
+                            .decide(&view, &key, limits, mode, cost, Default::default())
+                            .await;
+                        f.count(&owner, start.elapsed(), r.as_ref().err());
+                        r
+                    })
+                        as std::pin::Pin<Box<dyn std::future::Future<Output = _> + Send>>
+                });
+                crate::forward::join_all(futures.collect()).await
+            })
+            .await;
+        outcomes
+            .into_iter()
+            .map(|r: Result<_, sluice_client::Error>| match r {
+                Ok(d) => Ok(Some(Box::new(crate::forward::multi(d)))),
+                Err(e) => Err(tonic::Status::unavailable(e.to_string())),
+            })
+            .collect()
     }
 
     /// The reply: a status per descriptor, the overall code, the headers.

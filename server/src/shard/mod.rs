@@ -95,6 +95,9 @@ pub struct Adopt {
     pub hello_request_id: Option<u32>,
     /// Whether the connection has authenticated.
     pub authed: bool,
+    /// Whether its HELLO came from a forwarding node of the same layout
+    /// (such a connection is never forwarded further).
+    pub forwarded: bool,
     /// Keeps the connection counted while it lives.
     pub guard: ConnectionGuard,
 }
@@ -204,6 +207,13 @@ pub enum Outcome {
     Failover(Result<sluice_protocol::replication::FailoverOk, String>),
     /// The request was refused (KEYS_FULL, LEASE_NOT_FOUND).
     Refused(Status),
+    /// A request forwarded to another node failed there or on the way
+    /// (GROUP_UNAVAILABLE, OUTCOME_UNKNOWN, or the owner's own error), with
+    /// the text to pass on.
+    Failed(Status, String),
+    /// For a RELEASE or RENEW another node answered (with its lease's
+    /// remaining life).
+    LeaseOk(sluice_protocol::message::LeaseOk),
 }
 
 /// One forwarded request.
@@ -392,6 +402,9 @@ pub struct Node {
     pub started: Instant,
     /// Each shard's counters as it last published them (STATS reads them).
     pub stats: Vec<CachePadded<PublishedStats>>,
+    /// With `--cluster`: the entry point's view of the cluster and its
+    /// forwarder (keys of other groups go to their primaries).
+    pub forward: Option<Arc<crate::forward::Forwarder>>,
 }
 
 /// A shard's counters, published by its own thread after each batch of
@@ -497,6 +510,17 @@ impl Node {
     /// file has nothing to reload, and says so. Logs the outcome whichever
     /// way the reload was asked for (`trigger`: SIGHUP or RELOAD).
     pub fn reload_tiers(&self, trigger: &str) -> Result<Arc<Tiers>, String> {
+        if let Some(forward) = &self.forward {
+            // The cluster file too (--cluster): a bad one keeps the old.
+            if let Err(text) = forward.reload() {
+                tracing::warn!(trigger, error = %text, "cluster file reload refused; the old layout stays");
+                return Err(format!("--cluster: {text}"));
+            }
+            if self.config.config.is_none() {
+                tracing::info!(trigger, "cluster file reloaded");
+                return Ok(Arc::new(Tiers::default()));
+            }
+        }
         if self.config.config.is_none() {
             let text = "no config file to reload: sluiced was started without --config FILE, so it has no tiers".to_owned();
             tracing::warn!(trigger, "{text}");

@@ -134,7 +134,7 @@ pub struct LimitRef {
 }
 
 /// A verdict slot not in use.
-const NO_VERDICT: LimitVerdict = LimitVerdict {
+pub const NO_VERDICT: LimitVerdict = LimitVerdict {
     kind: Kind::TokenBucket,
     verdict: Verdict {
         allowed: false,

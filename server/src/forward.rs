@@ -1,0 +1,634 @@
+//! Entry points: with `--cluster FILE --group NAME`, every node answers for
+//! every key of the cluster, on every port (protocol v1, RESP, the Envoy
+//! rate limit service), followers included.
+//!
+//! A key is decided by its owning group's primary, found by the ring every
+//! client uses (`sluice_protocol::ring`), so it lands on the same group
+//! whatever the protocol and whichever node is asked. A key of this node's
+//! own group is decided here, by its shards, when this node is the
+//! group's primary; everything else (other groups' keys, and on a follower
+//! its own group's too) goes to the owner's primary through the client
+//! crate's [`Cluster`]: the same batching, deadlines, epochs and failover
+//! search as a gateway's, not a second implementation.
+//!
+//! How it runs: the [`Forwarder`] owns a thread with a current-thread
+//! runtime on which every connection to another node lives. A coordinator
+//! gathers a read's forwarded requests into one [`RemoteBatch`]; the
+//! forwarder runs its calls concurrently (the client's writer puts calls
+//! queued together into one frame) and answers the batch as one
+//! [`BatchReply`], which fills the connection's pipeline slots like an
+//! answer from another shard.
+//!
+//! Safety rules:
+//! - Nodes agree on the layout: every forwarding connection's HELLO carries
+//!   this node's layout hash (`ring::layout_hash` of the cluster file), and
+//!   a node whose hash differs refuses it (LAYOUT_MISMATCH, counted): two
+//!   views of the cluster never split a key's counts silently.
+//! - A connection that came from a forwarding node is never forwarded
+//!   again: a key of another group there is WRONG_GROUP. No loops.
+//! - A forwarded spend that gets no answer is outcome-unknown and never
+//!   resent (the client crate's rule); its caller hears so.
+
+use std::collections::BTreeMap;
+use std::future::Future;
+use std::path::PathBuf;
+use std::pin::Pin;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex, RwLock};
+use std::task::{Context, Poll};
+use std::time::{Duration, Instant};
+
+use sluice_client::{ClientConfig, Cluster, ClusterConfig, Error, FailurePolicy, Topology};
+use sluice_protocol::cell::CellPolicy;
+use sluice_protocol::message::{DecideOk, LimitSet, Limits, Mode};
+use sluice_protocol::ring::Ring;
+use sluice_protocol::{Limit, Policy, Priority, Status};
+
+use crate::config::{Config, ForwardFailure};
+use crate::inbox::Sender;
+use crate::shard::{BatchReply, MultiVerdict, Outcome};
+
+/// Connections the forwarder keeps to each node it forwards to: one per
+/// shard of that node (the client's shard-aware mode), so the owner
+/// decides each key on the thread that owns it, with no hop.
+const FORWARD_CONNECT_TIMEOUT_MS: u64 = 1_000;
+
+/// A request to be decided by another node, owned until it is sent.
+#[derive(Debug)]
+pub enum RemoteOp {
+    /// Protocol v1 THROTTLE (or PEEK): one inline token bucket.
+    Throttle {
+        key: Box<[u8]>,
+        policy: Policy,
+        cost: u64,
+        peek: bool,
+    },
+    /// Protocol v1 DECIDE, as the client sent it (a tier is resolved by the
+    /// owner, from its own configuration).
+    Decide {
+        key: Box<[u8]>,
+        limits: RemoteLimits,
+        mode: Mode,
+        cost: u64,
+        priority: Priority,
+    },
+    /// RELEASE or RENEW of a concurrency lease.
+    Lease {
+        key: Box<[u8]>,
+        target: RemoteTarget,
+        lease_id: u64,
+        renew: bool,
+    },
+    /// A RESP client's CL.THROTTLE.
+    Cell {
+        key: Box<[u8]>,
+        policy: CellPolicy,
+        quantity: u64,
+    },
+}
+
+/// [`Limits`] owned.
+#[derive(Debug)]
+pub enum RemoteLimits {
+    Inline(Box<LimitSet>),
+    Tier(Box<str>),
+}
+
+impl RemoteLimits {
+    /// Owns `limits`.
+    pub fn new(limits: &Limits<'_>) -> RemoteLimits {
+        match limits {
+            Limits::Inline(set) => RemoteLimits::Inline(Box::new(*set)),
+            Limits::Tier(name) => RemoteLimits::Tier((*name).into()),
+        }
+    }
+
+    fn borrow(&self) -> Limits<'_> {
+        match self {
+            RemoteLimits::Inline(set) => Limits::Inline(**set),
+            RemoteLimits::Tier(name) => Limits::Tier(name),
+        }
+    }
+}
+
+/// A lease's limit, owned ([`sluice_protocol::message::LeaseTarget`]).
+#[derive(Debug)]
+pub enum RemoteTarget {
+    Inline {
+        index: u8,
+        limit: sluice_protocol::Concurrency,
+    },
+    Tier {
+        name: Box<str>,
+        index: u8,
+    },
+}
+
+impl RemoteTarget {
+    /// Owns `target`.
+    pub fn new(target: &sluice_protocol::message::LeaseTarget<'_>) -> RemoteTarget {
+        use sluice_protocol::message::LeaseTarget;
+        match *target {
+            LeaseTarget::Inline { index, limit } => RemoteTarget::Inline { index, limit },
+            LeaseTarget::Tier { name, index } => RemoteTarget::Tier {
+                name: name.into(),
+                index,
+            },
+        }
+    }
+
+    fn borrow(&self) -> sluice_protocol::message::LeaseTarget<'_> {
+        use sluice_protocol::message::LeaseTarget;
+        match self {
+            RemoteTarget::Inline { index, limit } => LeaseTarget::Inline {
+                index: *index,
+                limit: *limit,
+            },
+            RemoteTarget::Tier { name, index } => LeaseTarget::Tier {
+                name,
+                index: *index,
+            },
+        }
+    }
+}
+
+/// One read's forwarded requests, answered as one [`BatchReply`].
+#[derive(Debug)]
+pub struct RemoteBatch {
+    /// The connection's reply inbox.
+    pub reply_to: Sender<BatchReply>,
+    /// `(seq, op)` in the connection's order.
+    pub items: Vec<(u64, RemoteOp)>,
+}
+
+/// The cluster as this node sees it, swapped whole by a reload.
+#[derive(Debug)]
+pub struct View {
+    /// The ring over the groups' names (ownership).
+    ring: Ring,
+    /// This node's group's index in `ring`.
+    own: usize,
+    /// The layout hash sent in HELLO and checked against peers'.
+    pub hash: u64,
+    /// Routes, batches and fails over; its connections carry `hash`.
+    cluster: Cluster,
+    /// The file's text, parsed (for ROLE's list and reloads).
+    topology: Topology,
+}
+
+impl View {
+    /// Whether this node's group owns the key of hash `key`.
+    #[inline]
+    pub fn owns(&self, key: u128) -> bool {
+        self.ring.group_of(key) == self.own
+    }
+
+    /// The name of the group that owns `key`.
+    pub fn owner(&self, key: u128) -> &str {
+        self.ring.owner(key)
+    }
+}
+
+/// Counters of one destination group, for the admin port.
+#[derive(Debug, Default, Clone)]
+pub struct GroupCounters {
+    /// Requests forwarded to the group.
+    pub forwarded: u64,
+}
+
+/// Forward round trips: bucket `i` counts those under `2^i` µs (the last,
+/// all), like the shard's frame times.
+pub const RTT_BUCKETS: usize = 24;
+
+/// What the admin port reads.
+#[derive(Debug)]
+pub struct ForwardStats {
+    /// By destination group's name.
+    pub groups: Mutex<BTreeMap<String, GroupCounters>>,
+    /// Round trips of forwarded requests (send to answer), by bucket.
+    pub rtt: [AtomicU64; RTT_BUCKETS],
+    /// Sum of the round trips, ns.
+    pub rtt_ns_sum: AtomicU64,
+    /// Forward errors by kind: [`ERROR_KINDS`].
+    pub errors: [AtomicU64; ERROR_KINDS.len()],
+    /// HELLOs refused because the peer's layout hash differs (counted by
+    /// the refusing node).
+    pub layout_mismatches: AtomicU64,
+    /// Requests refused WRONG_GROUP (a forwarded key this group does not
+    /// own).
+    pub wrong_group: AtomicU64,
+}
+
+/// The kinds of forward error counted, in [`ForwardStats::errors`] order.
+pub const ERROR_KINDS: [&str; 4] = ["unavailable", "outcome_unknown", "refused", "other"];
+
+impl Default for ForwardStats {
+    fn default() -> Self {
+        ForwardStats {
+            groups: Mutex::default(),
+            rtt: std::array::from_fn(|_| AtomicU64::new(0)),
+            rtt_ns_sum: AtomicU64::new(0),
+            errors: std::array::from_fn(|_| AtomicU64::new(0)),
+            layout_mismatches: AtomicU64::new(0),
+            wrong_group: AtomicU64::new(0),
+        }
+    }
+}
+
+/// The node's entry-point machinery (see the module doc).
+#[derive(Debug)]
+pub struct Forwarder {
+    /// The cluster file.
+    path: PathBuf,
+    /// This node's group.
+    group: String,
+    /// The address this node is listed under.
+    own_addr: String,
+    /// What the cluster client is configured with (the layout hash is
+    /// set per view).
+    base: ClusterConfig,
+    /// What a key gets when its group cannot answer.
+    failure: FailurePolicy,
+    /// The current view.
+    view: RwLock<Arc<View>>,
+    /// The forwarder thread's runtime.
+    runtime: tokio::runtime::Handle,
+    /// For the admin port.
+    pub stats: ForwardStats,
+}
+
+impl Forwarder {
+    /// Reads the cluster file, checks this node is in it, and starts the
+    /// forwarder thread. `own_addr`: `--advertise`, or the listening
+    /// address.
+    pub fn start(config: &Config, own_addr: String) -> Result<Arc<Forwarder>, String> {
+        let path = config.cluster.clone().expect("--cluster given");
+        let group = config
+            .group
+            .clone()
+            .expect("validated: --cluster needs --group");
+        let failure = match config.forward_failure {
+            ForwardFailure::Error => FailurePolicy::Error,
+            ForwardFailure::Open => FailurePolicy::Open,
+            ForwardFailure::Closed => FailurePolicy::Closed,
+        };
+        let base = ClusterConfig {
+            client: ClientConfig {
+                deadline: Duration::from_millis(config.forward_deadline_ms),
+                connect_timeout: Duration::from_millis(FORWARD_CONNECT_TIMEOUT_MS),
+                shard_aware: true,
+                auth_token: config.auth_token.clone(),
+                known_epoch: 0,
+                layout_hash: 0,
+            },
+            failure,
+            ..ClusterConfig::default()
+        };
+        let runtime = spawn_runtime()?;
+        let view = {
+            let _enter = runtime.enter();
+            make_view(&path, &group, &own_addr, &base)?
+        };
+        tracing::info!(
+            cluster = %path.display(),
+            group = %group,
+            groups = view.ring.group_count(),
+            layout = format_args!("{:016x}", view.hash),
+            "entry point: forwarding other groups' keys to their primaries"
+        );
+        Ok(Arc::new(Forwarder {
+            path,
+            group,
+            own_addr,
+            base,
+            failure,
+            view: RwLock::new(Arc::new(view)),
+            runtime,
+            stats: ForwardStats::default(),
+        }))
+    }
+
+    /// The view in force (read once per frame by a coordinator).
+    #[inline]
+    pub fn view(&self) -> Arc<View> {
+        self.view.read().expect("not poisoned").clone()
+    }
+
+    /// The layout hash in force.
+    pub fn layout_hash(&self) -> u64 {
+        self.view().hash
+    }
+
+    /// This node's group.
+    pub fn group(&self) -> &str {
+        &self.group
+    }
+
+    /// Re-reads the cluster file (SIGHUP, RELOAD). A file that does not
+    /// parse, or no longer lists this node in its group, changes nothing.
+    /// A changed layout gets a new cluster client (its connections carry
+    /// the new hash); calls in flight finish on the old one.
+    pub fn reload(&self) -> Result<(), String> {
+        let fresh = {
+            let _enter = self.runtime.enter();
+            make_view(&self.path, &self.group, &self.own_addr, &self.base)?
+        };
+        let mut view = self.view.write().expect("not poisoned");
+        if fresh.hash != view.hash {
+            tracing::info!(
+                from = format_args!("{:016x}", view.hash),
+                to = format_args!("{:016x}", fresh.hash),
+                "cluster file reloaded: new layout"
+            );
+            *view = Arc::new(fresh);
+        }
+        Ok(())
+    }
+
+    /// The groups this node knows: name, primary (as last found, else as
+    /// the file says), follower, epoch.
+    pub fn groups(&self) -> Vec<(String, String, Option<String>, u64)> {
+        let view = self.view();
+        let known = view.cluster.known();
+        view.topology
+            .groups
+            .iter()
+            .map(|g| {
+                let (primary, epoch) = known
+                    .iter()
+                    .find(|(name, _, _)| *name == g.name)
+                    .map(|(_, p, e)| (p.clone(), *e))
+                    .unwrap_or((None, 0));
+                (
+                    g.name.clone(),
+                    primary.unwrap_or_else(|| g.primary.clone()),
+                    g.follower.clone(),
+                    epoch,
+                )
+            })
+            .collect()
+    }
+
+    /// Runs `batch`'s calls on the forwarder thread and answers it as one
+    /// [`BatchReply`] (in the batch's order).
+    pub fn submit(self: &Arc<Self>, view: Arc<View>, batch: RemoteBatch) {
+        let this = self.clone();
+        self.runtime.spawn(async move {
+            let RemoteBatch { reply_to, items } = batch;
+            let calls: Vec<_> = items
+                .into_iter()
+                .map(|(seq, op)| {
+                    let (this, view) = (this.clone(), view.clone());
+                    Box::pin(async move { (seq, this.execute(&view, op).await) })
+                        as Pin<Box<dyn Future<Output = (u64, Outcome)> + Send>>
+                })
+                .collect();
+            let outcomes = join_all(calls).await;
+            // The connection may be gone: nothing waits for the answer then.
+            let _ = reply_to.send(BatchReply { outcomes });
+        });
+    }
+
+    /// Runs `f` on the forwarder thread (where the node's connections to
+    /// its peers live) and waits for it.
+    pub async fn run<T, F>(&self, f: F) -> T
+    where
+        F: Future<Output = T> + Send + 'static,
+        T: Send + 'static,
+    {
+        self.runtime
+            .spawn(f)
+            .await
+            .expect("a forwarded call does not panic")
+    }
+
+    /// One forwarded request, to its outcome.
+    async fn execute(&self, view: &View, op: RemoteOp) -> Outcome {
+        let key: &[u8] = match &op {
+            RemoteOp::Throttle { key, .. }
+            | RemoteOp::Decide { key, .. }
+            | RemoteOp::Lease { key, .. }
+            | RemoteOp::Cell { key, .. } => key,
+        };
+        let owner = view
+            .owner(sluice_protocol::routing::key_hash(key))
+            .to_owned();
+        let start = Instant::now();
+        let outcome = match op {
+            RemoteOp::Throttle {
+                key,
+                policy,
+                cost,
+                peek,
+            } => {
+                let limits = Limits::Inline(
+                    LimitSet::new(&[Limit::TokenBucket(policy)]).expect("one limit fits"),
+                );
+                let mode = if peek { Mode::Probe } else { Mode::Spend };
+                self.decide(view, &key, limits, mode, cost, Priority::Normal)
+                    .await
+                    .map(|d| {
+                        Outcome::Verdict(d.verdicts.first().map(|v| v.verdict).unwrap_or_default())
+                    })
+            }
+            RemoteOp::Decide {
+                key,
+                limits,
+                mode,
+                cost,
+                priority,
+            } => self
+                .decide(view, &key, limits.borrow(), mode, cost, priority)
+                .await
+                .map(|d| Outcome::Multi(Box::new(multi(d)))),
+            RemoteOp::Lease {
+                key,
+                target,
+                lease_id,
+                renew,
+            } => view
+                .cluster
+                .lease(&key, target.borrow(), lease_id, renew, self.failure)
+                .await
+                .map(Outcome::LeaseOk),
+            RemoteOp::Cell {
+                key,
+                policy,
+                quantity,
+            } => view
+                .cluster
+                .cell(&key, policy, quantity, self.failure)
+                .await
+                .map(|(_, v)| Outcome::Cell(v)),
+        };
+        self.count(&owner, start.elapsed(), outcome.as_ref().err());
+        outcome.unwrap_or_else(|e| failed(&e))
+    }
+
+    /// A DECIDE through the cluster client.
+    pub async fn decide(
+        &self,
+        view: &View,
+        key: &[u8],
+        limits: Limits<'_>,
+        mode: Mode,
+        cost: u64,
+        priority: Priority,
+    ) -> Result<DecideOk, Error> {
+        view.cluster
+            .decide_as(key, limits, mode, cost, self.failure, priority)
+            .await
+            .map(|v| v.decision)
+    }
+
+    /// Counts one forwarded request to `group`.
+    pub fn count(&self, group: &str, rtt: Duration, error: Option<&Error>) {
+        let s = &self.stats;
+        s.groups
+            .lock()
+            .expect("not poisoned")
+            .entry(group.to_owned())
+            .or_default()
+            .forwarded += 1;
+        let us = u64::try_from(rtt.as_micros()).unwrap_or(u64::MAX);
+        let bucket = (64 - us.leading_zeros() as usize).min(RTT_BUCKETS - 1);
+        s.rtt[bucket].fetch_add(1, Ordering::Relaxed);
+        s.rtt_ns_sum.fetch_add(
+            u64::try_from(rtt.as_nanos()).unwrap_or(u64::MAX),
+            Ordering::Relaxed,
+        );
+        if let Some(e) = error {
+            let kind = match e {
+                Error::Unavailable {
+                    outcome_unknown: false,
+                    ..
+                } => 0,
+                Error::Unavailable { .. } | Error::Timeout(_) | Error::Disconnected => 1,
+                Error::Server { .. } => 2,
+                _ => 3,
+            };
+            s.errors[kind].fetch_add(1, Ordering::Relaxed);
+        }
+    }
+}
+
+/// A forward's error as the outcome its connection answers.
+pub fn failed(e: &Error) -> Outcome {
+    let status = match e {
+        Error::Unavailable {
+            outcome_unknown: true,
+            ..
+        }
+        | Error::Timeout(_)
+        | Error::Disconnected => Status::OutcomeUnknown,
+        Error::Unavailable { .. } | Error::Connect { .. } => Status::GroupUnavailable,
+        Error::Server {
+            status: Some(s), ..
+        } => *s,
+        Error::Invalid(_) => Status::BadRequest,
+        Error::Server { status: None, .. } | Error::Protocol(_) => Status::Internal,
+    };
+    let text = match e {
+        Error::Server { text, .. } => text.clone(),
+        other => format!("{}: {other}", status.text()),
+    };
+    Outcome::Failed(status, text)
+}
+
+/// A DECIDE_OK as the shard's [`MultiVerdict`].
+pub fn multi(d: DecideOk) -> MultiVerdict {
+    let mut m = MultiVerdict {
+        allowed: d.allowed,
+        denied_index: d.denied_index,
+        retry_after_ns: d.retry_after_ns,
+        count: 0,
+        verdicts: [crate::shard::table::NO_VERDICT; sluice_protocol::message::LIMITS_MAX],
+        priority: d.priority,
+    };
+    for (slot, v) in m.verdicts.iter_mut().zip(&d.verdicts) {
+        *slot = *v;
+        m.count += 1;
+    }
+    m
+}
+
+/// The view of the cluster file at `path`, if it lists `own_addr` in
+/// `group`.
+fn make_view(
+    path: &std::path::Path,
+    group: &str,
+    own_addr: &str,
+    base: &ClusterConfig,
+) -> Result<View, String> {
+    let topology = Topology::load(path).map_err(|e| e.to_string())?;
+    let Some(spec) = topology.groups.iter().find(|g| g.name == group) else {
+        let names: Vec<&str> = topology.groups.iter().map(|g| g.name.as_str()).collect();
+        return Err(format!(
+            "{} has no group `{group}` (--group); its groups are {}",
+            path.display(),
+            names.join(", ")
+        ));
+    };
+    let listed = spec.primary == own_addr || spec.follower.as_deref() == Some(own_addr);
+    if !listed {
+        return Err(format!(
+            "{} does not list this node in group `{group}`: expected `{own_addr}` (--advertise, or the listening address) as its primary or follower, found primary `{}`{}",
+            path.display(),
+            spec.primary,
+            spec.follower
+                .as_deref()
+                .map(|f| format!(", follower `{f}`"))
+                .unwrap_or_default()
+        ));
+    }
+    let ring = Ring::new(topology.groups.iter().map(|g| g.name.as_str()));
+    let own = ring.index_of(group).expect("the group is in the file");
+    let hash = topology.layout_hash();
+    let mut config = base.clone();
+    config.client.layout_hash = hash;
+    let cluster = Cluster::new(&topology, config).map_err(|e| e.to_string())?;
+    Ok(View {
+        ring,
+        own,
+        hash,
+        cluster,
+        topology,
+    })
+}
+
+/// The forwarder thread: a current-thread runtime that runs until the
+/// process ends (its connections close with it).
+fn spawn_runtime() -> Result<tokio::runtime::Handle, String> {
+    let runtime = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .map_err(|e| format!("cannot start the forwarder's runtime: {e}"))?;
+    let handle = runtime.handle().clone();
+    std::thread::Builder::new()
+        .name("sluice-forward".into())
+        .spawn(move || runtime.block_on(std::future::pending::<()>()))
+        .map_err(|e| format!("cannot start the forwarder thread: {e}"))?;
+    Ok(handle)
+}
+
+/// Polls every future to its end; the outputs in the input's order.
+pub async fn join_all<T>(mut futures: Vec<Pin<Box<dyn Future<Output = T> + Send>>>) -> Vec<T> {
+    let mut out: Vec<Option<T>> = futures.iter().map(|_| None).collect();
+    let mut left = futures.len();
+    std::future::poll_fn(move |cx: &mut Context<'_>| {
+        for (i, f) in futures.iter_mut().enumerate() {
+            if out[i].is_none() {
+                if let Poll::Ready(v) = f.as_mut().poll(cx) {
+                    out[i] = Some(v);
+                    left -= 1;
+                }
+            }
+        }
+        if left == 0 {
+            Poll::Ready(out.iter_mut().map(|o| o.take().expect("done")).collect())
+        } else {
+            Poll::Pending
+        }
+    })
+    .await
+}

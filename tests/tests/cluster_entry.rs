@@ -1,0 +1,290 @@
+//! Every node an entry point (`sluiced --cluster FILE --group NAME`): two
+//! shard groups of a primary and a follower each, real processes on
+//! loopback, and clients that spread their calls round robin over all
+//! four nodes as Envoy and Redis client pools do. Each key must be granted
+//! exactly its limit, whichever nodes were asked; the same load against
+//! the same four nodes started without `--cluster` grants more (the
+//! control that shows each test can fail).
+
+use std::path::PathBuf;
+use std::process::Command;
+use std::time::Duration;
+
+use sluice_client::{Client, ClientConfig, Mode};
+use sluice_protocol::ring::Ring;
+use sluice_protocol::routing::key_hash;
+use sluice_protocol::Policy;
+use sluice_tests::repl::{streaming, wait_role};
+use sluice_tests::support::{port, ConfigFile, Sluiced};
+
+fn root() -> PathBuf {
+    PathBuf::from(env!("CARGO_MANIFEST_DIR"))
+}
+
+/// The venv `scripts/deps.sh` makes (redis-py, grpcio, xds-protos).
+fn python() -> PathBuf {
+    let py = root().join("../target/redis-py/bin/python");
+    assert!(
+        py.exists(),
+        "{} is missing: run `bash scripts/deps.sh`",
+        py.display()
+    );
+    py
+}
+
+/// Two groups, `a` and `b`, each a primary and its follower.
+struct TwoGroups {
+    /// a's primary, a's follower, b's primary, b's follower.
+    nodes: Vec<Sluiced>,
+    /// The cluster file they share (kept alive with them).
+    file: ConfigFile,
+    /// The ring over `a` and `b`, to pick keys of each group.
+    ring: Ring,
+}
+
+impl TwoGroups {
+    /// Starts the four nodes; with `entry`, each with `--cluster`.
+    async fn start(entry: bool) -> TwoGroups {
+        let ports: Vec<u16> = (0..4).map(|_| port()).collect();
+        let addr = |i: usize| format!("127.0.0.1:{}", ports[i]);
+        let toml = format!(
+            "[[groups]]\nname = \"a\"\nprimary = \"{}\"\nfollower = \"{}\"\n\n\
+             [[groups]]\nname = \"b\"\nprimary = \"{}\"\nfollower = \"{}\"\n",
+            addr(0),
+            addr(1),
+            addr(2),
+            addr(3)
+        );
+        let file = ConfigFile::new(&toml);
+        let rules = root().join("cluster").display().to_string();
+        let mut nodes = Vec::new();
+        for (i, group) in ["a", "a", "b", "b"].into_iter().enumerate() {
+            let primary = addr(i & !1);
+            let mut args = vec![
+                "--shards",
+                "2",
+                "--resp-port",
+                "0",
+                "--rls-port",
+                "0",
+                "--rls-config",
+                &rules,
+            ];
+            if entry {
+                args.extend(["--cluster", file.arg(), "--group", group]);
+            }
+            if i % 2 == 1 {
+                args.extend(["--replica-of", &primary]);
+            }
+            nodes.push(Sluiced::start_on(ports[i], &args));
+        }
+        for n in &nodes {
+            wait_role(n.addr, Duration::from_secs(20), streaming).await;
+        }
+        TwoGroups {
+            nodes,
+            file,
+            ring: Ring::new(["a", "b"]),
+        }
+    }
+
+    /// `count` keys `PREFIX-i` that group `group` owns.
+    fn keys_of(&self, group: &str, prefix: &str, count: usize) -> Vec<String> {
+        (0..)
+            .map(|i| format!("{prefix}-{i}"))
+            .filter(|k| self.ring.owner(key_hash(k.as_bytes())) == group)
+            .take(count)
+            .collect()
+    }
+
+    /// `count` values `PREFIX-i` whose rate limit service key for
+    /// descriptor (`key`, value) in domain `entry` group `group` owns.
+    fn values_of(&self, group: &str, key: &str, prefix: &str, count: usize) -> Vec<String> {
+        (0..)
+            .map(|i| format!("{prefix}-{i}"))
+            .filter(|v| {
+                let k = format!("rls/entry/{key}={v}");
+                self.ring.owner(key_hash(k.as_bytes())) == group
+            })
+            .take(count)
+            .collect()
+    }
+
+    fn resp_ports(&self) -> Vec<String> {
+        let ports = self.nodes.iter().map(|n| n.resp_addr.expect("resp").port());
+        ports.map(|p| p.to_string()).collect()
+    }
+
+    fn rls_ports(&self) -> Vec<String> {
+        let ports = self.nodes.iter().map(|n| n.rls_addr.expect("rls").port());
+        ports.map(|p| p.to_string()).collect()
+    }
+}
+
+/// Runs tests/cluster/entry_check.py; its JSON.
+fn check(args: &[&str], ports: &[String]) -> serde_json::Value {
+    let out = Command::new(python())
+        .arg(root().join("cluster/entry_check.py"))
+        .args(args)
+        .arg("--")
+        .args(ports)
+        .output()
+        .expect("python runs");
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        out.status.success(),
+        "{stdout}\n{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    serde_json::from_str(&stdout).unwrap_or_else(|e| panic!("{e}: {stdout}"))
+}
+
+/// Each key's grants, from the script's `granted` object, and how many
+/// calls failed (an error, not a verdict).
+fn granted(v: &serde_json::Value) -> (Vec<(String, u64)>, u64) {
+    let map = v["granted"].as_object().expect("granted");
+    let grants = map
+        .iter()
+        .map(|(k, n)| (k.clone(), n.as_u64().expect("a count")))
+        .collect();
+    (grants, v["error_count"].as_u64().expect("error_count"))
+}
+
+/// redis-py's CL.THROTTLE, 12 tries a key over all four nodes in turn:
+/// max_burst 4 grants exactly 5 a key, of either group.
+fn resp_round_robin(c: &TwoGroups, tag: &str) -> (Vec<(String, u64)>, u64) {
+    let mut keys = c.keys_of("a", tag, 4);
+    keys.extend(c.keys_of("b", tag, 4));
+    let mut args = vec!["resp", "4", "12"];
+    args.extend(keys.iter().map(String::as_str));
+    granted(&check(&args, &c.resp_ports()))
+}
+
+/// grpcio's ShouldRateLimit, 12 tries a descriptor value over all four
+/// nodes in turn: 5 an hour grants exactly 5 a value.
+fn rls_round_robin(c: &TwoGroups, tag: &str) -> (Vec<(String, u64)>, u64) {
+    let mut values = c.values_of("a", "user", tag, 4);
+    values.extend(c.values_of("b", "user", tag, 4));
+    let mut args = vec!["rls", "12"];
+    args.extend(values.iter().map(String::as_str));
+    granted(&check(&args, &c.rls_ports()))
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn redis_and_envoy_clients_spread_over_every_node_get_exactly_the_limit() {
+    let cluster = TwoGroups::start(true).await;
+    let (grants, errors) = resp_round_robin(&cluster, "resp");
+    assert_eq!(errors, 0, "every node answers every key");
+    for (key, n) in grants {
+        assert_eq!(n, 5, "CL.THROTTLE {key}: granted {n}, the limit is 5");
+    }
+    let (grants, errors) = rls_round_robin(&cluster, "rls");
+    assert_eq!(errors, 0, "every node answers every descriptor");
+    for (value, n) in grants {
+        assert_eq!(n, 5, "descriptor user={value}: granted {n}, the limit is 5");
+    }
+}
+
+/// The control: the same nodes and load without `--cluster` grant every
+/// key more than its limit (each primary counts it alone: 3 tries reach
+/// each, 6 in all; the followers refuse), so the exactness above is the
+/// entry points' doing.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn without_cluster_the_same_load_grants_keys_twice() {
+    let cluster = TwoGroups::start(false).await;
+    let (over, _) = resp_round_robin(&cluster, "resp");
+    assert!(over.iter().all(|(_, n)| *n == 6), "{over:?}");
+    let (over, _) = rls_round_robin(&cluster, "rls");
+    assert!(over.iter().all(|(_, n)| *n == 6), "{over:?}");
+}
+
+/// A request whose two descriptors live in different groups is all or
+/// nothing: once `pair` (2 an hour) is spent, `user` (5 an hour) is not
+/// charged by the requests `pair` denies.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn descriptors_in_two_groups_are_all_or_nothing() {
+    let cluster = TwoGroups::start(true).await;
+    for (user_group, pair_group) in [("a", "b"), ("b", "a")] {
+        let tag = format!("span-{user_group}");
+        let user = &cluster.values_of(user_group, "user", &tag, 1)[0];
+        let pair = &cluster.values_of(pair_group, "pair", &tag, 1)[0];
+        let v = check(&["pair", "6", user, pair], &cluster.rls_ports());
+        assert_eq!(v["ok"], 2, "{v}");
+        // 2 spent with pair, 1 by the last call alone: 5 - 3.
+        assert_eq!(v["user_remaining"], 2, "user {user} pair {pair}: {v}");
+    }
+}
+
+/// Protocol v1 through any node, followers included: a client that is not
+/// cluster-aware connected to each node in turn spends each key exactly
+/// its burst (THROTTLE and DECIDE), and PEEK answers from the owner.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn protocol_v1_through_any_node_is_exact() {
+    let cluster = TwoGroups::start(true).await;
+    let config = ClientConfig {
+        deadline: Duration::from_secs(5),
+        connect_timeout: Duration::from_secs(5),
+        ..ClientConfig::default()
+    };
+    let mut clients = Vec::new();
+    for n in &cluster.nodes {
+        clients.push(Client::connect_with(n.addr, config.clone()).await.unwrap());
+    }
+    let policy = Policy::new(1, 3_600_000_000_000, 4).unwrap();
+    let limits =
+        sluice_client::inline_limits(&[sluice_protocol::Limit::TokenBucket(policy)]).unwrap();
+    let mut keys = cluster.keys_of("a", "v1", 3);
+    keys.extend(cluster.keys_of("b", "v1", 3));
+    for key in &keys {
+        let mut throttled = 0;
+        let mut decided = 0;
+        for i in 0..10 {
+            let c = &clients[i % clients.len()];
+            throttled += u64::from(c.throttle(key.as_bytes(), policy, 1).await.unwrap().allowed);
+            let other = format!("{key}/decide");
+            let d = c.decide(other.as_bytes(), limits, Mode::Spend, 1).await;
+            decided += u64::from(d.unwrap().allowed);
+        }
+        assert_eq!((throttled, decided), (4, 4), "key {key}");
+        for c in &clients {
+            let peek = c.peek(key.as_bytes(), policy, 1).await.unwrap();
+            assert_eq!((peek.allowed, peek.remaining), (false, 0), "key {key}");
+        }
+    }
+}
+
+/// A node whose cluster file differs (an old version of it) never splits
+/// counts: the owner refuses its forwards (LAYOUT_MISMATCH), and its
+/// clients hear that the group is unavailable, with why.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_node_with_another_cluster_file_is_refused() {
+    let cluster = TwoGroups::start(true).await;
+    let stray_port = port();
+    let b = cluster.nodes[2].addr;
+    let stale = ConfigFile::new(&format!(
+        "[[groups]]\nname = \"a\"\nprimary = \"127.0.0.1:{stray_port}\"\n\n\
+         [[groups]]\nname = \"b\"\nprimary = \"{b}\"\n"
+    ));
+    let stray = Sluiced::start_on(
+        stray_port,
+        &["--resp-port", "0", "--cluster", stale.arg(), "--group", "a"],
+    );
+    let key = &cluster.keys_of("b", "stale", 1)[0];
+    let port = stray.resp_addr.expect("resp").port();
+    let out = Command::new("redis-cli")
+        .args([
+            "-p",
+            &port.to_string(),
+            "CL.THROTTLE",
+            key,
+            "4",
+            "1",
+            "3600",
+        ])
+        .output()
+        .expect("redis-cli runs");
+    let said = String::from_utf8_lossy(&out.stdout);
+    assert!(said.contains("TRYAGAIN"), "{said}");
+    assert!(said.contains("layout mismatch"), "{said}");
+    drop(cluster.file);
+}
