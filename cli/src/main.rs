@@ -561,12 +561,41 @@ async fn run_cluster(mut cli: Cli, path: std::path::PathBuf) -> Result<ExitCode,
     Ok(code)
 }
 
+/// `sluice --addr NODE route KEY...`: the node (started with `--cluster`)
+/// says which group owns each key and where that group's primary is.
+async fn route_through(cli: &Cli, r: &Route) -> Result<ExitCode, Error> {
+    let config = ClientConfig {
+        deadline: Duration::from_millis(cli.timeout_ms),
+        connect_timeout: Duration::from_millis(cli.timeout_ms),
+        shard_aware: false,
+        auth_token: cli.auth_token.clone(),
+        ..ClientConfig::default()
+    };
+    let client = Client::connect_with(cli.addr.as_str(), config).await?;
+    for key in &r.keys {
+        let c = client.cluster(key.as_bytes()).await?;
+        let Some(group) = c.owner.and_then(|i| c.groups.get(usize::from(i))) else {
+            return Err(Error::Invalid(format!(
+                "{} knows no cluster (start it with --cluster FILE --group NAME), or give route --cluster FILE",
+                cli.addr
+            )));
+        };
+        if r.json {
+            let v = serde_json::json!({"key": key, "group": group.name, "node": group.primary});
+            outln!("{v}");
+        } else {
+            outln!("{key} group={} node={}", group.name, group.primary);
+        }
+    }
+    Ok(ExitCode::SUCCESS)
+}
+
 async fn run(cli: Cli) -> Result<ExitCode, Error> {
     if let Some(path) = cli.cluster.clone() {
         return run_cluster(cli, path).await;
     }
-    if let Command::Route(_) = cli.command {
-        return Err(Error::Invalid("route needs --cluster FILE".into()));
+    if let Command::Route(r) = &cli.command {
+        return route_through(&cli, r).await;
     }
     if let Command::Bench(b) = cli.command {
         return bench(&cli.addr, cli.auth_token, b, None).await;
@@ -657,7 +686,15 @@ async fn run(cli: Cli) -> Result<ExitCode, Error> {
                 }
                 let role = client.role().await?;
                 if a.json {
-                    outln!("{}", report::role_json(&role));
+                    let mut v = report::role_json(&role);
+                    // The cluster the node knows (--cluster); null for a
+                    // lone node, or one too old to say.
+                    let cluster = match client.cluster(b"").await {
+                        Ok(c) if c.layout != 0 => report::cluster_json(&c),
+                        _ => serde_json::Value::Null,
+                    };
+                    v["cluster"] = cluster;
+                    outln!("{v}");
                 } else {
                     outln!("{}", report::role_text(&role));
                 }

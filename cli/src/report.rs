@@ -283,6 +283,33 @@ pub fn role_json(r: &RoleOk) -> Value {
     })
 }
 
+/// `sluice role --json`'s `cluster`: the layout hash, this node's group
+/// and every group the node knows (name, primary, follower, epoch).
+pub fn cluster_json(c: &sluice_protocol::message::ClusterOk) -> Value {
+    let group = c
+        .own
+        .and_then(|i| c.groups.get(usize::from(i)))
+        .map(|g| g.name.clone());
+    let groups: Vec<Value> = c
+        .groups
+        .iter()
+        .map(|g| {
+            json!({
+                "name": g.name,
+                "primary": g.primary,
+                "follower": (!g.follower.is_empty()).then_some(&g.follower),
+                "epoch": g.epoch,
+            })
+        })
+        .collect();
+    json!({
+        "layout": format!("{:016x}", c.layout),
+        "group": group,
+        "groups": groups,
+        "truncated": c.truncated,
+    })
+}
+
 /// `promoted: epoch=4`.
 pub fn promote_text(epoch: u64) -> String {
     format!("promoted: epoch={epoch}")

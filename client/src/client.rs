@@ -179,6 +179,22 @@ impl Client {
         }
     }
 
+    /// The cluster as the node sees it (CLUSTER): its layout hash and
+    /// groups (empty for a node without `--cluster`), and, for a non-empty
+    /// `key`, the group that owns it.
+    pub async fn cluster(&self, key: &[u8]) -> Result<sluice_protocol::message::ClusterOk, Error> {
+        if key.len() > KEY_BYTES_MAX {
+            return Err(Error::Invalid(format!(
+                "key must be at most {KEY_BYTES_MAX} bytes"
+            )));
+        }
+        let call = Call::Cluster { key: key.into() };
+        match self.call(0, call).await? {
+            Reply::Cluster(ok) => Ok(ok),
+            other => Err(unexpected(&other)),
+        }
+    }
+
     /// redis-cell's `CL.THROTTLE` of `key` (CELL): what a node forwards for
     /// a RESP client, decided by the owner with redis-cell's arithmetic on
     /// the same bucket as a CL.THROTTLE sent to its RESP port.

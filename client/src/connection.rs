@@ -61,6 +61,10 @@ pub(crate) enum Call {
     Promote,
     /// FAILOVER: planned handover from the node (a primary) to its follower.
     Failover,
+    /// CLUSTER: the node's view of the cluster (and a key's owner).
+    Cluster {
+        key: Box<[u8]>,
+    },
     /// CELL: redis-cell's CL.THROTTLE (a node forwarding for RESP).
     Cell {
         key: Box<[u8]>,
@@ -185,6 +189,7 @@ impl Call {
             Call::Role => Request::Role,
             Call::Promote => Request::Promote,
             Call::Failover => Request::Failover,
+            Call::Cluster { key } => Request::Cluster { key },
             Call::Cell {
                 key,
                 policy,

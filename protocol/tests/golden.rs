@@ -490,6 +490,7 @@ fn encode_reply(w: &mut FrameWriter, buf: &mut BytesMut, request_id: u32, reply:
             sluice_protocol::replication::put_failover_ok(w, buf, request_id, ok)
         }
         Reply::Cell(v) => message::put_cell_ok(w, buf, request_id, v),
+        Reply::Cluster(c) => message::put_cluster_ok(w, buf, request_id, c),
         Reply::Error { code, text } => {
             let status = Status::from_code(*code).expect("golden errors use known codes");
             message::put_error(w, buf, request_id, status, text);

@@ -167,6 +167,81 @@ fn time_histogram(
     }
 }
 
+/// An entry point's forwarding (`--cluster`): requests by destination
+/// group, their round trips, and errors by kind.
+fn forward_metrics(out: &mut String, forward: &crate::forward::Forwarder) {
+    let s = &forward.stats;
+    let per_group: Vec<(String, String)> = s
+        .groups
+        .lock()
+        .expect("not poisoned")
+        .iter()
+        .map(|(g, c)| (format!("group=\"{g}\""), c.forwarded.to_string()))
+        .collect();
+    family(
+        out,
+        "sluice_forwarded_requests_total",
+        "counter",
+        "Requests this node forwarded to the primary of the group that owns their key (--cluster).",
+        &per_group,
+    );
+    let name = "sluice_forward_seconds";
+    let _ = writeln!(out, "# HELP {name} Round trips of forwarded requests, from the forwarder's send to the owner's answer (or the error).");
+    let _ = writeln!(out, "# TYPE {name} histogram");
+    let mut cumulative = 0u64;
+    for (b, n) in s.rtt.iter().enumerate() {
+        cumulative += n.load(Ordering::Relaxed);
+        let le = if b + 1 == crate::forward::RTT_BUCKETS {
+            "+Inf".to_owned()
+        } else {
+            format!("{}", (1u64 << b) as f64 / 1e6)
+        };
+        let _ = writeln!(out, "{name}_bucket{{le=\"{le}\"}} {cumulative}");
+    }
+    let sum = s.rtt_ns_sum.load(Ordering::Relaxed) as f64 / 1e9;
+    let _ = writeln!(out, "{name}_sum {sum}");
+    let _ = writeln!(out, "{name}_count {cumulative}");
+    let mut errors: Vec<(String, String)> = crate::forward::ERROR_KINDS
+        .iter()
+        .zip(&s.errors)
+        .map(|(kind, n)| {
+            (
+                format!("kind=\"{kind}\""),
+                n.load(Ordering::Relaxed).to_string(),
+            )
+        })
+        .collect();
+    errors.push((
+        "kind=\"layout_mismatch\"".to_owned(),
+        s.layout_mismatches.load(Ordering::Relaxed).to_string(),
+    ));
+    errors.push((
+        "kind=\"wrong_group\"".to_owned(),
+        s.wrong_group.load(Ordering::Relaxed).to_string(),
+    ));
+    family(
+        out,
+        "sluice_forward_errors_total",
+        "counter",
+        "Forwarding errors by kind: unavailable (no primary of the group answered; not applied), outcome_unknown (sent, no answer in time), refused (the owner answered an error), other; layout_mismatch and wrong_group count what this node refused of other nodes' forwards.",
+        &errors,
+    );
+    family(
+        out,
+        "sluice_cluster_layout",
+        "gauge",
+        "The cluster layout this node forwards with (the hash in a label; always 1).",
+        &[(
+            format!(
+                "layout=\"{:016x}\",group=\"{}\"",
+                forward.layout_hash(),
+                forward.group()
+            ),
+            "1".to_owned(),
+        )],
+    );
+}
+
 /// The whole scrape.
 pub fn exposition(state: &AdminState) -> String {
     let node = &state.node;
@@ -484,6 +559,9 @@ pub fn exposition(state: &AdminState) -> String {
                 state.snapshot_failures.load(Ordering::Relaxed).to_string(),
             )],
         );
+    }
+    if let Some(forward) = &node.forward {
+        forward_metrics(&mut out, forward);
     }
     family(
         &mut out,

@@ -151,6 +151,7 @@ enum Local {
     Promote(u64),
     Failover(replication::FailoverOk),
     Cell(sluice_protocol::cell::CellVerdict),
+    Cluster(Box<message::ClusterOk>),
     Stats {
         shard_count: u16,
         shard_first: u16,
@@ -491,6 +492,10 @@ impl Connection {
                 Ok(Request::Promote) => self.promote(h.request_id),
                 Ok(Request::Failover) => self.failover(h.request_id),
                 Ok(Request::Cell(c)) => self.cell(h.request_id, c, now_ns),
+                Ok(Request::Cluster { key }) => {
+                    let ok = crate::forward::cluster_ok(&self.core.node, key);
+                    self.push(h.request_id, Local::Cluster(Box::new(ok)));
+                }
                 Err(e) => self.push(h.request_id, error(*e)),
             }
         }
@@ -1103,6 +1108,7 @@ fn encode_local(w: &mut FrameWriter, buf: &mut BytesMut, request_id: u32, reply:
         Local::Promote(epoch) => replication::put_promote_ok(w, buf, request_id, *epoch),
         Local::Failover(ok) => replication::put_failover_ok(w, buf, request_id, ok),
         Local::Cell(v) => message::put_cell_ok(w, buf, request_id, v),
+        Local::Cluster(c) => message::put_cluster_ok(w, buf, request_id, c),
         Local::Stats {
             shard_count,
             shard_first,

@@ -40,7 +40,7 @@ use std::time::{Duration, Instant};
 
 use sluice_client::{ClientConfig, Cluster, ClusterConfig, Error, FailurePolicy, Topology};
 use sluice_protocol::cell::CellPolicy;
-use sluice_protocol::message::{DecideOk, LimitSet, Limits, Mode};
+use sluice_protocol::message::{ClusterOk, DecideOk, GroupInfo, LimitSet, Limits, Mode};
 use sluice_protocol::ring::Ring;
 use sluice_protocol::{Limit, Policy, Priority, Status};
 
@@ -509,6 +509,41 @@ impl Forwarder {
             };
             s.errors[kind].fetch_add(1, Ordering::Relaxed);
         }
+    }
+}
+
+/// CLUSTER_OK for `node`: its layout and groups (empty without
+/// `--cluster`), and which group owns `key` (when not empty).
+pub fn cluster_ok(node: &crate::shard::Node, key: &[u8]) -> ClusterOk {
+    let Some(forward) = &node.forward else {
+        return ClusterOk::default();
+    };
+    let view = forward.view();
+    let groups: Vec<GroupInfo> = forward
+        .groups()
+        .into_iter()
+        .map(|(name, primary, follower, epoch)| GroupInfo {
+            name,
+            primary,
+            follower: follower.unwrap_or_default(),
+            epoch,
+        })
+        .collect();
+    let index = |name: &str| {
+        groups
+            .iter()
+            .position(|g| g.name == name)
+            .and_then(|i| u16::try_from(i).ok())
+    };
+    let owner = (!key.is_empty())
+        .then(|| index(view.owner(sluice_protocol::routing::key_hash(key))))
+        .flatten();
+    ClusterOk {
+        layout: view.hash,
+        own: index(forward.group()),
+        owner,
+        truncated: false,
+        groups,
     }
 }
 

@@ -15,7 +15,9 @@ use sluice_protocol::ring::Ring;
 use sluice_protocol::routing::key_hash;
 use sluice_protocol::Policy;
 use sluice_tests::repl::{streaming, wait_role};
-use sluice_tests::support::{port, ConfigFile, Sluiced};
+use sluice_tests::support::{
+    http_get, json_object, metric_sample, port, sluice_cli, ConfigFile, Sluiced,
+};
 
 fn root() -> PathBuf {
     PathBuf::from(env!("CARGO_MANIFEST_DIR"))
@@ -69,6 +71,8 @@ impl TwoGroups {
                 "0",
                 "--rls-config",
                 &rules,
+                "--admin-port",
+                "0",
             ];
             if entry {
                 args.extend(["--cluster", file.arg(), "--group", group]);
@@ -286,5 +290,47 @@ async fn a_node_with_another_cluster_file_is_refused() {
     let said = String::from_utf8_lossy(&out.stdout);
     assert!(said.contains("TRYAGAIN"), "{said}");
     assert!(said.contains("layout mismatch"), "{said}");
+    // The owner counted what it refused.
+    let (_, scrape) = http_get(cluster.nodes[2].admin_addr.expect("admin"), "/metrics");
+    let refused = "sluice_forward_errors_total{kind=\"layout_mismatch\"}";
+    assert!(metric_sample(&scrape, refused) >= 1.0, "{scrape}");
     drop(cluster.file);
+}
+
+/// What an operator reads: `sluice role --json` names the cluster the node
+/// knows, `sluice --addr ANY route KEY` answers through any node, and the
+/// admin port counts forwards by group.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn role_route_and_metrics_show_the_cluster() {
+    let cluster = TwoGroups::start(true).await;
+    let role = json_object(&sluice_cli(&cluster.nodes[3], &["role", "--json"]));
+    let c = &role["cluster"];
+    assert_eq!(c["group"], "b", "{role:?}");
+    assert_eq!(c["layout"].as_str().map(str::len), Some(16), "{role:?}");
+    let names: Vec<&str> = c["groups"]
+        .as_array()
+        .expect("groups")
+        .iter()
+        .map(|g| g["name"].as_str().expect("name"))
+        .collect();
+    assert_eq!(names, ["a", "b"], "{role:?}");
+    let key = &cluster.keys_of("b", "route", 1)[0];
+    let b = cluster.nodes[2].addr.to_string();
+    for node in &cluster.nodes {
+        let out = sluice_cli(node, &["route", key]);
+        let said = String::from_utf8_lossy(&out.stdout);
+        assert_eq!(said.trim(), format!("{key} group=b node={b}"), "{out:?}");
+    }
+    // A b key through a's primary is forwarded and counted there.
+    let (grants, _) = resp_round_robin(&cluster, "metrics");
+    assert!(grants.iter().all(|(_, n)| *n == 5), "{grants:?}");
+    let (_, scrape) = http_get(cluster.nodes[0].admin_addr.expect("admin"), "/metrics");
+    let to_b = metric_sample(&scrape, "sluice_forwarded_requests_total{group=\"b\"}");
+    assert!(to_b >= 1.0, "{scrape}");
+    assert!(metric_sample(&scrape, "sluice_forward_seconds_count") >= to_b);
+    // a's primary decides a's keys itself: it never forwards to a.
+    assert!(
+        !scrape.contains("sluice_forwarded_requests_total{group=\"a\"}"),
+        "{scrape}"
+    );
 }

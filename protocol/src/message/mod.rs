@@ -17,6 +17,7 @@
 //!
 //! [`FrameWriter`]: crate::codec::FrameWriter
 
+mod cluster;
 mod consts;
 mod encode;
 mod error;
@@ -27,6 +28,7 @@ mod request;
 #[cfg(test)]
 mod test_util;
 
+pub use cluster::{put_cluster_ok, ClusterOk, GroupInfo, CLUSTER_TEXT_BYTES_MAX, GROUP_NONE};
 pub use consts::{
     CELL_FIXED_BYTES, DENIED_NONE, ERROR_TEXT_BYTES_MAX, KEY_BYTES_MAX, LIMITS_MAX,
     LIMIT_RECORD_BYTES, SHARD_ANY, STATS_RECORDS_MAX, STATS_RECORD_BYTES, THROTTLE_FIXED_BYTES,

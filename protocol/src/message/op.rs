@@ -12,6 +12,8 @@ pub const RELOAD: u8 = 0x08;
 pub const STATS: u8 = 0x09;
 /// redis-cell's CL.THROTTLE, forwarded by a node for a RESP client.
 pub const CELL: u8 = 0x0d;
+/// The cluster as the node sees it (layout, groups, a key's owner).
+pub const CLUSTER: u8 = 0x0e;
 /// Set on every reply op.
 pub const REPLY: u8 = 0x80;
 pub const HELLO_OK: u8 = HELLO | REPLY;
@@ -24,4 +26,5 @@ pub const RENEW_OK: u8 = RENEW | REPLY;
 pub const RELOAD_OK: u8 = RELOAD | REPLY;
 pub const STATS_OK: u8 = STATS | REPLY;
 pub const CELL_OK: u8 = CELL | REPLY;
+pub const CLUSTER_OK: u8 = CLUSTER | REPLY;
 pub const ERROR: u8 = 0xff;

@@ -176,6 +176,8 @@ pub enum Reply {
     Failover(crate::replication::FailoverOk),
     /// CELL_OK: a forwarded CL.THROTTLE's verdict.
     Cell(crate::cell::CellVerdict),
+    /// CLUSTER_OK.
+    Cluster(super::cluster::ClusterOk),
     /// An error: the code (which a newer server may send unknown to us) and
     /// the human text.
     Error {
@@ -217,6 +219,7 @@ impl Reply {
                 tier_count: u32_at(p, 0),
             }),
             op::STATS_OK => parse_stats_ok(p).map(Reply::Stats),
+            op::CLUSTER_OK => super::cluster::parse_cluster_ok(p).map(Reply::Cluster),
             op::CELL_OK if p.len() == CELL_OK_BYTES && p[1..8] == [0; 7] && p[0] <= 1 => {
                 Some(Reply::Cell(crate::cell::CellVerdict {
                     limited: p[0] == 1,

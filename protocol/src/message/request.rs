@@ -398,6 +398,11 @@ pub enum Request<'a> {
     Failover,
     /// CELL: a forwarded `CL.THROTTLE`.
     Cell(Cell<'a>),
+    /// CLUSTER: the cluster as the node sees it, and (with a key, else
+    /// empty) which group owns the key.
+    Cluster {
+        key: &'a [u8],
+    },
 }
 
 impl<'a> Request<'a> {
@@ -420,6 +425,9 @@ impl<'a> Request<'a> {
             op::RELOAD => Err(LayoutError::Length.into()),
             op::STATS => Ok(Request::Stats(parse_stats(payload)?)),
             op::CELL => Ok(Request::Cell(parse_cell(payload)?)),
+            op::CLUSTER => super::cluster::parse_cluster(payload)
+                .map(|key| Request::Cluster { key })
+                .ok_or_else(|| Status::BadRequest.into()),
             crate::replication::op::ROLE if payload.is_empty() => Ok(Request::Role),
             crate::replication::op::PROMOTE if payload.is_empty() => Ok(Request::Promote),
             crate::replication::op::FAILOVER if payload.is_empty() => Ok(Request::Failover),
@@ -471,6 +479,9 @@ impl<'a> Request<'a> {
                 }
             }),
             Request::Cell(c) => w.message(buf, op::CELL, request_id, |b| put_cell(b, c)),
+            Request::Cluster { key } => w.message(buf, op::CLUSTER, request_id, |b| {
+                super::cluster::put_cluster(b, key)
+            }),
             Request::Ping => w.message(buf, op::PING, request_id, |_| {}),
             Request::Throttle(t) => {
                 w.message(buf, op::THROTTLE, request_id, |b| put_throttle(b, t))
@@ -995,6 +1006,8 @@ mod tests {
                 policy: CellPolicy::new(14, 30, 60).unwrap(),
                 quantity: 2,
             }),
+            Request::Cluster { key: b"user:42" },
+            Request::Cluster { key: b"" },
             Request::Throttle(Throttle {
                 key: b"user:42",
                 policy,
