@@ -334,3 +334,115 @@ async fn role_route_and_metrics_show_the_cluster() {
         "{scrape}"
     );
 }
+
+/// kill -9 of group b's primary while a's nodes forward b's keys: the
+/// sync promise holds through the entry point. Every admission a client
+/// saw was acknowledged by b's follower, so after its promotion the keys
+/// admit only what is left: never more than the burst in all; and no
+/// more is lost than the spends whose outcome was unknown.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn kill9_of_an_owner_under_forwarded_load_keeps_the_sync_promise() {
+    use std::sync::atomic::{AtomicU64, Ordering};
+    use std::sync::Arc;
+    let mut cluster = TwoGroups::start(true).await;
+    const BURST: u64 = 1_000;
+    let policy = Policy::new(1, 3_600_000_000_000, BURST).unwrap();
+    let keys: Arc<Vec<String>> = Arc::new(cluster.keys_of("b", "kill", 8));
+    let config = ClientConfig {
+        deadline: Duration::from_secs(2),
+        connect_timeout: Duration::from_secs(2),
+        ..ClientConfig::default()
+    };
+    // Load through a's primary and a's follower (both entry points).
+    let admitted: Arc<Vec<AtomicU64>> = Arc::new(keys.iter().map(|_| AtomicU64::new(0)).collect());
+    let unknown = Arc::new(AtomicU64::new(0));
+    let mut load = tokio::task::JoinSet::new();
+    for (w, entry) in [
+        cluster.nodes[0].addr,
+        cluster.nodes[1].addr,
+        cluster.nodes[0].addr,
+    ]
+    .into_iter()
+    .enumerate()
+    {
+        let client = Client::connect_with(entry, config.clone()).await.unwrap();
+        let (keys, admitted, unknown) = (keys.clone(), admitted.clone(), unknown.clone());
+        load.spawn(async move {
+            let start = std::time::Instant::now();
+            let mut i = w;
+            while start.elapsed() < Duration::from_millis(1_500) {
+                i += 1;
+                let k = i % keys.len();
+                match client.throttle(keys[k].as_bytes(), policy, 1).await {
+                    Ok(v) if v.allowed => {
+                        admitted[k].fetch_add(1, Ordering::Relaxed);
+                    }
+                    Ok(_) => {}
+                    Err(e) => {
+                        let status = e.status();
+                        if status == Some(sluice_protocol::Status::OutcomeUnknown) {
+                            unknown.fetch_add(1, Ordering::Relaxed);
+                        } else {
+                            assert_eq!(
+                                status,
+                                Some(sluice_protocol::Status::GroupUnavailable),
+                                "{e}"
+                            );
+                        }
+                        tokio::time::sleep(Duration::from_millis(5)).await;
+                    }
+                }
+            }
+        });
+    }
+    let sum = |a: &[AtomicU64]| a.iter().map(|n| n.load(Ordering::Relaxed)).sum::<u64>();
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    cluster.nodes[2].kill9();
+    let at_kill = sum(&admitted);
+    let out = sluice_cli(&cluster.nodes[3], &["promote"]);
+    assert!(out.status.success(), "{out:?}");
+    while let Some(r) = load.join_next().await {
+        r.expect("a load task");
+    }
+    // The load ran on both sides of the kill: the forwarders found the
+    // promoted follower by themselves.
+    let after_load = sum(&admitted);
+    assert!(
+        at_kill > 0 && at_kill < BURST * keys.len() as u64,
+        "{at_kill}"
+    );
+    assert!(
+        after_load > at_kill,
+        "nothing admitted after the kill: {at_kill}"
+    );
+    // Spend what is left of every key through a's primary.
+    let client = Client::connect_with(cluster.nodes[0].addr, config)
+        .await
+        .unwrap();
+    for (k, key) in keys.iter().enumerate() {
+        for _ in 0..BURST + 5 {
+            if client
+                .throttle(key.as_bytes(), policy, 1)
+                .await
+                .unwrap()
+                .allowed
+            {
+                admitted[k].fetch_add(1, Ordering::Relaxed);
+            }
+        }
+    }
+    let total: Vec<u64> = admitted.iter().map(|a| a.load(Ordering::Relaxed)).collect();
+    let unknown = unknown.load(Ordering::Relaxed);
+    for (k, n) in total.iter().enumerate() {
+        assert!(
+            *n <= BURST,
+            "key {}: admitted {n} of {BURST}: {total:?}",
+            keys[k]
+        );
+    }
+    let lost = BURST * keys.len() as u64 - total.iter().sum::<u64>();
+    assert!(
+        lost <= unknown,
+        "lost {lost} units, unknown outcomes {unknown}"
+    );
+}
