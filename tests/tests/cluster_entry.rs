@@ -446,3 +446,42 @@ async fn kill9_of_an_owner_under_forwarded_load_keeps_the_sync_promise() {
         "lost {lost} units, unknown outcomes {unknown}"
     );
 }
+
+/// The Python client (clients/python, written from PROTOCOL.md alone, no
+/// cluster routing of its own), connected to every node in turn: exact.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_python_client_through_any_node_is_exact() {
+    let cluster = TwoGroups::start(true).await;
+    let mut keys = cluster.keys_of("a", "py", 3);
+    keys.extend(cluster.keys_of("b", "py", 3));
+    let ports: Vec<String> = cluster
+        .nodes
+        .iter()
+        .map(|n| n.addr.port().to_string())
+        .collect();
+    let script = format!(
+        "import json, sys\n\
+         sys.path.insert(0, {dir:?})\n\
+         from sluice import Client\n\
+         clients = [Client(port=int(p)) for p in {ports:?}]\n\
+         granted = {{}}\n\
+         for i, k in enumerate({keys:?}):\n\
+         \x20   granted[k] = sum(clients[(a + i) % len(clients)].throttle(k.encode(), 1, 3600 * 10**9, 4).allowed for a in range(10))\n\
+         print(json.dumps(granted))\n",
+        dir = root().join("../clients/python").display().to_string(),
+    );
+    let out = Command::new("python3")
+        .args(["-c", &script])
+        .output()
+        .expect("python3 runs");
+    let said = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        out.status.success(),
+        "{said}{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let granted: serde_json::Value = serde_json::from_str(&said).expect("JSON");
+    for k in &keys {
+        assert_eq!(granted[k], 4, "{k}: {said}");
+    }
+}
