@@ -212,6 +212,11 @@ pub struct ClusterConfig {
     pub tier_fallback: FailurePolicy,
     /// Shortest time between two searches for a group's primary.
     pub search_interval: Duration,
+    /// For a node that forwards (`sluiced --cluster`): every connection's
+    /// HELLO carries the current layout's hash ([`Topology::layout_hash`],
+    /// taken anew at each reload), so that a node with another layout
+    /// refuses it. Off for gateways.
+    pub send_layout: bool,
 }
 
 impl Default for ClusterConfig {
@@ -222,6 +227,7 @@ impl Default for ClusterConfig {
             local_share: (1, 1),
             tier_fallback: FailurePolicy::Open,
             search_interval: Duration::from_millis(SEARCH_INTERVAL_MS_DEFAULT),
+            send_layout: false,
         }
     }
 }
@@ -307,12 +313,16 @@ struct Layout {
     ring: Ring,
     /// By ring index.
     groups: Vec<Arc<Group>>,
+    /// [`Topology::layout_hash`] of the topology it was made from.
+    hash: u64,
 }
 
 #[derive(Debug)]
 pub(crate) struct Inner {
     config: ClusterConfig,
     layout: RwLock<Arc<Layout>>,
+    /// Raised by every reload (a layout watcher compares it).
+    generation: AtomicU64,
     stats: ClusterStats,
     clock: MonotonicClock,
 }
@@ -334,6 +344,7 @@ impl Cluster {
             inner: Arc::new(Inner {
                 config,
                 layout: RwLock::new(Arc::new(layout)),
+                generation: AtomicU64::new(0),
                 stats: ClusterStats::default(),
                 clock: MonotonicClock::new(),
             }),
@@ -354,7 +365,22 @@ impl Cluster {
             .collect();
         let new = layout(topology, &by_name);
         *self.inner.layout.write().expect("not poisoned") = Arc::new(new);
+        self.inner.generation.fetch_add(1, Ordering::Release);
         Ok(())
+    }
+
+    /// Raised by every reload (of a file, or from etcd's watch): a caller
+    /// that keeps something derived from [`Cluster::topology`] compares it.
+    pub fn generation(&self) -> u64 {
+        self.inner.generation.load(Ordering::Acquire)
+    }
+
+    /// The topology in force (groups in the ring's order) and its
+    /// [`Topology::layout_hash`].
+    pub fn topology(&self) -> (Topology, u64) {
+        let layout = self.layout();
+        let groups = layout.groups.iter().map(|g| g.spec.clone()).collect();
+        (Topology { groups }, layout.hash)
     }
 
     /// Re-reads a cluster file and takes it (see [`Cluster::reload`]); an
@@ -757,8 +783,14 @@ impl Cluster {
         }
         group.epoch.store(epoch, Ordering::Relaxed);
         // The group's epoch goes in HELLO: a stale primary learns it.
+        let layout_hash = if self.inner.config.send_layout {
+            self.layout().hash
+        } else {
+            config.layout_hash
+        };
         let config = ClientConfig {
             known_epoch: epoch,
+            layout_hash,
             ..config.clone()
         };
         match Client::connect_with(addr.as_str(), config).await {
@@ -851,7 +883,11 @@ fn layout(topology: &Topology, keep: &HashMap<String, Arc<Group>>) -> Layout {
             })
         })
         .collect();
-    Layout { ring, groups }
+    Layout {
+        ring,
+        groups,
+        hash: topology.layout_hash(),
+    }
 }
 
 /// Drops the group's primary: the next call searches.

@@ -148,8 +148,22 @@ impl Cluster {
     /// watches the cluster's keys as long as the `Cluster` lives (see the
     /// module's documentation).
     pub async fn from_etcd(url: &str, config: ClusterConfig) -> Result<Cluster, Error> {
+        Cluster::from_etcd_or(url, config, None).await
+    }
+
+    /// [`Cluster::from_etcd`], starting from `first` while etcd holds no
+    /// group yet (the first node of a new cluster: its own group, until it
+    /// has registered).
+    pub async fn from_etcd_or(
+        url: &str,
+        config: ClusterConfig,
+        first: Option<&Topology>,
+    ) -> Result<Cluster, Error> {
         let source = EtcdSource::parse(url)?;
-        let (topology, leaders) = source.topology().await?;
+        let (mut topology, leaders) = source.topology().await?;
+        if let (true, Some(first)) = (topology.groups.is_empty(), first) {
+            topology = first.clone();
+        }
         let cluster = Cluster::new(&topology, config)?;
         tokio::spawn(watch(source, Arc::downgrade(&cluster.inner), leaders));
         Ok(cluster)

@@ -136,18 +136,26 @@ pub const LAYOUT_SEED: u64 = u64::from_le_bytes(*b"sluicely");
 
 /// The hash of a cluster's layout, which nodes that forward to each other
 /// exchange in HELLO (PROTOCOL.md, "Entry points"): XXH3-64 with seed
-/// [`LAYOUT_SEED`] of each group's line `name \t primary \t follower \n`
-/// (an empty follower when it has none), the lines sorted as byte strings.
-/// It depends on the set of groups and their members, never on their
-/// order; two nodes with the same hash own every key alike and forward to
-/// the same addresses. Never 0 (0 means "no layout" on the wire).
+/// [`LAYOUT_SEED`] of one line per group, `name`, TAB, its members'
+/// addresses sorted as byte strings and joined by TAB (a group of one
+/// member: that one, then an empty one), LF; the lines sorted as byte
+/// strings. It depends on the set of groups and of their members, never on
+/// their order nor on which member is primary (a failover changes
+/// nothing); two nodes with the same hash own every key alike and forward
+/// to the same nodes. Never 0 (0 means "no layout" on the wire).
 pub fn layout_hash<'a, I>(groups: I) -> u64
 where
     I: IntoIterator<Item = (&'a str, &'a str, Option<&'a str>)>,
 {
     let mut lines: Vec<String> = groups
         .into_iter()
-        .map(|(name, primary, follower)| format!("{name}\t{primary}\t{}\n", follower.unwrap_or("")))
+        .map(|(name, primary, follower)| {
+            let mut members = [primary, follower.unwrap_or("")];
+            if !members[1].is_empty() {
+                members.sort_unstable();
+            }
+            format!("{name}\t{}\t{}\n", members[0], members[1])
+        })
         .collect();
     lines.sort_unstable();
     let h = xxh3_64_with_seed(lines.concat().as_bytes(), LAYOUT_SEED);
@@ -278,6 +286,25 @@ impl Ring {
 
 #[cfg(test)]
 mod tests {
+    use super::layout_hash;
+
+    #[test]
+    fn the_layout_hash_is_of_the_sets_of_groups_and_members() {
+        let one = [("a", "h1:1", Some("h1:2")), ("b", "h2:1", None)];
+        let h = layout_hash(one);
+        // Order of groups, and which member is primary: the same layout.
+        assert_eq!(h, layout_hash([one[1], one[0]]));
+        assert_eq!(h, layout_hash([("a", "h1:2", Some("h1:1")), one[1]]));
+        // A member, a name or a group more: another layout.
+        assert_ne!(h, layout_hash([("a", "h1:1", Some("h1:3")), one[1]]));
+        assert_ne!(
+            h,
+            layout_hash([("a", "h1:1", Some("h1:2")), ("c", "h2:1", None)])
+        );
+        assert_ne!(h, layout_hash([one[0]]));
+        assert_ne!(layout_hash([("a", "x", None)]), 0);
+    }
+
     use std::sync::OnceLock;
 
     use proptest::prelude::*;

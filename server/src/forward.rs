@@ -161,18 +161,20 @@ pub struct RemoteBatch {
     pub items: Vec<(u64, RemoteOp)>,
 }
 
-/// The cluster as this node sees it, swapped whole by a reload.
+/// The cluster as this node sees it, made anew whenever the cluster
+/// client's layout changes (a reload of the file, etcd's watch).
 #[derive(Debug)]
 pub struct View {
     /// The ring over the groups' names (ownership).
     ring: Ring,
-    /// This node's group's index in `ring`.
-    own: usize,
+    /// This node's group's index in `ring` (`None` in etcd mode until the
+    /// group has registered).
+    own: Option<usize>,
     /// The layout hash sent in HELLO and checked against peers'.
     pub hash: u64,
-    /// Routes, batches and fails over; its connections carry `hash`.
-    cluster: Cluster,
-    /// The file's text, parsed (for ROLE's list and reloads).
+    /// The cluster client's [`Cluster::generation`] this view was made at.
+    generation: u64,
+    /// The groups (for CLUSTER_OK).
     topology: Topology,
 }
 
@@ -180,7 +182,7 @@ impl View {
     /// Whether this node's group owns the key of hash `key`.
     #[inline]
     pub fn owns(&self, key: u128) -> bool {
-        self.ring.group_of(key) == self.own
+        Some(self.ring.group_of(key)) == self.own
     }
 
     /// The name of the group that owns `key`.
@@ -238,17 +240,18 @@ impl Default for ForwardStats {
 /// The node's entry-point machinery (see the module doc).
 #[derive(Debug)]
 pub struct Forwarder {
-    /// The cluster file.
-    path: PathBuf,
+    /// The cluster file (`None`: the layout comes from etcd, watched by
+    /// the cluster client).
+    path: Option<PathBuf>,
     /// This node's group.
     group: String,
     /// The address this node is listed under.
     own_addr: String,
-    /// What the cluster client is configured with (the layout hash is
-    /// set per view).
-    base: ClusterConfig,
     /// What a key gets when its group cannot answer.
     failure: FailurePolicy,
+    /// Routes, batches and fails over; its connections carry the layout
+    /// hash in HELLO.
+    cluster: Cluster,
     /// The current view.
     view: RwLock<Arc<View>>,
     /// The forwarder thread's runtime.
@@ -258,15 +261,12 @@ pub struct Forwarder {
 }
 
 impl Forwarder {
-    /// Reads the cluster file, checks this node is in it, and starts the
+    /// Reads the cluster (the file of `--cluster`, else etcd's layout of
+    /// `--coordinator`), checks this node is in it, and starts the
     /// forwarder thread. `own_addr`: `--advertise`, or the listening
     /// address.
     pub fn start(config: &Config, own_addr: String) -> Result<Arc<Forwarder>, String> {
-        let path = config.cluster.clone().expect("--cluster given");
-        let group = config
-            .group
-            .clone()
-            .expect("validated: --cluster needs --group");
+        let group = config.group.clone().expect("validated: needs --group");
         let failure = match config.forward_failure {
             ForwardFailure::Error => FailurePolicy::Error,
             ForwardFailure::Open => FailurePolicy::Open,
@@ -282,15 +282,26 @@ impl Forwarder {
                 layout_hash: 0,
             },
             failure,
+            send_layout: true,
             ..ClusterConfig::default()
         };
         let runtime = spawn_runtime()?;
-        let view = {
-            let _enter = runtime.enter();
-            make_view(&path, &group, &own_addr, &base)?
+        let path = config.cluster.clone();
+        let cluster = match (&path, &config.coordinator) {
+            (Some(path), _) => {
+                let topology = load(path, &group, &own_addr)?;
+                let _enter = runtime.enter();
+                Cluster::new(&topology, base).map_err(|e| e.to_string())?
+            }
+            (None, Some(url)) => {
+                let own = Topology::new().group(&group, &own_addr, None);
+                etcd_cluster(&runtime, url, &config.cluster_name, base, own)?
+            }
+            (None, None) => unreachable!("started with --cluster or --coordinator"),
         };
+        let view = make_view(&cluster, &group);
         tracing::info!(
-            cluster = %path.display(),
+            source = %path.as_ref().map_or_else(|| "etcd".to_owned(), |p| p.display().to_string()),
             group = %group,
             groups = view.ring.group_count(),
             layout = format_args!("{:016x}", view.hash),
@@ -300,18 +311,33 @@ impl Forwarder {
             path,
             group,
             own_addr,
-            base,
             failure,
+            cluster,
             view: RwLock::new(Arc::new(view)),
             runtime,
             stats: ForwardStats::default(),
         }))
     }
 
-    /// The view in force (read once per frame by a coordinator).
+    /// The view in force (read once per read by a coordinator), made anew
+    /// when the cluster client's layout changed.
     #[inline]
     pub fn view(&self) -> Arc<View> {
-        self.view.read().expect("not poisoned").clone()
+        let view = self.view.read().expect("not poisoned").clone();
+        if view.generation == self.cluster.generation() {
+            return view;
+        }
+        let fresh = Arc::new(make_view(&self.cluster, &self.group));
+        if fresh.hash != view.hash {
+            tracing::info!(
+                from = format_args!("{:016x}", view.hash),
+                to = format_args!("{:016x}", fresh.hash),
+                groups = fresh.ring.group_count(),
+                "new cluster layout"
+            );
+        }
+        *self.view.write().expect("not poisoned") = fresh.clone();
+        fresh
     }
 
     /// The layout hash in force.
@@ -326,22 +352,17 @@ impl Forwarder {
 
     /// Re-reads the cluster file (SIGHUP, RELOAD). A file that does not
     /// parse, or no longer lists this node in its group, changes nothing.
-    /// A changed layout gets a new cluster client (its connections carry
-    /// the new hash); calls in flight finish on the old one.
+    /// Groups whose members did not change keep their connections; a
+    /// connection opened under the old layout that reaches a node of the
+    /// new one is refused or answered WRONG_GROUP, never counted apart.
+    /// In etcd mode there is nothing to re-read: the watch follows etcd.
     pub fn reload(&self) -> Result<(), String> {
-        let fresh = {
-            let _enter = self.runtime.enter();
-            make_view(&self.path, &self.group, &self.own_addr, &self.base)?
+        let Some(path) = &self.path else {
+            return Ok(());
         };
-        let mut view = self.view.write().expect("not poisoned");
-        if fresh.hash != view.hash {
-            tracing::info!(
-                from = format_args!("{:016x}", view.hash),
-                to = format_args!("{:016x}", fresh.hash),
-                "cluster file reloaded: new layout"
-            );
-            *view = Arc::new(fresh);
-        }
+        let topology = load(path, &self.group, &self.own_addr)?;
+        self.cluster.reload(&topology).map_err(|e| e.to_string())?;
+        self.view();
         Ok(())
     }
 
@@ -349,7 +370,7 @@ impl Forwarder {
     /// the file says), follower, epoch.
     pub fn groups(&self) -> Vec<(String, String, Option<String>, u64)> {
         let view = self.view();
-        let known = view.cluster.known();
+        let known = self.cluster.known();
         view.topology
             .groups
             .iter()
@@ -446,7 +467,7 @@ impl Forwarder {
                 target,
                 lease_id,
                 renew,
-            } => view
+            } => self
                 .cluster
                 .lease(&key, target.borrow(), lease_id, renew, self.failure)
                 .await
@@ -455,7 +476,7 @@ impl Forwarder {
                 key,
                 policy,
                 quantity,
-            } => view
+            } => self
                 .cluster
                 .cell(&key, policy, quantity, self.failure)
                 .await
@@ -475,7 +496,8 @@ impl Forwarder {
         cost: u64,
         priority: Priority,
     ) -> Result<DecideOk, Error> {
-        view.cluster
+        let _ = view;
+        self.cluster
             .decide_as(key, limits, mode, cost, self.failure, priority)
             .await
             .map(|v| v.decision)
@@ -587,14 +609,8 @@ pub fn multi(d: DecideOk) -> MultiVerdict {
     m
 }
 
-/// The view of the cluster file at `path`, if it lists `own_addr` in
-/// `group`.
-fn make_view(
-    path: &std::path::Path,
-    group: &str,
-    own_addr: &str,
-    base: &ClusterConfig,
-) -> Result<View, String> {
+/// The cluster file at `path`, if it lists `own_addr` in `group`.
+fn load(path: &std::path::Path, group: &str, own_addr: &str) -> Result<Topology, String> {
     let topology = Topology::load(path).map_err(|e| e.to_string())?;
     let Some(spec) = topology.groups.iter().find(|g| g.name == group) else {
         let names: Vec<&str> = topology.groups.iter().map(|g| g.name.as_str()).collect();
@@ -616,19 +632,52 @@ fn make_view(
                 .unwrap_or_default()
         ));
     }
+    Ok(topology)
+}
+
+/// The view of `cluster`'s layout now, for a node of `group`.
+fn make_view(cluster: &Cluster, group: &str) -> View {
+    let generation = cluster.generation();
+    let (topology, hash) = cluster.topology();
     let ring = Ring::new(topology.groups.iter().map(|g| g.name.as_str()));
-    let own = ring.index_of(group).expect("the group is in the file");
-    let hash = topology.layout_hash();
-    let mut config = base.clone();
-    config.client.layout_hash = hash;
-    let cluster = Cluster::new(&topology, config).map_err(|e| e.to_string())?;
-    Ok(View {
+    View {
+        own: ring.index_of(group),
         ring,
-        own,
         hash,
-        cluster,
+        generation,
         topology,
-    })
+    }
+}
+
+/// The cluster client of etcd's layout (`--coordinator`), watched on the
+/// forwarder's runtime.
+#[cfg(feature = "etcd")]
+fn etcd_cluster(
+    runtime: &tokio::runtime::Handle,
+    url: &str,
+    cluster_name: &str,
+    base: ClusterConfig,
+    own: Topology,
+) -> Result<Cluster, String> {
+    let url = format!("{url}/{cluster_name}");
+    let (tx, rx) = std::sync::mpsc::channel();
+    runtime.spawn(async move {
+        let _ = tx.send(Cluster::from_etcd_or(&url, base, Some(&own)).await);
+    });
+    rx.recv_timeout(Duration::from_secs(10))
+        .map_err(|_| "etcd gave no layout within 10 s".to_owned())?
+        .map_err(|e| e.to_string())
+}
+
+#[cfg(not(feature = "etcd"))]
+fn etcd_cluster(
+    _: &tokio::runtime::Handle,
+    _: &str,
+    _: &str,
+    _: ClusterConfig,
+    _: Topology,
+) -> Result<Cluster, String> {
+    Err("this sluiced was built without etcd".to_owned())
 }
 
 /// The forwarder thread: a current-thread runtime that runs until the

@@ -151,15 +151,17 @@ impl Server {
             config.replication,
             config.coordinator.is_some(),
         );
-        let forward = match &config.cluster {
-            Some(_) => {
+        // --cluster FILE, or etcd's layout with --coordinator: every node
+        // an entry point.
+        let forward = match config.cluster.is_some() || config.coordinator.is_some() {
+            true => {
                 let own = config
                     .advertise
                     .clone()
                     .unwrap_or_else(|| bound_addr(&listener).to_string());
                 Some(crate::forward::Forwarder::start(&config, own).map_err(StartError::Cluster)?)
             }
-            None => None,
+            false => None,
         };
         let node = Arc::new(Node {
             config,

@@ -372,3 +372,49 @@ async fn a_running_client_picks_up_a_group_added_in_etcd() {
     assert_eq!(v.source, sluice_client::Source::Store, "{v:?}");
     assert_eq!(v.node.as_deref(), Some(g1[p1].addr.to_string().as_str()));
 }
+
+/// Every etcd-coordinated node is an entry point (membership from etcd,
+/// no file): a group that registers later is routed to by the running
+/// nodes, and a Redis client asking g0's primary for a key of g1 spends
+/// g1's bucket, exactly.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn running_entry_points_route_to_a_group_added_in_etcd() {
+    let etcd = Etcd::start();
+    let (g0, _) = pair(&etcd, "g0", &["--shards", "1", "--resp-port", "0"]);
+    let p0 = settled([g0[0].addr, g0[1].addr], Duration::from_secs(30)).await;
+    let (g1, _) = pair(&etcd, "g1", &["--shards", "1", "--resp-port", "0"]);
+    let p1 = settled([g1[0].addr, g1[1].addr], Duration::from_secs(30)).await;
+    // The key that g1 owns, as g0's primary routes it once it saw g1.
+    let ring = sluice_protocol::ring::Ring::new(["g0", "g1"]);
+    let key = (0..)
+        .map(|i| format!("user:{i}"))
+        .find(|k| ring.owner(sluice_protocol::routing::key_hash(k.as_bytes())) == "g1")
+        .expect("a key of g1");
+    let start = Instant::now();
+    loop {
+        let out = support::sluice_cli(&g0[p0], &["route", &key]);
+        if String::from_utf8_lossy(&out.stdout).contains("group=g1") {
+            break;
+        }
+        assert!(start.elapsed() < Duration::from_secs(10), "{out:?}");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    let cli = |node: &Sluiced| {
+        let port = node.resp_addr.expect("resp").port().to_string();
+        let out = std::process::Command::new("redis-cli")
+            .args(["-p", &port, "CL.THROTTLE", &key, "2", "1", "3600"])
+            .output()
+            .expect("redis-cli runs");
+        String::from_utf8_lossy(&out.stdout)
+            .lines()
+            .next()
+            .map(str::to_owned)
+    };
+    // Through g0's primary and follower in turn: 3 granted (max_burst 2).
+    let granted = (0..6)
+        .filter(|i| cli(&g0[(p0 + i) % 2]).as_deref() == Some("0"))
+        .count();
+    assert_eq!(granted, 3);
+    // g1's primary holds the bucket: nothing left there either.
+    assert_eq!(cli(&g1[p1]).as_deref(), Some("1"));
+}
