@@ -11,6 +11,7 @@ Usage: envoy_rls_check.py PORT MODE [ARGS]
   unavailable      every request is refused with UNAVAILABLE (a follower)
   unlimited N      N calls matching only the unlimited rule of example7
   limited          one call matching example7's limited rule
+  share_threshold  the values of a share_threshold wildcard share one limit
 """
 
 import sys
@@ -270,6 +271,28 @@ elif mode == "unlimited":
 elif mode == "limited":
     expect(ask("example7", [("key1", "value1"), ("key2", "k")]), OK, (OK, 10, 9))
     print("limited: ok")
+elif mode == "share_threshold":
+    # Ten reports of any name use up the ten an hour of all of them.
+    for left in range(9, -1, -1):
+        expect(ask("shared", [("report", "reports/q1.pdf")]), OK, (OK, 10, left))
+    for name in ["reports/q2.csv", "reports/", "reports/q1.pdf"]:
+        expect(ask("shared", [("report", name)]), OVER, (OVER, 10, 0))
+    # The exact value beside the wildcard is counted on its own.
+    expect(ask("shared", [("report", "reports/annual")]), OK, (OK, 2, 1))
+    # A wildcard without share_threshold: each value its own limit.
+    expect(ask("shared", [("export", "exports/a")], hits=3), OK, (OK, 3, 0))
+    expect(ask("shared", [("export", "exports/b")]), OK, (OK, 3, 2))
+    # Every algorithm.
+    for key in ["bucket", "rolling", "log"]:
+        expect(ask("shared", [(key, f"{key}/a")], hits=2), OK, (OK, 2, 0))
+        expect(ask("shared", [(key, f"{key}/b")]), OVER, (OVER, 2, 0))
+    # Below a shared wildcard: the tenants share, the actions do not.
+    tenant = lambda t, a: [("tenant", t), ("action", a)]
+    expect(ask("shared", tenant("acme/x", "read"), hits=2), OK, (OK, 3, 1))
+    expect(ask("shared", tenant("acme/y", "read")), OK, (OK, 3, 0))
+    expect(ask("shared", tenant("acme/z", "read")), OVER, (OVER, 3, 0))
+    expect(ask("shared", tenant("acme/z", "write")), OK, (OK, 3, 2))
+    print("share_threshold: ok")
 elif mode == "unavailable":
     try:
         ask("sluice", [("a", "x")])

@@ -210,3 +210,15 @@ fn unlimited_never_counts() {
     assert!(check(&server, &["limited"]).contains("limited: ok"));
     assert_eq!(counted(&server), (1, 1));
 }
+
+/// `share_threshold: true` on a wildcard: every value it matches spends
+/// from one limit (envoyproxy/ratelimit's meaning), with every algorithm
+/// and for rules below such a wildcard. Four shards, so that values counted
+/// apart would most likely be counted on different shards.
+#[test]
+fn share_threshold_counts_every_matching_value_in_one_limit() {
+    let dir = rules_dir();
+    let server = Sluiced::start(&["--shards", "4", "--rls-port", "0", "--rls-config", &dir]);
+    let out = check(&server, &["share_threshold"]);
+    assert!(out.contains("share_threshold: ok"), "{out}");
+}

@@ -60,7 +60,7 @@ use crate::inbox;
 use crate::shard::{
     Batch, BatchReply, DecideOp, FwdItem, LimitRef, Mode, MultiVerdict, Node, Op, Outcome, ShardMsg,
 };
-use rules::{Algorithm, Quota, Rule, Rules};
+use rules::{Algorithm, Rule, Rules};
 
 /// Most descriptors in one request (more is INVALID_ARGUMENT): Envoy sends
 /// one per `rate_limits` action list of the route, a handful at most.
@@ -297,16 +297,7 @@ fn plan<'r>(rules: &'r Rules, request: &RateLimitRequest) -> Vec<Plan<'r>> {
 fn rule_for<'r>(rules: &'r Rules, domain: &str, d: &RateLimitDescriptor) -> Option<Cow<'r, Rule>> {
     if let Some(o) = &d.limit {
         if let (true, Some(unit)) = (rules.has_domain(domain), rules::Unit::from_proto(o.unit)) {
-            return Some(Cow::Owned(Rule {
-                name: String::new(),
-                quota: Some(Quota {
-                    requests_per_unit: o.requests_per_unit,
-                    unit,
-                    algorithm: Algorithm::FixedWindow,
-                }),
-                replaces: Vec::new(),
-                shadow_mode: false,
-            }));
+            return Some(Cow::Owned(Rule::override_of(o.requests_per_unit, unit)));
         }
     }
     rules
@@ -373,10 +364,12 @@ impl Rls {
             if plan.hopeless() {
                 continue;
             }
-            let hash = key_hash(&descriptor_key(
-                &request.domain,
-                d.entries.iter().map(|e| (e.key.as_str(), e.value.as_str())),
-            ));
+            let rule = plan
+                .rule
+                .as_deref()
+                .expect("a plan with a limit has a rule");
+            let entries = d.entries.iter().map(|e| (e.key.as_str(), e.value.as_str()));
+            let hash = key_hash(&descriptor_key(&request.domain, rule.key_entries(entries)));
             let shard = usize::from(shard_of(hash, self.node.shard_count));
             let joinable = plan.enforced();
             let r = LimitRef {

@@ -35,8 +35,12 @@
 //! - Units `second`, `minute`, `hour`, `day`, `week` (7 days), `month` (30
 //!   days) and `year` (365 days), any case; windows aligned to the Unix
 //!   epoch.
-//! - `detailed_metric`, `value_to_metric` and `share_threshold` are accepted
-//!   and change nothing here (they are about envoyproxy/ratelimit's stats).
+//! - `share_threshold: true` on a wildcard: every value the wildcard matches
+//!   counts against one limit (its bucket key has the pattern, `files/*`,
+//!   where the request's value would be), for the wildcard's own rule and
+//!   for the rules below it. Without it each value has its own.
+//! - `detailed_metric` and `value_to_metric` are accepted and change
+//!   nothing here (they are about envoyproxy/ratelimit's stats).
 //!
 //! Sluice's addition: `rate_limit.algorithm` is `fixed_window` (the default:
 //! envoyproxy/ratelimit's semantics), `token_bucket` (`requests_per_unit`
@@ -47,8 +51,9 @@
 //! Anything else is refused with the file and the descriptor's path: an
 //! unknown key, an empty key, two descriptors with the same key and value at
 //! one level, a unit that does not exist, a unit with `unlimited`, a
-//! `replaces` entry without a name, a limit beyond what its algorithm can
-//! hold, two files with the same domain.
+//! `replaces` entry without a name, `share_threshold: true` on a value that
+//! is not a wildcard (as envoyproxy/ratelimit refuses it), a limit beyond
+//! what its algorithm can hold, two files with the same domain.
 
 use std::collections::HashMap;
 use std::path::{Path, PathBuf};
@@ -210,6 +215,46 @@ pub struct Rule {
     pub replaces: Vec<String>,
     /// Counted, never denies.
     pub shadow_mode: bool,
+    /// By entry position: the wildcard pattern (`files/*`) that stands for
+    /// the request's value in the bucket key, where a `share_threshold`
+    /// wildcard on the way to this rule matched; empty when none did. Every
+    /// value such a wildcard matches then spends from one bucket.
+    pub shared: Vec<Option<String>>,
+}
+
+impl Rule {
+    /// A descriptor's own `limit` (Envoy's override): a fixed window of its
+    /// numbers, no name, nothing shared, never in shadow mode (as in
+    /// envoyproxy/ratelimit).
+    pub fn override_of(requests_per_unit: u32, unit: Unit) -> Rule {
+        Rule {
+            name: String::new(),
+            quota: Some(Quota {
+                requests_per_unit,
+                unit,
+                algorithm: Algorithm::FixedWindow,
+            }),
+            replaces: Vec::new(),
+            shadow_mode: false,
+            shared: Vec::new(),
+        }
+    }
+
+    /// The `(key, value)` entries a request descriptor's bucket is keyed
+    /// by: its own, except that an entry a `share_threshold` wildcard
+    /// matched has the wildcard's pattern for its value.
+    pub fn key_entries<'a>(
+        &'a self,
+        entries: impl IntoIterator<Item = (&'a str, &'a str)>,
+    ) -> impl Iterator<Item = (&'a str, &'a str)> {
+        entries
+            .into_iter()
+            .enumerate()
+            .map(move |(i, (key, value))| match self.shared.get(i) {
+                Some(Some(pattern)) => (key, pattern.as_str()),
+                _ => (key, value),
+            })
+    }
 }
 
 /// One level of a domain's tree.
@@ -340,14 +385,20 @@ impl Rules {
         if self.domains.contains_key(&file.domain) {
             return Err(format!("domain {:?} is in another file too", file.domain));
         }
-        let level = level(&file.descriptors, &file.domain)?;
+        let level = level(&file.descriptors, &file.domain, &[])?;
         self.domains.insert(file.domain, level);
         self.files += 1;
         Ok(())
     }
 }
 
-fn level(descriptors: &[DescriptorYaml], at: &str) -> Result<Level, String> {
+/// One level of descriptors at `at` (the path, for errors); `shared` holds,
+/// by depth, the `share_threshold` patterns of the wildcards above it.
+fn level(
+    descriptors: &[DescriptorYaml],
+    at: &str,
+    shared: &[Option<String>],
+) -> Result<Level, String> {
     let mut out = Level::default();
     for d in descriptors {
         let here = match &d.value {
@@ -357,6 +408,8 @@ fn level(descriptors: &[DescriptorYaml], at: &str) -> Result<Level, String> {
         if d.key.is_empty() {
             return Err(format!("{here}: a descriptor with an empty key"));
         }
+        let mut shared = shared.to_vec();
+        shared.push(share(d, &here)?);
         let rule = match &d.rate_limit {
             None => {
                 if d.shadow_mode {
@@ -364,11 +417,17 @@ fn level(descriptors: &[DescriptorYaml], at: &str) -> Result<Level, String> {
                 }
                 None
             }
-            Some(r) => Some(rule(r, d.shadow_mode, &here)?),
+            Some(r) => {
+                let mut rule = rule(r, d.shadow_mode, &here)?;
+                if shared.iter().any(Option::is_some) {
+                    rule.shared.clone_from(&shared);
+                }
+                Some(rule)
+            }
         };
         let node = Node {
             rule,
-            children: level(&d.descriptors, &here)?,
+            children: level(&d.descriptors, &here, &shared)?,
         };
         let duplicate = match &d.value {
             None => out.defaults.insert(d.key.clone(), node).is_some(),
@@ -396,6 +455,19 @@ fn level(descriptors: &[DescriptorYaml], at: &str) -> Result<Level, String> {
         }
     }
     Ok(out)
+}
+
+/// A descriptor's `share_threshold`: its wildcard pattern, which every
+/// value it matches is counted under; only a wildcard value may share (as
+/// envoyproxy/ratelimit requires).
+fn share(d: &DescriptorYaml, here: &str) -> Result<Option<String>, String> {
+    match &d.value {
+        _ if !d.share_threshold => Ok(None),
+        Some(v) if v.ends_with('*') => Ok(Some(v.clone())),
+        _ => Err(format!(
+            "{here}: share_threshold needs a wildcard value (one ending in *)"
+        )),
+    }
 }
 
 fn rule(r: &RateLimitYaml, shadow_mode: bool, here: &str) -> Result<Rule, String> {
@@ -451,6 +523,7 @@ fn rule(r: &RateLimitYaml, shadow_mode: bool, here: &str) -> Result<Rule, String
         quota,
         replaces,
         shadow_mode,
+        shared: Vec::new(),
     })
 }
 
@@ -486,8 +559,9 @@ struct DescriptorYaml {
     _detailed_metric: bool,
     #[serde(default, rename = "value_to_metric")]
     _value_to_metric: bool,
-    #[serde(default, rename = "share_threshold")]
-    _share_threshold: bool,
+    /// Every value this wildcard matches spends from one bucket.
+    #[serde(default)]
+    share_threshold: bool,
 }
 
 #[derive(Debug, Deserialize)]
@@ -610,6 +684,74 @@ descriptors:
             }))
         );
         assert_eq!(r.find("d", [("u", "x")]).unwrap().quota, None);
+    }
+
+    /// The bucket key of a rule a `share_threshold` wildcard led to.
+    fn bucket(r: &Rules, entries: &[(&str, &str)]) -> String {
+        let rule = r.find("d", entries.iter().copied()).expect("a rule");
+        let parts: Vec<String> = rule
+            .key_entries(entries.iter().copied())
+            .map(|(k, v)| format!("{k}={v}"))
+            .collect();
+        parts.join("/")
+    }
+
+    /// envoyproxy/ratelimit's share_threshold: every value a wildcard
+    /// matches is counted under the wildcard's pattern, also for a rule
+    /// below it; an exact value beside it, and a wildcard without it, keep
+    /// the request's value.
+    #[test]
+    fn share_threshold_keys_a_rule_by_its_wildcard_pattern() {
+        let r = rules(
+            r#"
+domain: d
+descriptors:
+  - key: file
+    value: docs/*
+    share_threshold: true
+    rate_limit: { unit: hour, requests_per_unit: 10 }
+  - key: file
+    value: docs/readme
+    rate_limit: { unit: hour, requests_per_unit: 1 }
+  - key: org
+    value: org-*
+    share_threshold: true
+    descriptors:
+      - key: user
+        value: u*
+        rate_limit: { unit: hour, requests_per_unit: 5 }
+      - key: team
+        value: t*
+        share_threshold: true
+        rate_limit: { unit: hour, requests_per_unit: 5 }
+"#,
+        );
+        assert_eq!(bucket(&r, &[("file", "docs/a.txt")]), "file=docs/*");
+        assert_eq!(bucket(&r, &[("file", "docs/")]), "file=docs/*");
+        assert_eq!(bucket(&r, &[("file", "docs/readme")]), "file=docs/readme");
+        assert_eq!(
+            bucket(&r, &[("org", "org-1"), ("user", "u7")]),
+            "org=org-*/user=u7"
+        );
+        assert_eq!(
+            bucket(&r, &[("org", "org-2"), ("team", "t9")]),
+            "org=org-*/team=t*"
+        );
+        for (text, want) in [
+            (
+                "domain: d\ndescriptors: [{key: k, share_threshold: true, rate_limit: {unit: hour, requests_per_unit: 1}}]",
+                "d.k: share_threshold needs a wildcard value",
+            ),
+            (
+                "domain: d\ndescriptors: [{key: k, value: v, share_threshold: true}]",
+                "d.k_v: share_threshold needs a wildcard value",
+            ),
+        ] {
+            let got = refused(text);
+            assert!(got.contains(want), "{text:?}: {got:?} lacks {want:?}");
+        }
+        // `share_threshold: false` is allowed anywhere.
+        rules("domain: d\ndescriptors: [{key: k, value: v, share_threshold: false}]");
     }
 
     #[test]
