@@ -12,6 +12,7 @@ Usage: envoy_rls_check.py PORT MODE [ARGS]
   unlimited N      N calls matching only the unlimited rule of example7
   limited          one call matching example7's limited rule
   share_threshold  the values of a share_threshold wildcard share one limit
+  hits_zero        a descriptor's hits_addend of 0 checks without spending
 """
 
 import sys
@@ -293,6 +294,27 @@ elif mode == "share_threshold":
     expect(ask("shared", tenant("acme/z", "read")), OVER, (OVER, 3, 0))
     expect(ask("shared", tenant("acme/z", "write")), OK, (OK, 3, 2))
     print("share_threshold: ok")
+elif mode == "hits_zero":
+    # A descriptor's hits_addend set to 0: answered, nothing spent.
+    check = lambda v: descriptor([("a", v)], hits=0)
+    expect(ask("sluice", check("c0")), OK, (OK, 5, 5))
+    expect(ask("sluice", [("a", "c0")], hits=4), OK, (OK, 5, 1))
+    for _ in range(3):
+        expect(ask("sluice", check("c0")), OK, (OK, 5, 1))
+    expect(ask("sluice", [("a", "c0")]), OK, (OK, 5, 0))
+    # At the limit a check is still within it (0 more is not over), as
+    # envoyproxy/ratelimit answers; the next unit is not.
+    expect(ask("sluice", check("c0")), OK, (OK, 5, 0))
+    expect(ask("sluice", [("a", "c0")]), OVER, (OVER, 5, 0))
+    # The request's hits_addend of 0 is unset: 1.
+    expect(ask("sluice", [("a", "c1")], hits=0), OK, (OK, 5, 4))
+    # A check beside a spend that is denied: neither spends.
+    expect(ask("sluice", [("b", "c2")]), OK, (OK, 1, 0))
+    expect(ask("sluice", check("c2"), [("b", "c2")]), OVER, (OK, 5, 5), (OVER, 1, 0))
+    # A check of a limit of 0 requests (50.0.0.5 is blocked): within it.
+    blocked = descriptor([("remote_address", "50.0.0.5")], hits=0)
+    expect(ask("edge_proxy_per_ip", blocked), OK, (OK, 0, 0))
+    print("hits_zero: ok")
 elif mode == "unavailable":
     try:
         ask("sluice", [("a", "x")])

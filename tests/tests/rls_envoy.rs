@@ -222,3 +222,14 @@ fn share_threshold_counts_every_matching_value_in_one_limit() {
     let out = check(&server, &["share_threshold"]);
     assert!(out.contains("share_threshold: ok"), "{out}");
 }
+
+/// A descriptor's `hits_addend` set to 0 (the wrapper present) checks the
+/// limit without spending, as in envoyproxy/ratelimit; the request's
+/// `hits_addend` of 0 still means 1.
+#[test]
+fn a_descriptor_hits_addend_of_zero_checks_without_spending() {
+    let dir = rules_dir();
+    let server = Sluiced::start(&["--rls-port", "0", "--rls-config", &dir]);
+    let out = check(&server, &["hits_zero"]);
+    assert!(out.contains("hits_zero: ok"), "{out}");
+}

@@ -11,7 +11,8 @@
 //! `rls/DOMAIN/KEY=VALUE/...` (each part with `%`, `/` and `=`
 //! percent-escaped), decided by the shard that owns that key like any other
 //! request. The cost is the descriptor's `hits_addend`, else the request's,
-//! else 1; `is_negative_hits` gives the units back (a REFUND).
+//! else 1 (a descriptor's explicit 0 only checks, a PROBE; the request's 0
+//! is unset); `is_negative_hits` gives the units back (a REFUND).
 //!
 //! **All or nothing, where envoyproxy/ratelimit is not.** Its service adds
 //! the hits to every counter, even those of a request another limit
@@ -201,9 +202,10 @@ impl Plan<'_> {
     }
 
     /// A spend no verdict can admit: 0 requests per unit, or more units
-    /// than the limit holds.
+    /// than the limit holds (a check, cost 0, is never hopeless).
     fn hopeless(&self) -> bool {
         !self.refund
+            && self.cost > 0
             && self.rule.as_ref().is_some_and(|r| r.quota.is_some())
             && self.limit().map_or(true, |l| self.cost > l.limit())
     }
@@ -268,10 +270,9 @@ fn plan<'r>(rules: &'r Rules, request: &RateLimitRequest) -> Vec<Plan<'r>> {
         .iter()
         .map(|d| Plan {
             rule: rule_for(rules, &request.domain, d),
-            cost: d
-                .hits_addend
-                .as_ref()
-                .map_or(request_cost, |h| h.value.max(1)),
+            // A descriptor's wrapper may hold 0 (check, spend nothing);
+            // the request's plain 0 is "unset", as in envoyproxy/ratelimit.
+            cost: d.hits_addend.as_ref().map_or(request_cost, |h| h.value),
             refund: d.is_negative_hits,
             at: None,
         })
@@ -392,7 +393,8 @@ impl Rls {
                     let mut op = DecideOp::EMPTY;
                     // A request that cannot be admitted spends nothing: its
                     // limits are only asked about.
-                    op.mode = match (plan.refund, hopeless) {
+                    // So is a descriptor's explicit hits_addend of 0.
+                    op.mode = match (plan.refund, hopeless || plan.cost == 0) {
                         (true, _) => Mode::Refund,
                         (false, true) => Mode::Probe,
                         (false, false) => Mode::Spend,
@@ -594,7 +596,8 @@ fn status(p: &Plan<'_>, decided: &Decided, denied: bool, now_ns: u64) -> Descrip
             };
             (v.allowed || p.refund, remaining, v.reset_after_ns)
         }
-        None => (p.refund, 0, 0),
+        // Not asked (0 requests per unit): a check (cost 0) is within it.
+        None => (p.refund || p.cost == 0, 0, 0),
     };
     let code = if own_allowed || rule.shadow_mode {
         Code::Ok
