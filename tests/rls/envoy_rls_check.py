@@ -13,6 +13,7 @@ Usage: envoy_rls_check.py PORT MODE [ARGS]
   limited          one call matching example7's limited rule
   share_threshold  the values of a share_threshold wildcard share one limit
   hits_zero        a descriptor's hits_addend of 0 checks without spending
+  reset            duration_until_reset is whole seconds, rounded up
 """
 
 import sys
@@ -315,6 +316,28 @@ elif mode == "hits_zero":
     blocked = descriptor([("remote_address", "50.0.0.5")], hits=0)
     expect(ask("edge_proxy_per_ip", blocked), OK, (OK, 0, 0))
     print("hits_zero: ok")
+elif mode == "reset":
+    # A fixed window's: whole seconds to the end of the aligned window, as
+    # envoyproxy/ratelimit computes it from the Unix second.
+    before = int(time.time())
+    r = ask("sluice", [("a", "r0")], [("b", "r0")])
+    after = int(time.time())
+    day = {86400 - before % 86400, 86400 - after % 86400}
+    for s in r.statuses:
+        d = s.duration_until_reset
+        assert d.nanos == 0 and d.seconds in day, (r, day)
+    # The header Envoy would add says the same (the server runs with
+    # --rls-headers ratelimit).
+    headers = {h.key: h.value for h in r.response_headers_to_add}
+    assert headers["RateLimit-Reset"] == str(r.statuses[1].duration_until_reset.seconds), r
+    # The other algorithms: until the limit is whole again, rounded up. One
+    # of 3 an hour comes back after 1,200 s; a logged one after the hour.
+    for key, want in [("bucket", 1200), ("log", 3600)]:
+        d = ask("sluice", [(key, "r0")]).statuses[0].duration_until_reset
+        assert (d.seconds, d.nanos) == (want, 0), (key, d)
+    d = ask("sluice", [("rolling", "r0")]).statuses[0].duration_until_reset
+    assert d.nanos == 0 and 0 < d.seconds <= 7200, d
+    print("reset: ok")
 elif mode == "unavailable":
     try:
         ask("sluice", [("a", "x")])

@@ -233,3 +233,21 @@ fn a_descriptor_hits_addend_of_zero_checks_without_spending() {
     let out = check(&server, &["hits_zero"]);
     assert!(out.contains("hits_zero: ok"), "{out}");
 }
+
+/// `duration_until_reset` is whole seconds, rounded up: for a fixed window
+/// exactly envoyproxy/ratelimit's number, and the RateLimit-Reset header
+/// Envoy makes of it is never a moment early.
+#[test]
+fn duration_until_reset_is_whole_seconds_rounded_up() {
+    let dir = rules_dir();
+    let server = Sluiced::start(&[
+        "--rls-port",
+        "0",
+        "--rls-config",
+        &dir,
+        "--rls-headers",
+        "ratelimit",
+    ]);
+    let out = check(&server, &["reset"]);
+    assert!(out.contains("reset: ok"), "{out}");
+}

@@ -61,7 +61,7 @@ use crate::inbox;
 use crate::shard::{
     Batch, BatchReply, DecideOp, FwdItem, LimitRef, Mode, MultiVerdict, Node, Op, Outcome, ShardMsg,
 };
-use rules::{Algorithm, Rule, Rules};
+use rules::{Rule, Rules};
 
 /// Most descriptors in one request (more is INVALID_ARGUMENT): Envoy sends
 /// one per `rate_limits` action list of the route, a handful at most.
@@ -604,13 +604,7 @@ fn status(p: &Plan<'_>, decided: &Decided, denied: bool, now_ns: u64) -> Descrip
     } else {
         Code::OverLimit
     };
-    let reset = match quota.algorithm {
-        Algorithm::FixedWindow => {
-            let window_ns = quota.unit.seconds() * NS_PER_S;
-            window_ns - now_ns % window_ns
-        }
-        _ => reset_ns,
-    };
+    let reset_s = quota.duration_until_reset_s(now_ns, reset_ns);
     DescriptorStatus {
         code: code as i32,
         current_limit: Some(RateLimit {
@@ -620,14 +614,12 @@ fn status(p: &Plan<'_>, decided: &Decided, denied: bool, now_ns: u64) -> Descrip
         }),
         limit_remaining: u32::try_from(remaining).unwrap_or(u32::MAX),
         duration_until_reset: Some(ProtoDuration {
-            seconds: (reset / NS_PER_S) as i64,
-            nanos: (reset % NS_PER_S) as i32,
+            seconds: i64::try_from(reset_s).unwrap_or(i64::MAX),
+            nanos: 0,
         }),
         quota: None,
     }
 }
-
-const NS_PER_S: u64 = 1_000_000_000;
 
 #[cfg(test)]
 mod tests {

@@ -204,6 +204,29 @@ impl Quota {
     }
 }
 
+impl Quota {
+    /// `duration_until_reset` in whole seconds, rounded up: for a fixed
+    /// window the time to the end of the aligned window (envoyproxy/
+    /// ratelimit's `unit - now_s % unit`, to the second), for the others
+    /// the verdict's `reset_after_ns` (until the limit is whole again).
+    ///
+    /// Whole seconds because Envoy keeps only the seconds of it for the
+    /// RateLimit-Reset / X-RateLimit-Reset headers; rounded up so that a
+    /// client that waits that long finds the limit reset, never a moment
+    /// before (the exact nanoseconds, truncated by Envoy, said up to a
+    /// second too little).
+    pub fn duration_until_reset_s(&self, now_ns: u64, reset_after_ns: u64) -> u64 {
+        let reset_ns = match self.algorithm {
+            Algorithm::FixedWindow => {
+                let window_ns = self.unit.seconds() * NS_PER_S;
+                window_ns - now_ns % window_ns
+            }
+            _ => reset_after_ns,
+        };
+        reset_ns.div_ceil(NS_PER_S)
+    }
+}
+
 /// What a descriptor of the tree does to a request it matches.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Rule {
@@ -752,6 +775,34 @@ descriptors:
         }
         // `share_threshold: false` is allowed anywhere.
         rules("domain: d\ndescriptors: [{key: k, value: v, share_threshold: false}]");
+    }
+
+    /// Whole seconds, rounded up; a fixed window's is what envoyproxy/
+    /// ratelimit computes from the Unix second (`60 - now_s % 60`).
+    #[test]
+    fn duration_until_reset_is_whole_seconds_rounded_up() {
+        let quota = |unit, algorithm| Quota {
+            requests_per_unit: 10,
+            unit,
+            algorithm,
+        };
+        let minute = quota(Unit::Minute, Algorithm::FixedWindow);
+        for (now_ns, want_s) in [
+            (0, 60),
+            (12 * NS_PER_S, 48),
+            (12 * NS_PER_S + 1, 48),
+            (12 * NS_PER_S + 999_999_999, 48),
+            (59 * NS_PER_S + 1, 1),
+            // 2025-11-24T16:00:17.3Z: 43 s to the minute's end.
+            (1_764_000_017 * NS_PER_S + 300_000_000, 43),
+        ] {
+            assert_eq!(minute.duration_until_reset_s(now_ns, 0), want_s, "{now_ns}");
+        }
+        let bucket = quota(Unit::Hour, Algorithm::TokenBucket);
+        assert_eq!(bucket.duration_until_reset_s(5, 0), 0);
+        assert_eq!(bucket.duration_until_reset_s(5, 1), 1);
+        assert_eq!(bucket.duration_until_reset_s(5, 360 * NS_PER_S), 360);
+        assert_eq!(bucket.duration_until_reset_s(5, 360 * NS_PER_S + 1), 361);
     }
 
     #[test]
