@@ -14,6 +14,7 @@ Usage: envoy_rls_check.py PORT MODE [ARGS]
   share_threshold  the values of a share_threshold wildcard share one limit
   hits_zero        a descriptor's hits_addend of 0 checks without spending
   reset            duration_until_reset is whole seconds, rounded up
+  wildcards        wildcard values match as envoyproxy/ratelimit matches them
 """
 
 import sys
@@ -338,6 +339,28 @@ elif mode == "reset":
     d = ask("sluice", [("rolling", "r0")]).statuses[0].duration_until_reset
     assert d.nanos == 0 and 0 < d.seconds <= 7200, d
     print("reset: ok")
+elif mode == "wildcards":
+    # Asked with hits_addend 0: which rule, spending nothing.
+    rule = lambda k, v: ask("wildcards", descriptor([(k, v)], hits=0)).statuses[0]
+    rpu = lambda k, v: rule(k, v).current_limit.requests_per_unit
+    for value, want in [
+        ("/shop/*/cart", 1),
+        ("/shop/de/cart", 2),
+        ("/shop/eu/cart", 2),
+        ("/shop/eu*", 3),
+        ("/s*p/x", 4),
+        ("/sxp/x", 5),
+        ("/status", 6),
+    ]:
+        got = rpu("path", value)
+        assert got == want, (value, got, want)
+    for value in ["north", ""]:
+        assert rpu("region", value) == 7, value
+    # The buckets are the values' own: /shop/de/cart and /shop/fr/cart
+    # each have their 2 (no share_threshold).
+    expect(ask("wildcards", [("path", "/shop/de/cart")], hits=2), OK, (OK, 2, 0))
+    expect(ask("wildcards", [("path", "/shop/fr/cart")], hits=2), OK, (OK, 2, 0))
+    print("wildcards: ok")
 elif mode == "unavailable":
     try:
         ask("sluice", [("a", "x")])

@@ -251,3 +251,15 @@ fn duration_until_reset_is_whole_seconds_rounded_up() {
     let out = check(&server, &["reset"]);
     assert!(out.contains("reset: ok"), "{out}");
 }
+
+/// Wildcard values match as envoyproxy/ratelimit matches them: a value's
+/// last `*` by prefix, any other `*` as the character, a request value
+/// that is a wildcard's own text on that wildcard, an empty value as no
+/// value, and exact before wildcard (file order) before no value.
+#[test]
+fn wildcard_values_match_as_envoyproxy_ratelimit_matches_them() {
+    let dir = rules_dir();
+    let server = Sluiced::start(&["--rls-port", "0", "--rls-config", &dir]);
+    let out = check(&server, &["wildcards"]);
+    assert!(out.contains("wildcards: ok"), "{out}");
+}

@@ -24,8 +24,13 @@
 //!
 //! What envoyproxy/ratelimit does, and this does too:
 //! - At each level an entry matches the descriptor with its key and value,
-//!   else the first wildcard (`value` ending in `*`) whose prefix the value
-//!   has, else the descriptor with its key and no value.
+//!   else the first wildcard (`value` ending in `*`, in file order) whose
+//!   prefix the value has, else the descriptor with its key and no value.
+//!   Only a value's last `*` is a wildcard: `/api/*/users` is that text,
+//!   `/a*b*` is any value starting `/a*b`. A request value that is a
+//!   wildcard's own text (`/api/v1*`) finds that wildcard before the
+//!   others, since the reference looks `key_value` up before it scans. An
+//!   empty `value` is no value.
 //! - A rule applies only where the request's descriptor ends: a request
 //!   descriptor with more entries than the matching branch is deep gets no
 //!   limit from it.
@@ -298,14 +303,24 @@ struct Node {
 }
 
 impl Level {
+    /// The descriptor for a request entry, in envoyproxy/ratelimit's order:
+    /// the same value, else the first wildcard (in file order) whose prefix
+    /// the value has, else the key without a value.
     fn find(&self, key: &str, value: &str) -> Option<&Node> {
         if let Some(node) = self.exact.get(key).and_then(|values| values.get(value)) {
             return Some(node);
         }
-        if let Some((_, _, node)) = self
-            .wildcards
-            .iter()
-            .find(|(k, prefix, _)| k == key && value.starts_with(prefix.as_str()))
+        // A value that is a wildcard's own text (`/api/v1*`) finds that
+        // wildcard first, as the reference's lookup by `key_value` does.
+        let wildcards = self.wildcards.iter().filter(|(k, _, _)| k == key);
+        if let Some(prefix) = value.strip_suffix('*') {
+            if let Some((_, _, node)) = wildcards.clone().find(|(_, p, _)| p == prefix) {
+                return Some(node);
+            }
+        }
+        if let Some((_, _, node)) = wildcards
+            .clone()
+            .find(|(_, prefix, _)| value.starts_with(prefix.as_str()))
         {
             return Some(node);
         }
@@ -424,7 +439,9 @@ fn level(
 ) -> Result<Level, String> {
     let mut out = Level::default();
     for d in descriptors {
-        let here = match &d.value {
+        // An empty value is no value, as in envoyproxy/ratelimit.
+        let value = d.value.as_deref().filter(|v| !v.is_empty());
+        let here = match value {
             Some(v) => format!("{at}.{}_{v}", d.key),
             None => format!("{at}.{}", d.key),
         };
@@ -452,7 +469,7 @@ fn level(
             rule,
             children: level(&d.descriptors, &here, &shared)?,
         };
-        let duplicate = match &d.value {
+        let duplicate = match value {
             None => out.defaults.insert(d.key.clone(), node).is_some(),
             Some(v) => match v.strip_suffix('*') {
                 Some(prefix) => {
@@ -467,7 +484,7 @@ fn level(
                     .exact
                     .entry(d.key.clone())
                     .or_default()
-                    .insert(v.clone(), node)
+                    .insert(v.to_owned(), node)
                     .is_some(),
             },
         };
@@ -680,6 +697,72 @@ descriptors:
             .unwrap()
             .unit;
         assert_eq!(unit, Unit::Minute);
+    }
+
+    /// Wildcards as envoyproxy/ratelimit matches them: only a `*` that ends
+    /// a value is one (by prefix); a `*` anywhere else is a character; a
+    /// value that is a wildcard's own text finds that wildcard; an empty
+    /// value is no value; precedence exact, wildcard (file order), no value.
+    #[test]
+    fn wildcards_match_as_envoyproxy_ratelimit_matches_them() {
+        let r = rules(
+            r#"
+domain: d
+descriptors:
+  - { key: p, value: "/api/*/users", rate_limit: { unit: hour, requests_per_unit: 1 } }
+  - { key: p, value: "/api/*", rate_limit: { unit: hour, requests_per_unit: 2 } }
+  - { key: p, value: "/api/v1*", rate_limit: { unit: hour, requests_per_unit: 3 } }
+  - { key: p, value: "/a*b*", rate_limit: { unit: hour, requests_per_unit: 4 } }
+  - { key: p, rate_limit: { unit: hour, requests_per_unit: 5 } }
+  - { key: p, value: "/exact", rate_limit: { unit: hour, requests_per_unit: 6 } }
+  - { key: h, value: "", rate_limit: { unit: hour, requests_per_unit: 7 } }
+  - { key: any, value: "*", rate_limit: { unit: hour, requests_per_unit: 8 } }
+  - { key: any, rate_limit: { unit: hour, requests_per_unit: 9 } }
+  - key: n
+    value: "x*"
+    descriptors:
+      - { key: m, value: "y", rate_limit: { unit: hour, requests_per_unit: 10 } }
+      - { key: m, value: "y*", rate_limit: { unit: hour, requests_per_unit: 11 } }
+      - { key: m, rate_limit: { unit: hour, requests_per_unit: 12 } }
+"#,
+        );
+        let rpu = |e: &[(&str, &str)]| {
+            r.find("d", e.iter().copied())
+                .map(|rule| rule.quota.unwrap().requests_per_unit)
+        };
+        for (value, want) in [
+            // A `*` inside a value is the character.
+            ("/api/*/users", 1),
+            ("/api/v2/users", 2),
+            // The first wildcard in file order wins...
+            ("/api/v1/users", 2),
+            ("/api/", 2),
+            // ...except for a value that is a wildcard's own text.
+            ("/api/v1*", 3),
+            // Several: the last `*` is the wildcard, the others characters.
+            ("/a*bc", 4),
+            ("/a*b", 4),
+            ("/axbc", 5),
+            ("/ab", 5),
+            ("/exact", 6),
+            ("", 5),
+        ] {
+            assert_eq!(rpu(&[("p", value)]), Some(want), "{value:?}");
+        }
+        // `value: ""` is the key's rule for every value.
+        assert_eq!(rpu(&[("h", "anything")]), Some(7));
+        assert_eq!(rpu(&[("h", "")]), Some(7));
+        // `*` alone matches every value, the empty one too, before no value.
+        assert_eq!(rpu(&[("any", "")]), Some(8));
+        assert_eq!(rpu(&[("any", "z")]), Some(8));
+        // The same order one level down.
+        assert_eq!(rpu(&[("n", "x1"), ("m", "y")]), Some(10));
+        assert_eq!(rpu(&[("n", "x1"), ("m", "yz")]), Some(11));
+        assert_eq!(rpu(&[("n", "x1"), ("m", "z")]), Some(12));
+        assert_eq!(rpu(&[("n", "z"), ("m", "y")]), None);
+        // No value and an empty value are the same descriptor.
+        let got = refused("domain: d\ndescriptors: [{key: k}, {key: k, value: ''}]");
+        assert!(got.contains("d.k: a second descriptor"), "{got}");
     }
 
     #[test]
