@@ -263,3 +263,21 @@ fn wildcard_values_match_as_envoyproxy_ratelimit_matches_them() {
     let out = check(&server, &["wildcards"]);
     assert!(out.contains("wildcards: ok"), "{out}");
 }
+
+/// A rule file envoyproxy/ratelimit loads is loaded, where it has keys that
+/// mean nothing there either: `shadow_mode` on a descriptor without a
+/// `rate_limit`, `requests_per_unit` beside `unlimited: true`.
+#[test]
+fn what_envoyproxy_ratelimit_loads_and_ignores_is_loaded() {
+    let dir = std::env::temp_dir().join(format!("sluice-rls-lenient-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    std::fs::create_dir_all(&dir).unwrap();
+    write(
+        &dir.join("d.yaml"),
+        "domain: d\ndescriptors:\n  - key: group\n    shadow_mode: true\n    descriptors:\n      - key: user\n        rate_limit: { unit: day, requests_per_unit: 4 }\n  - key: free\n    rate_limit: { unlimited: true, requests_per_unit: 9 }\n  - key: k\n    rate_limit: { unit: day, requests_per_unit: 3 }\n",
+    );
+    let server = Sluiced::start(&["--rls-port", "0", "--rls-config", dir.to_str().unwrap()]);
+    assert_eq!(check(&server, &["limit", "d", "k", "v"]).trim(), "3");
+    assert_eq!(check(&server, &["limit", "d", "free", "v"]).trim(), "none");
+    std::fs::remove_dir_all(&dir).unwrap();
+}

@@ -450,13 +450,10 @@ fn level(
         }
         let mut shared = shared.to_vec();
         shared.push(share(d, &here)?);
+        // shadow_mode without a rate_limit means nothing, and is accepted
+        // (as envoyproxy/ratelimit accepts it).
         let rule = match &d.rate_limit {
-            None => {
-                if d.shadow_mode {
-                    return Err(format!("{here}: shadow_mode without a rate_limit"));
-                }
-                None
-            }
+            None => None,
             Some(r) => {
                 let mut rule = rule(r, d.shadow_mode, &here)?;
                 if shared.iter().any(Option::is_some) {
@@ -530,9 +527,11 @@ fn rule(r: &RateLimitYaml, shadow_mode: bool, here: &str) -> Result<Rule, String
         })?,
     };
     let quota = if r.unlimited {
-        if r.unit.is_some() || r.requests_per_unit.is_some() || r.algorithm.is_some() {
+        // requests_per_unit is ignored, as envoyproxy/ratelimit ignores it;
+        // a unit is refused there too.
+        if r.unit.is_some() || r.algorithm.is_some() {
             return Err(format!(
-                "{here}: an unlimited rate_limit has no unit, requests_per_unit or algorithm"
+                "{here}: an unlimited rate_limit has no unit or algorithm"
             ));
         }
         None
@@ -900,7 +899,7 @@ descriptors:
             ),
             (
                 "domain: d\ndescriptors: [{key: k, rate_limit: {unlimited: true, unit: second}}]",
-                "d.k: an unlimited rate_limit has no unit",
+                "d.k: an unlimited rate_limit has no unit or algorithm",
             ),
             (
                 "domain: d\ndescriptors: [{key: k, value: v}, {key: k, value: v}]",
@@ -936,6 +935,29 @@ descriptors:
             r.add("domain: d").unwrap_err(),
             "domain \"d\" is in another file too"
         );
+    }
+
+    /// What envoyproxy/ratelimit loads and ignores is loaded and ignored:
+    /// shadow_mode on a descriptor without a rate_limit, requests_per_unit
+    /// beside `unlimited: true`.
+    #[test]
+    fn what_the_reference_ignores_is_accepted() {
+        let r = rules(
+            r#"
+domain: d
+descriptors:
+  - key: parent
+    shadow_mode: true
+    descriptors:
+      - { key: child, rate_limit: { unit: minute, requests_per_unit: 4 } }
+  - { key: free, rate_limit: { unlimited: true, requests_per_unit: 9 } }
+"#,
+        );
+        let child = r.find("d", [("parent", "p"), ("child", "c")]).unwrap();
+        assert!(!child.shadow_mode);
+        assert_eq!(child.quota.unwrap().requests_per_unit, 4);
+        assert_eq!(r.find("d", [("parent", "p")]), None);
+        assert_eq!(r.find("d", [("free", "x")]).unwrap().quota, None);
     }
 
     #[test]
