@@ -257,6 +257,14 @@ elif mode == "headers":
     reset = int(headers[f"{prefix}-Reset"])
     assert 0 < reset <= 86400, headers
     assert len(headers) == 3, headers
+    # Over a limit, the headers are the limit's that denied, even where
+    # another has less left (h1 has 1, h2 has 3 but is asked 4).
+    ask("sluice", [("a", "h1")], hits=4)
+    ask("sluice", [("a", "h2")], hits=2)
+    r = ask("sluice", descriptor([("a", "h1")], hits=1), descriptor([("a", "h2")], hits=4))
+    expect(r, OVER, (OK, 5, 1), (OVER, 5, 3))
+    headers = {h.key: h.value for h in r.response_headers_to_add}
+    assert headers[f"{prefix}-Remaining"] == "3", headers
     print("headers: ok")
 elif mode == "limit":
     domain, key, value = sys.argv[3:6]

@@ -518,10 +518,13 @@ impl Rls {
             RlsHeaders::Ratelimit => Some("RateLimit"),
             RlsHeaders::XRatelimit => Some("X-RateLimit"),
         };
-        let closest = statuses
-            .iter()
-            .filter(|s| s.current_limit.is_some())
-            .min_by_key(|s| s.limit_remaining);
+        // As envoyproxy/ratelimit picks it: the (last) limit that denied,
+        // else the one with the least left.
+        let limited = || statuses.iter().filter(|s| s.current_limit.is_some());
+        let closest = limited()
+            .rev()
+            .find(|s| s.code == Code::OverLimit as i32)
+            .or_else(|| limited().min_by_key(|s| s.limit_remaining));
         if let (Some(prefix), Some(s)) = (prefix, closest) {
             let limit = s.current_limit.as_ref().map_or(0, |l| l.requests_per_unit);
             let reset = s
