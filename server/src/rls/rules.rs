@@ -45,7 +45,16 @@
 //!   where the request's value would be), for the wildcard's own rule and
 //!   for the rules below it. Without it each value has its own.
 //! - `detailed_metric` and `value_to_metric` are accepted and change
-//!   nothing here (they are about envoyproxy/ratelimit's stats).
+//!   nothing here (they are about envoyproxy/ratelimit's stats); so are
+//!   `shadow_mode` on a descriptor without a `rate_limit` and
+//!   `requests_per_unit` beside `unlimited: true`, which mean nothing
+//!   there either.
+//!
+//! Where this differs, on purpose (docs/ENVOY.md says why): a key and a
+//! value are compared apart, where the reference joins them into one
+//! `key_value` string (so there `(a_b, c)` is `(a, b_c)`); a known key in
+//! the wrong place, or a `rate_limit` without `requests_per_unit`, is
+//! refused, where the reference drops the one and reads 0 for the other.
 //!
 //! Sluice's addition: `rate_limit.algorithm` is `fixed_window` (the default:
 //! envoyproxy/ratelimit's semantics), `token_bucket` (`requests_per_unit`
