@@ -15,6 +15,7 @@ Usage: envoy_rls_check.py PORT MODE [ARGS]
   hits_zero        a descriptor's hits_addend of 0 checks without spending
   reset            duration_until_reset is whole seconds, rounded up
   wildcards        wildcard values match as envoyproxy/ratelimit matches them
+  replaces_unlimited  replaces beside unlimited rules
 """
 
 import sys
@@ -369,6 +370,17 @@ elif mode == "wildcards":
     expect(ask("wildcards", [("path", "/shop/de/cart")], hits=2), OK, (OK, 2, 0))
     expect(ask("wildcards", [("path", "/shop/fr/cart")], hits=2), OK, (OK, 2, 0))
     print("wildcards: ok")
+elif mode == "replaces_unlimited":
+    d = "replaces_unlimited"
+    # The partner plan's unlimited rule is named in a replaces: it stays
+    # unlimited.
+    r = ask(d, [("plan", "partner")], [("plan", "gold")])
+    expect(r, OK, (OK, None, U32_MAX), (OK, 5, 4))
+    # An unlimited rule replaces a limited one: that one is gone.
+    r = ask(d, [("user", "u1")], [("vip", "x")])
+    expect(r, OK, (OK, None, 0), (OK, None, U32_MAX))
+    expect(ask(d, [("user", "u1")]), OK, (OK, 2, 1))
+    print("replaces_unlimited: ok")
 elif mode == "unavailable":
     try:
         ask("sluice", [("a", "x")])

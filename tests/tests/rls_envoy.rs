@@ -281,3 +281,14 @@ fn what_envoyproxy_ratelimit_loads_and_ignores_is_loaded() {
     assert_eq!(check(&server, &["limit", "d", "free", "v"]).trim(), "none");
     std::fs::remove_dir_all(&dir).unwrap();
 }
+
+/// `replaces` beside `unlimited`, as envoyproxy/ratelimit answers: an
+/// unlimited rule replaces the limits it names, and stays unlimited when a
+/// rule names it.
+#[test]
+fn an_unlimited_rule_replaces_others_and_is_never_replaced() {
+    let dir = rules_dir();
+    let server = Sluiced::start(&["--rls-port", "0", "--rls-config", &dir]);
+    let out = check(&server, &["replaces_unlimited"]);
+    assert!(out.contains("replaces_unlimited: ok"), "{out}");
+}

@@ -284,10 +284,11 @@ fn plan<'r>(rules: &'r Rules, request: &RateLimitRequest) -> Vec<Plan<'r>> {
         .collect();
     if !replaced.is_empty() {
         for p in &mut plans {
-            if p.rule
-                .as_ref()
-                .is_some_and(|r| !r.name.is_empty() && replaced.contains(&r.name))
-            {
+            // An unlimited rule stays unlimited, as in envoyproxy/ratelimit
+            // (it sets those aside before it looks at replaces).
+            if p.rule.as_ref().is_some_and(|r| {
+                r.quota.is_some() && !r.name.is_empty() && replaced.contains(&r.name)
+            }) {
                 p.rule = None;
             }
         }
