@@ -216,13 +216,11 @@ impl Quota {
             }),
         })
     }
-}
 
-impl Quota {
     /// `duration_until_reset` in whole seconds, rounded up: for a fixed
-    /// window the time to the end of the aligned window (envoyproxy/
-    /// ratelimit's `unit - now_s % unit`, to the second), for the others
-    /// the verdict's `reset_after_ns` (until the limit is whole again).
+    /// window the time to the end of the aligned window (the reference's
+    /// `unit - now_s % unit`, to the second), for the others the verdict's
+    /// `reset_after_ns` (until the limit is whole again).
     ///
     /// Whole seconds because Envoy keeps only the seconds of it for the
     /// RateLimit-Reset / X-RateLimit-Reset headers; rounded up so that a
