@@ -11,6 +11,11 @@ Usage: envoy_rls_check.py PORT MODE [ARGS]
   unavailable      every request is refused with UNAVAILABLE (a follower)
   unlimited N      N calls matching only the unlimited rule of example7
   limited          one call matching example7's limited rule
+  share_threshold  the values of a share_threshold wildcard share one limit
+  hits_zero        a descriptor's hits_addend of 0 checks without spending
+  reset            duration_until_reset is whole seconds, rounded up
+  wildcards        wildcard values match as envoyproxy/ratelimit matches them
+  replaces_unlimited  replaces beside unlimited rules
 """
 
 import sys
@@ -253,6 +258,14 @@ elif mode == "headers":
     reset = int(headers[f"{prefix}-Reset"])
     assert 0 < reset <= 86400, headers
     assert len(headers) == 3, headers
+    # Over a limit, the headers are the limit's that denied, even where
+    # another has less left (h1 has 1, h2 has 3 but is asked 4).
+    ask("sluice", [("a", "h1")], hits=4)
+    ask("sluice", [("a", "h2")], hits=2)
+    r = ask("sluice", descriptor([("a", "h1")], hits=1), descriptor([("a", "h2")], hits=4))
+    expect(r, OVER, (OK, 5, 1), (OVER, 5, 3))
+    headers = {h.key: h.value for h in r.response_headers_to_add}
+    assert headers[f"{prefix}-Remaining"] == "3", headers
     print("headers: ok")
 elif mode == "limit":
     domain, key, value = sys.argv[3:6]
@@ -270,6 +283,104 @@ elif mode == "unlimited":
 elif mode == "limited":
     expect(ask("example7", [("key1", "value1"), ("key2", "k")]), OK, (OK, 10, 9))
     print("limited: ok")
+elif mode == "share_threshold":
+    # Ten reports of any name use up the ten an hour of all of them.
+    for left in range(9, -1, -1):
+        expect(ask("shared", [("report", "reports/q1.pdf")]), OK, (OK, 10, left))
+    for name in ["reports/q2.csv", "reports/", "reports/q1.pdf"]:
+        expect(ask("shared", [("report", name)]), OVER, (OVER, 10, 0))
+    # The exact value beside the wildcard is counted on its own.
+    expect(ask("shared", [("report", "reports/annual")]), OK, (OK, 2, 1))
+    # A wildcard without share_threshold: each value its own limit.
+    expect(ask("shared", [("export", "exports/a")], hits=3), OK, (OK, 3, 0))
+    expect(ask("shared", [("export", "exports/b")]), OK, (OK, 3, 2))
+    # Every algorithm.
+    for key in ["bucket", "rolling", "log"]:
+        expect(ask("shared", [(key, f"{key}/a")], hits=2), OK, (OK, 2, 0))
+        expect(ask("shared", [(key, f"{key}/b")]), OVER, (OVER, 2, 0))
+    # Below a shared wildcard: the tenants share, the actions do not.
+    tenant = lambda t, a: [("tenant", t), ("action", a)]
+    expect(ask("shared", tenant("acme/x", "read"), hits=2), OK, (OK, 3, 1))
+    expect(ask("shared", tenant("acme/y", "read")), OK, (OK, 3, 0))
+    expect(ask("shared", tenant("acme/z", "read")), OVER, (OVER, 3, 0))
+    expect(ask("shared", tenant("acme/z", "write")), OK, (OK, 3, 2))
+    print("share_threshold: ok")
+elif mode == "hits_zero":
+    # A descriptor's hits_addend set to 0: answered, nothing spent.
+    check = lambda v: descriptor([("a", v)], hits=0)
+    expect(ask("sluice", check("c0")), OK, (OK, 5, 5))
+    expect(ask("sluice", [("a", "c0")], hits=4), OK, (OK, 5, 1))
+    for _ in range(3):
+        expect(ask("sluice", check("c0")), OK, (OK, 5, 1))
+    expect(ask("sluice", [("a", "c0")]), OK, (OK, 5, 0))
+    # At the limit a check is still within it (0 more is not over), as
+    # envoyproxy/ratelimit answers; the next unit is not.
+    expect(ask("sluice", check("c0")), OK, (OK, 5, 0))
+    expect(ask("sluice", [("a", "c0")]), OVER, (OVER, 5, 0))
+    # The request's hits_addend of 0 is unset: 1.
+    expect(ask("sluice", [("a", "c1")], hits=0), OK, (OK, 5, 4))
+    # A check beside a spend that is denied: neither spends.
+    expect(ask("sluice", [("b", "c2")]), OK, (OK, 1, 0))
+    expect(ask("sluice", check("c2"), [("b", "c2")]), OVER, (OK, 5, 5), (OVER, 1, 0))
+    # A check of a limit of 0 requests (50.0.0.5 is blocked): within it.
+    blocked = descriptor([("remote_address", "50.0.0.5")], hits=0)
+    expect(ask("edge_proxy_per_ip", blocked), OK, (OK, 0, 0))
+    print("hits_zero: ok")
+elif mode == "reset":
+    # A fixed window's: whole seconds to the end of the aligned window, as
+    # envoyproxy/ratelimit computes it from the Unix second.
+    before = int(time.time())
+    r = ask("sluice", [("a", "r0")], [("b", "r0")])
+    after = int(time.time())
+    day = {86400 - before % 86400, 86400 - after % 86400}
+    for s in r.statuses:
+        d = s.duration_until_reset
+        assert d.nanos == 0 and d.seconds in day, (r, day)
+    # The header Envoy would add says the same (the server runs with
+    # --rls-headers ratelimit).
+    headers = {h.key: h.value for h in r.response_headers_to_add}
+    assert headers["RateLimit-Reset"] == str(r.statuses[1].duration_until_reset.seconds), r
+    # The other algorithms: until the limit is whole again, rounded up. One
+    # of 3 an hour comes back after 1,200 s; a logged one after the hour.
+    for key, want in [("bucket", 1200), ("log", 3600)]:
+        d = ask("sluice", [(key, "r0")]).statuses[0].duration_until_reset
+        assert (d.seconds, d.nanos) == (want, 0), (key, d)
+    d = ask("sluice", [("rolling", "r0")]).statuses[0].duration_until_reset
+    assert d.nanos == 0 and 0 < d.seconds <= 7200, d
+    print("reset: ok")
+elif mode == "wildcards":
+    # Asked with hits_addend 0: which rule, spending nothing.
+    rule = lambda k, v: ask("wildcards", descriptor([(k, v)], hits=0)).statuses[0]
+    rpu = lambda k, v: rule(k, v).current_limit.requests_per_unit
+    for value, want in [
+        ("/shop/*/cart", 1),
+        ("/shop/de/cart", 2),
+        ("/shop/eu/cart", 2),
+        ("/shop/eu*", 3),
+        ("/s*p/x", 4),
+        ("/sxp/x", 5),
+        ("/status", 6),
+    ]:
+        got = rpu("path", value)
+        assert got == want, (value, got, want)
+    for value in ["north", ""]:
+        assert rpu("region", value) == 7, value
+    # The buckets are the values' own: /shop/de/cart and /shop/fr/cart
+    # each have their 2 (no share_threshold).
+    expect(ask("wildcards", [("path", "/shop/de/cart")], hits=2), OK, (OK, 2, 0))
+    expect(ask("wildcards", [("path", "/shop/fr/cart")], hits=2), OK, (OK, 2, 0))
+    print("wildcards: ok")
+elif mode == "replaces_unlimited":
+    d = "replaces_unlimited"
+    # The partner plan's unlimited rule is named in a replaces: it stays
+    # unlimited.
+    r = ask(d, [("plan", "partner")], [("plan", "gold")])
+    expect(r, OK, (OK, None, U32_MAX), (OK, 5, 4))
+    # An unlimited rule replaces a limited one: that one is gone.
+    r = ask(d, [("user", "u1")], [("vip", "x")])
+    expect(r, OK, (OK, None, 0), (OK, None, U32_MAX))
+    expect(ask(d, [("user", "u1")]), OK, (OK, 2, 1))
+    print("replaces_unlimited: ok")
 elif mode == "unavailable":
     try:
         ask("sluice", [("a", "x")])

@@ -210,3 +210,85 @@ fn unlimited_never_counts() {
     assert!(check(&server, &["limited"]).contains("limited: ok"));
     assert_eq!(counted(&server), (1, 1));
 }
+
+/// `share_threshold: true` on a wildcard: every value it matches spends
+/// from one limit (envoyproxy/ratelimit's meaning), with every algorithm
+/// and for rules below such a wildcard. Four shards, so that values counted
+/// apart would most likely be counted on different shards.
+#[test]
+fn share_threshold_counts_every_matching_value_in_one_limit() {
+    let dir = rules_dir();
+    let server = Sluiced::start(&["--shards", "4", "--rls-port", "0", "--rls-config", &dir]);
+    let out = check(&server, &["share_threshold"]);
+    assert!(out.contains("share_threshold: ok"), "{out}");
+}
+
+/// A descriptor's `hits_addend` set to 0 (the wrapper present) checks the
+/// limit without spending, as in envoyproxy/ratelimit; the request's
+/// `hits_addend` of 0 still means 1.
+#[test]
+fn a_descriptor_hits_addend_of_zero_checks_without_spending() {
+    let dir = rules_dir();
+    let server = Sluiced::start(&["--rls-port", "0", "--rls-config", &dir]);
+    let out = check(&server, &["hits_zero"]);
+    assert!(out.contains("hits_zero: ok"), "{out}");
+}
+
+/// `duration_until_reset` is whole seconds, rounded up: for a fixed window
+/// exactly envoyproxy/ratelimit's number, and the RateLimit-Reset header
+/// Envoy makes of it is never a moment early.
+#[test]
+fn duration_until_reset_is_whole_seconds_rounded_up() {
+    let dir = rules_dir();
+    let server = Sluiced::start(&[
+        "--rls-port",
+        "0",
+        "--rls-config",
+        &dir,
+        "--rls-headers",
+        "ratelimit",
+    ]);
+    let out = check(&server, &["reset"]);
+    assert!(out.contains("reset: ok"), "{out}");
+}
+
+/// Wildcard values match as envoyproxy/ratelimit matches them: a value's
+/// last `*` by prefix, any other `*` as the character, a request value
+/// that is a wildcard's own text on that wildcard, an empty value as no
+/// value, and exact before wildcard (file order) before no value.
+#[test]
+fn wildcard_values_match_as_envoyproxy_ratelimit_matches_them() {
+    let dir = rules_dir();
+    let server = Sluiced::start(&["--rls-port", "0", "--rls-config", &dir]);
+    let out = check(&server, &["wildcards"]);
+    assert!(out.contains("wildcards: ok"), "{out}");
+}
+
+/// A rule file envoyproxy/ratelimit loads is loaded, where it has keys that
+/// mean nothing there either: `shadow_mode` on a descriptor without a
+/// `rate_limit`, `requests_per_unit` beside `unlimited: true`.
+#[test]
+fn what_envoyproxy_ratelimit_loads_and_ignores_is_loaded() {
+    let dir = std::env::temp_dir().join(format!("sluice-rls-lenient-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    std::fs::create_dir_all(&dir).unwrap();
+    write(
+        &dir.join("d.yaml"),
+        "domain: d\ndescriptors:\n  - key: group\n    shadow_mode: true\n    descriptors:\n      - key: user\n        rate_limit: { unit: day, requests_per_unit: 4 }\n  - key: free\n    rate_limit: { unlimited: true, requests_per_unit: 9 }\n  - key: k\n    rate_limit: { unit: day, requests_per_unit: 3 }\n",
+    );
+    let server = Sluiced::start(&["--rls-port", "0", "--rls-config", dir.to_str().unwrap()]);
+    assert_eq!(check(&server, &["limit", "d", "k", "v"]).trim(), "3");
+    assert_eq!(check(&server, &["limit", "d", "free", "v"]).trim(), "none");
+    std::fs::remove_dir_all(&dir).unwrap();
+}
+
+/// `replaces` beside `unlimited`, as envoyproxy/ratelimit answers: an
+/// unlimited rule replaces the limits it names, and stays unlimited when a
+/// rule names it.
+#[test]
+fn an_unlimited_rule_replaces_others_and_is_never_replaced() {
+    let dir = rules_dir();
+    let server = Sluiced::start(&["--rls-port", "0", "--rls-config", &dir]);
+    let out = check(&server, &["replaces_unlimited"]);
+    assert!(out.contains("replaces_unlimited: ok"), "{out}");
+}

@@ -11,7 +11,8 @@
 //! `rls/DOMAIN/KEY=VALUE/...` (each part with `%`, `/` and `=`
 //! percent-escaped), decided by the shard that owns that key like any other
 //! request. The cost is the descriptor's `hits_addend`, else the request's,
-//! else 1; `is_negative_hits` gives the units back (a REFUND).
+//! else 1 (a descriptor's explicit 0 only checks, a PROBE; the request's 0
+//! is unset); `is_negative_hits` gives the units back (a REFUND).
 //!
 //! **All or nothing, where envoyproxy/ratelimit is not.** Its service adds
 //! the hits to every counter, even those of a request another limit
@@ -60,7 +61,7 @@ use crate::inbox;
 use crate::shard::{
     Batch, BatchReply, DecideOp, FwdItem, LimitRef, Mode, MultiVerdict, Node, Op, Outcome, ShardMsg,
 };
-use rules::{Algorithm, Quota, Rule, Rules};
+use rules::{Rule, Rules};
 
 /// Most descriptors in one request (more is INVALID_ARGUMENT): Envoy sends
 /// one per `rate_limits` action list of the route, a handful at most.
@@ -201,9 +202,10 @@ impl Plan<'_> {
     }
 
     /// A spend no verdict can admit: 0 requests per unit, or more units
-    /// than the limit holds.
+    /// than the limit holds (a check, cost 0, is never hopeless).
     fn hopeless(&self) -> bool {
         !self.refund
+            && self.cost > 0
             && self.rule.as_ref().is_some_and(|r| r.quota.is_some())
             && self.limit().map_or(true, |l| self.cost > l.limit())
     }
@@ -270,10 +272,9 @@ fn plan<'r>(rules: &'r Rules, request: &RateLimitRequest) -> Vec<Plan<'r>> {
         .iter()
         .map(|d| Plan {
             rule: rule_for(rules, &request.domain, d),
-            cost: d
-                .hits_addend
-                .as_ref()
-                .map_or(request_cost, |h| h.value.max(1)),
+            // A descriptor's wrapper may hold 0 (check, spend nothing);
+            // the request's plain 0 is "unset", as in envoyproxy/ratelimit.
+            cost: d.hits_addend.as_ref().map_or(request_cost, |h| h.value),
             refund: d.is_negative_hits,
             at: None,
         })
@@ -285,10 +286,11 @@ fn plan<'r>(rules: &'r Rules, request: &RateLimitRequest) -> Vec<Plan<'r>> {
         .collect();
     if !replaced.is_empty() {
         for p in &mut plans {
-            if p.rule
-                .as_ref()
-                .is_some_and(|r| !r.name.is_empty() && replaced.contains(&r.name))
-            {
+            // An unlimited rule stays unlimited, as in envoyproxy/ratelimit
+            // (it sets those aside before it looks at replaces).
+            if p.rule.as_ref().is_some_and(|r| {
+                r.quota.is_some() && !r.name.is_empty() && replaced.contains(&r.name)
+            }) {
                 p.rule = None;
             }
         }
@@ -299,16 +301,7 @@ fn plan<'r>(rules: &'r Rules, request: &RateLimitRequest) -> Vec<Plan<'r>> {
 fn rule_for<'r>(rules: &'r Rules, domain: &str, d: &RateLimitDescriptor) -> Option<Cow<'r, Rule>> {
     if let Some(o) = &d.limit {
         if let (true, Some(unit)) = (rules.has_domain(domain), rules::Unit::from_proto(o.unit)) {
-            return Some(Cow::Owned(Rule {
-                name: String::new(),
-                quota: Some(Quota {
-                    requests_per_unit: o.requests_per_unit,
-                    unit,
-                    algorithm: Algorithm::FixedWindow,
-                }),
-                replaces: Vec::new(),
-                shadow_mode: false,
-            }));
+            return Some(Cow::Owned(Rule::override_of(o.requests_per_unit, unit)));
         }
     }
     rules
@@ -383,16 +376,21 @@ impl Rls {
             if plan.hopeless() {
                 continue;
             }
-            let key = descriptor_key(
-                &request.domain,
-                d.entries.iter().map(|e| (e.key.as_str(), e.value.as_str())),
-            );
+            let rule = plan
+                .rule
+                .as_deref()
+                .expect("a plan with a limit has a rule");
+            let entries = d.entries.iter().map(|e| (e.key.as_str(), e.value.as_str()));
+            let key = descriptor_key(&request.domain, rule.key_entries(entries));
             let hash = key_hash(&key);
             let remote = match &route {
                 Some((view, decides_own)) => !(*decides_own && view.owns(hash)),
                 None => false,
             };
-            let mode = match (plan.refund, hopeless) {
+            // A request that cannot be admitted spends nothing: its limits
+            // are only asked about. So is a descriptor's explicit
+            // hits_addend of 0.
+            let mode = match (plan.refund, hopeless || plan.cost == 0) {
                 (true, _) => Mode::Refund,
                 (false, true) => Mode::Probe,
                 (false, false) => Mode::Spend,
@@ -437,8 +435,6 @@ impl Rls {
                 Some(item) => item,
                 None => {
                     let mut op = DecideOp::EMPTY;
-                    // A request that cannot be admitted spends nothing: its
-                    // limits are only asked about.
                     op.mode = mode;
                     op.cost = plan.cost;
                     groups.push(Pending {
@@ -615,10 +611,13 @@ impl Rls {
             RlsHeaders::Ratelimit => Some("RateLimit"),
             RlsHeaders::XRatelimit => Some("X-RateLimit"),
         };
-        let closest = statuses
-            .iter()
-            .filter(|s| s.current_limit.is_some())
-            .min_by_key(|s| s.limit_remaining);
+        // As envoyproxy/ratelimit picks it: the (last) limit that denied,
+        // else the one with the least left.
+        let limited = || statuses.iter().filter(|s| s.current_limit.is_some());
+        let closest = limited()
+            .rev()
+            .find(|s| s.code == Code::OverLimit as i32)
+            .or_else(|| limited().min_by_key(|s| s.limit_remaining));
         if let (Some(prefix), Some(s)) = (prefix, closest) {
             let limit = s.current_limit.as_ref().map_or(0, |l| l.requests_per_unit);
             let reset = s
@@ -693,20 +692,15 @@ fn status(p: &Plan<'_>, decided: &Decided, denied: bool, now_ns: u64) -> Descrip
             };
             (v.allowed || p.refund, remaining, v.reset_after_ns)
         }
-        None => (p.refund, 0, 0),
+        // Not asked (0 requests per unit): a check (cost 0) is within it.
+        None => (p.refund || p.cost == 0, 0, 0),
     };
     let code = if own_allowed || rule.shadow_mode {
         Code::Ok
     } else {
         Code::OverLimit
     };
-    let reset = match quota.algorithm {
-        Algorithm::FixedWindow => {
-            let window_ns = quota.unit.seconds() * NS_PER_S;
-            window_ns - now_ns % window_ns
-        }
-        _ => reset_ns,
-    };
+    let reset_s = quota.duration_until_reset_s(now_ns, reset_ns);
     DescriptorStatus {
         code: code as i32,
         current_limit: Some(RateLimit {
@@ -716,14 +710,12 @@ fn status(p: &Plan<'_>, decided: &Decided, denied: bool, now_ns: u64) -> Descrip
         }),
         limit_remaining: u32::try_from(remaining).unwrap_or(u32::MAX),
         duration_until_reset: Some(ProtoDuration {
-            seconds: (reset / NS_PER_S) as i64,
-            nanos: (reset % NS_PER_S) as i32,
+            seconds: i64::try_from(reset_s).unwrap_or(i64::MAX),
+            nanos: 0,
         }),
         quota: None,
     }
 }
-
-const NS_PER_S: u64 = 1_000_000_000;
 
 #[cfg(test)]
 mod tests {

@@ -24,8 +24,13 @@
 //!
 //! What envoyproxy/ratelimit does, and this does too:
 //! - At each level an entry matches the descriptor with its key and value,
-//!   else the first wildcard (`value` ending in `*`) whose prefix the value
-//!   has, else the descriptor with its key and no value.
+//!   else the first wildcard (`value` ending in `*`, in file order) whose
+//!   prefix the value has, else the descriptor with its key and no value.
+//!   Only a value's last `*` is a wildcard: `/api/*/users` is that text,
+//!   `/a*b*` is any value starting `/a*b`. A request value that is a
+//!   wildcard's own text (`/api/v1*`) finds that wildcard before the
+//!   others, since the reference looks `key_value` up before it scans. An
+//!   empty `value` is no value.
 //! - A rule applies only where the request's descriptor ends: a request
 //!   descriptor with more entries than the matching branch is deep gets no
 //!   limit from it.
@@ -35,8 +40,21 @@
 //! - Units `second`, `minute`, `hour`, `day`, `week` (7 days), `month` (30
 //!   days) and `year` (365 days), any case; windows aligned to the Unix
 //!   epoch.
-//! - `detailed_metric`, `value_to_metric` and `share_threshold` are accepted
-//!   and change nothing here (they are about envoyproxy/ratelimit's stats).
+//! - `share_threshold: true` on a wildcard: every value the wildcard matches
+//!   counts against one limit (its bucket key has the pattern, `files/*`,
+//!   where the request's value would be), for the wildcard's own rule and
+//!   for the rules below it. Without it each value has its own.
+//! - `detailed_metric` and `value_to_metric` are accepted and change
+//!   nothing here (they are about envoyproxy/ratelimit's stats); so are
+//!   `shadow_mode` on a descriptor without a `rate_limit` and
+//!   `requests_per_unit` beside `unlimited: true`, which mean nothing
+//!   there either.
+//!
+//! Where this differs, on purpose (docs/ENVOY.md says why): a key and a
+//! value are compared apart, where the reference joins them into one
+//! `key_value` string (so there `(a_b, c)` is `(a, b_c)`); a known key in
+//! the wrong place, or a `rate_limit` without `requests_per_unit`, is
+//! refused, where the reference drops the one and reads 0 for the other.
 //!
 //! Sluice's addition: `rate_limit.algorithm` is `fixed_window` (the default:
 //! envoyproxy/ratelimit's semantics), `token_bucket` (`requests_per_unit`
@@ -47,8 +65,9 @@
 //! Anything else is refused with the file and the descriptor's path: an
 //! unknown key, an empty key, two descriptors with the same key and value at
 //! one level, a unit that does not exist, a unit with `unlimited`, a
-//! `replaces` entry without a name, a limit beyond what its algorithm can
-//! hold, two files with the same domain.
+//! `replaces` entry without a name, `share_threshold: true` on a value that
+//! is not a wildcard (as envoyproxy/ratelimit refuses it), a limit beyond
+//! what its algorithm can hold, two files with the same domain.
 
 use std::collections::HashMap;
 use std::path::{Path, PathBuf};
@@ -197,6 +216,27 @@ impl Quota {
             }),
         })
     }
+
+    /// `duration_until_reset` in whole seconds, rounded up: for a fixed
+    /// window the time to the end of the aligned window (the reference's
+    /// `unit - now_s % unit`, to the second), for the others the verdict's
+    /// `reset_after_ns` (until the limit is whole again).
+    ///
+    /// Whole seconds because Envoy keeps only the seconds of it for the
+    /// RateLimit-Reset / X-RateLimit-Reset headers; rounded up so that a
+    /// client that waits that long finds the limit reset, never a moment
+    /// before (the exact nanoseconds, truncated by Envoy, said up to a
+    /// second too little).
+    pub fn duration_until_reset_s(&self, now_ns: u64, reset_after_ns: u64) -> u64 {
+        let reset_ns = match self.algorithm {
+            Algorithm::FixedWindow => {
+                let window_ns = self.unit.seconds() * NS_PER_S;
+                window_ns - now_ns % window_ns
+            }
+            _ => reset_after_ns,
+        };
+        reset_ns.div_ceil(NS_PER_S)
+    }
 }
 
 /// What a descriptor of the tree does to a request it matches.
@@ -210,6 +250,46 @@ pub struct Rule {
     pub replaces: Vec<String>,
     /// Counted, never denies.
     pub shadow_mode: bool,
+    /// By entry position: the wildcard pattern (`files/*`) that stands for
+    /// the request's value in the bucket key, where a `share_threshold`
+    /// wildcard on the way to this rule matched; empty when none did. Every
+    /// value such a wildcard matches then spends from one bucket.
+    pub shared: Vec<Option<String>>,
+}
+
+impl Rule {
+    /// A descriptor's own `limit` (Envoy's override): a fixed window of its
+    /// numbers, no name, nothing shared, never in shadow mode (as in
+    /// envoyproxy/ratelimit).
+    pub fn override_of(requests_per_unit: u32, unit: Unit) -> Rule {
+        Rule {
+            name: String::new(),
+            quota: Some(Quota {
+                requests_per_unit,
+                unit,
+                algorithm: Algorithm::FixedWindow,
+            }),
+            replaces: Vec::new(),
+            shadow_mode: false,
+            shared: Vec::new(),
+        }
+    }
+
+    /// The `(key, value)` entries a request descriptor's bucket is keyed
+    /// by: its own, except that an entry a `share_threshold` wildcard
+    /// matched has the wildcard's pattern for its value.
+    pub fn key_entries<'a>(
+        &'a self,
+        entries: impl IntoIterator<Item = (&'a str, &'a str)>,
+    ) -> impl Iterator<Item = (&'a str, &'a str)> {
+        entries
+            .into_iter()
+            .enumerate()
+            .map(move |(i, (key, value))| match self.shared.get(i) {
+                Some(Some(pattern)) => (key, pattern.as_str()),
+                _ => (key, value),
+            })
+    }
 }
 
 /// One level of a domain's tree.
@@ -230,14 +310,24 @@ struct Node {
 }
 
 impl Level {
+    /// The descriptor for a request entry, in envoyproxy/ratelimit's order:
+    /// the same value, else the first wildcard (in file order) whose prefix
+    /// the value has, else the key without a value.
     fn find(&self, key: &str, value: &str) -> Option<&Node> {
         if let Some(node) = self.exact.get(key).and_then(|values| values.get(value)) {
             return Some(node);
         }
-        if let Some((_, _, node)) = self
-            .wildcards
-            .iter()
-            .find(|(k, prefix, _)| k == key && value.starts_with(prefix.as_str()))
+        // A value that is a wildcard's own text (`/api/v1*`) finds that
+        // wildcard first, as the reference's lookup by `key_value` does.
+        let wildcards = self.wildcards.iter().filter(|(k, _, _)| k == key);
+        if let Some(prefix) = value.strip_suffix('*') {
+            if let Some((_, _, node)) = wildcards.clone().find(|(_, p, _)| p == prefix) {
+                return Some(node);
+            }
+        }
+        if let Some((_, _, node)) = wildcards
+            .clone()
+            .find(|(_, prefix, _)| value.starts_with(prefix.as_str()))
         {
             return Some(node);
         }
@@ -340,37 +430,50 @@ impl Rules {
         if self.domains.contains_key(&file.domain) {
             return Err(format!("domain {:?} is in another file too", file.domain));
         }
-        let level = level(&file.descriptors, &file.domain)?;
+        let level = level(&file.descriptors, &file.domain, &[])?;
         self.domains.insert(file.domain, level);
         self.files += 1;
         Ok(())
     }
 }
 
-fn level(descriptors: &[DescriptorYaml], at: &str) -> Result<Level, String> {
+/// One level of descriptors at `at` (the path, for errors); `shared` holds,
+/// by depth, the `share_threshold` patterns of the wildcards above it.
+fn level(
+    descriptors: &[DescriptorYaml],
+    at: &str,
+    shared: &[Option<String>],
+) -> Result<Level, String> {
     let mut out = Level::default();
     for d in descriptors {
-        let here = match &d.value {
+        // An empty value is no value, as in envoyproxy/ratelimit.
+        let value = d.value.as_deref().filter(|v| !v.is_empty());
+        let here = match value {
             Some(v) => format!("{at}.{}_{v}", d.key),
             None => format!("{at}.{}", d.key),
         };
         if d.key.is_empty() {
             return Err(format!("{here}: a descriptor with an empty key"));
         }
+        let mut shared = shared.to_vec();
+        shared.push(share(d, &here)?);
+        // shadow_mode without a rate_limit means nothing, and is accepted
+        // (as envoyproxy/ratelimit accepts it).
         let rule = match &d.rate_limit {
-            None => {
-                if d.shadow_mode {
-                    return Err(format!("{here}: shadow_mode without a rate_limit"));
+            None => None,
+            Some(r) => {
+                let mut rule = rule(r, d.shadow_mode, &here)?;
+                if shared.iter().any(Option::is_some) {
+                    rule.shared.clone_from(&shared);
                 }
-                None
+                Some(rule)
             }
-            Some(r) => Some(rule(r, d.shadow_mode, &here)?),
         };
         let node = Node {
             rule,
-            children: level(&d.descriptors, &here)?,
+            children: level(&d.descriptors, &here, &shared)?,
         };
-        let duplicate = match &d.value {
+        let duplicate = match value {
             None => out.defaults.insert(d.key.clone(), node).is_some(),
             Some(v) => match v.strip_suffix('*') {
                 Some(prefix) => {
@@ -385,7 +488,7 @@ fn level(descriptors: &[DescriptorYaml], at: &str) -> Result<Level, String> {
                     .exact
                     .entry(d.key.clone())
                     .or_default()
-                    .insert(v.clone(), node)
+                    .insert(v.to_owned(), node)
                     .is_some(),
             },
         };
@@ -396,6 +499,19 @@ fn level(descriptors: &[DescriptorYaml], at: &str) -> Result<Level, String> {
         }
     }
     Ok(out)
+}
+
+/// A descriptor's `share_threshold`: its wildcard pattern, which every
+/// value it matches is counted under; only a wildcard value may share (as
+/// envoyproxy/ratelimit requires).
+fn share(d: &DescriptorYaml, here: &str) -> Result<Option<String>, String> {
+    match &d.value {
+        _ if !d.share_threshold => Ok(None),
+        Some(v) if v.ends_with('*') => Ok(Some(v.clone())),
+        _ => Err(format!(
+            "{here}: share_threshold needs a wildcard value (one ending in *)"
+        )),
+    }
 }
 
 fn rule(r: &RateLimitYaml, shadow_mode: bool, here: &str) -> Result<Rule, String> {
@@ -418,9 +534,11 @@ fn rule(r: &RateLimitYaml, shadow_mode: bool, here: &str) -> Result<Rule, String
         })?,
     };
     let quota = if r.unlimited {
-        if r.unit.is_some() || r.requests_per_unit.is_some() || r.algorithm.is_some() {
+        // requests_per_unit is ignored, as envoyproxy/ratelimit ignores it;
+        // a unit is refused there too.
+        if r.unit.is_some() || r.algorithm.is_some() {
             return Err(format!(
-                "{here}: an unlimited rate_limit has no unit, requests_per_unit or algorithm"
+                "{here}: an unlimited rate_limit has no unit or algorithm"
             ));
         }
         None
@@ -451,6 +569,7 @@ fn rule(r: &RateLimitYaml, shadow_mode: bool, here: &str) -> Result<Rule, String
         quota,
         replaces,
         shadow_mode,
+        shared: Vec::new(),
     })
 }
 
@@ -486,8 +605,9 @@ struct DescriptorYaml {
     _detailed_metric: bool,
     #[serde(default, rename = "value_to_metric")]
     _value_to_metric: bool,
-    #[serde(default, rename = "share_threshold")]
-    _share_threshold: bool,
+    /// Every value this wildcard matches spends from one bucket.
+    #[serde(default)]
+    share_threshold: bool,
 }
 
 #[derive(Debug, Deserialize)]
@@ -585,6 +705,72 @@ descriptors:
         assert_eq!(unit, Unit::Minute);
     }
 
+    /// Wildcards as envoyproxy/ratelimit matches them: only a `*` that ends
+    /// a value is one (by prefix); a `*` anywhere else is a character; a
+    /// value that is a wildcard's own text finds that wildcard; an empty
+    /// value is no value; precedence exact, wildcard (file order), no value.
+    #[test]
+    fn wildcards_match_as_envoyproxy_ratelimit_matches_them() {
+        let r = rules(
+            r#"
+domain: d
+descriptors:
+  - { key: p, value: "/api/*/users", rate_limit: { unit: hour, requests_per_unit: 1 } }
+  - { key: p, value: "/api/*", rate_limit: { unit: hour, requests_per_unit: 2 } }
+  - { key: p, value: "/api/v1*", rate_limit: { unit: hour, requests_per_unit: 3 } }
+  - { key: p, value: "/a*b*", rate_limit: { unit: hour, requests_per_unit: 4 } }
+  - { key: p, rate_limit: { unit: hour, requests_per_unit: 5 } }
+  - { key: p, value: "/exact", rate_limit: { unit: hour, requests_per_unit: 6 } }
+  - { key: h, value: "", rate_limit: { unit: hour, requests_per_unit: 7 } }
+  - { key: any, value: "*", rate_limit: { unit: hour, requests_per_unit: 8 } }
+  - { key: any, rate_limit: { unit: hour, requests_per_unit: 9 } }
+  - key: n
+    value: "x*"
+    descriptors:
+      - { key: m, value: "y", rate_limit: { unit: hour, requests_per_unit: 10 } }
+      - { key: m, value: "y*", rate_limit: { unit: hour, requests_per_unit: 11 } }
+      - { key: m, rate_limit: { unit: hour, requests_per_unit: 12 } }
+"#,
+        );
+        let rpu = |e: &[(&str, &str)]| {
+            r.find("d", e.iter().copied())
+                .map(|rule| rule.quota.unwrap().requests_per_unit)
+        };
+        for (value, want) in [
+            // A `*` inside a value is the character.
+            ("/api/*/users", 1),
+            ("/api/v2/users", 2),
+            // The first wildcard in file order wins...
+            ("/api/v1/users", 2),
+            ("/api/", 2),
+            // ...except for a value that is a wildcard's own text.
+            ("/api/v1*", 3),
+            // Several: the last `*` is the wildcard, the others characters.
+            ("/a*bc", 4),
+            ("/a*b", 4),
+            ("/axbc", 5),
+            ("/ab", 5),
+            ("/exact", 6),
+            ("", 5),
+        ] {
+            assert_eq!(rpu(&[("p", value)]), Some(want), "{value:?}");
+        }
+        // `value: ""` is the key's rule for every value.
+        assert_eq!(rpu(&[("h", "anything")]), Some(7));
+        assert_eq!(rpu(&[("h", "")]), Some(7));
+        // `*` alone matches every value, the empty one too, before no value.
+        assert_eq!(rpu(&[("any", "")]), Some(8));
+        assert_eq!(rpu(&[("any", "z")]), Some(8));
+        // The same order one level down.
+        assert_eq!(rpu(&[("n", "x1"), ("m", "y")]), Some(10));
+        assert_eq!(rpu(&[("n", "x1"), ("m", "yz")]), Some(11));
+        assert_eq!(rpu(&[("n", "x1"), ("m", "z")]), Some(12));
+        assert_eq!(rpu(&[("n", "z"), ("m", "y")]), None);
+        // No value and an empty value are the same descriptor.
+        let got = refused("domain: d\ndescriptors: [{key: k}, {key: k, value: ''}]");
+        assert!(got.contains("d.k: a second descriptor"), "{got}");
+    }
+
     #[test]
     fn flags_and_algorithms_are_read() {
         let r = rules(
@@ -612,6 +798,102 @@ descriptors:
         assert_eq!(r.find("d", [("u", "x")]).unwrap().quota, None);
     }
 
+    /// The bucket key of a rule a `share_threshold` wildcard led to.
+    fn bucket(r: &Rules, entries: &[(&str, &str)]) -> String {
+        let rule = r.find("d", entries.iter().copied()).expect("a rule");
+        let parts: Vec<String> = rule
+            .key_entries(entries.iter().copied())
+            .map(|(k, v)| format!("{k}={v}"))
+            .collect();
+        parts.join("/")
+    }
+
+    /// envoyproxy/ratelimit's share_threshold: every value a wildcard
+    /// matches is counted under the wildcard's pattern, also for a rule
+    /// below it; an exact value beside it, and a wildcard without it, keep
+    /// the request's value.
+    #[test]
+    fn share_threshold_keys_a_rule_by_its_wildcard_pattern() {
+        let r = rules(
+            r#"
+domain: d
+descriptors:
+  - key: file
+    value: docs/*
+    share_threshold: true
+    rate_limit: { unit: hour, requests_per_unit: 10 }
+  - key: file
+    value: docs/readme
+    rate_limit: { unit: hour, requests_per_unit: 1 }
+  - key: org
+    value: org-*
+    share_threshold: true
+    descriptors:
+      - key: user
+        value: u*
+        rate_limit: { unit: hour, requests_per_unit: 5 }
+      - key: team
+        value: t*
+        share_threshold: true
+        rate_limit: { unit: hour, requests_per_unit: 5 }
+"#,
+        );
+        assert_eq!(bucket(&r, &[("file", "docs/a.txt")]), "file=docs/*");
+        assert_eq!(bucket(&r, &[("file", "docs/")]), "file=docs/*");
+        assert_eq!(bucket(&r, &[("file", "docs/readme")]), "file=docs/readme");
+        assert_eq!(
+            bucket(&r, &[("org", "org-1"), ("user", "u7")]),
+            "org=org-*/user=u7"
+        );
+        assert_eq!(
+            bucket(&r, &[("org", "org-2"), ("team", "t9")]),
+            "org=org-*/team=t*"
+        );
+        for (text, want) in [
+            (
+                "domain: d\ndescriptors: [{key: k, share_threshold: true, rate_limit: {unit: hour, requests_per_unit: 1}}]",
+                "d.k: share_threshold needs a wildcard value",
+            ),
+            (
+                "domain: d\ndescriptors: [{key: k, value: v, share_threshold: true}]",
+                "d.k_v: share_threshold needs a wildcard value",
+            ),
+        ] {
+            let got = refused(text);
+            assert!(got.contains(want), "{text:?}: {got:?} lacks {want:?}");
+        }
+        // `share_threshold: false` is allowed anywhere.
+        rules("domain: d\ndescriptors: [{key: k, value: v, share_threshold: false}]");
+    }
+
+    /// Whole seconds, rounded up; a fixed window's is what envoyproxy/
+    /// ratelimit computes from the Unix second (`60 - now_s % 60`).
+    #[test]
+    fn duration_until_reset_is_whole_seconds_rounded_up() {
+        let quota = |unit, algorithm| Quota {
+            requests_per_unit: 10,
+            unit,
+            algorithm,
+        };
+        let minute = quota(Unit::Minute, Algorithm::FixedWindow);
+        for (now_ns, want_s) in [
+            (0, 60),
+            (12 * NS_PER_S, 48),
+            (12 * NS_PER_S + 1, 48),
+            (12 * NS_PER_S + 999_999_999, 48),
+            (59 * NS_PER_S + 1, 1),
+            // 2025-11-24T16:00:17.3Z: 43 s to the minute's end.
+            (1_764_000_017 * NS_PER_S + 300_000_000, 43),
+        ] {
+            assert_eq!(minute.duration_until_reset_s(now_ns, 0), want_s, "{now_ns}");
+        }
+        let bucket = quota(Unit::Hour, Algorithm::TokenBucket);
+        assert_eq!(bucket.duration_until_reset_s(5, 0), 0);
+        assert_eq!(bucket.duration_until_reset_s(5, 1), 1);
+        assert_eq!(bucket.duration_until_reset_s(5, 360 * NS_PER_S), 360);
+        assert_eq!(bucket.duration_until_reset_s(5, 360 * NS_PER_S + 1), 361);
+    }
+
     #[test]
     fn bad_files_are_refused_with_where_and_why() {
         let cases = [
@@ -624,7 +906,7 @@ descriptors:
             ),
             (
                 "domain: d\ndescriptors: [{key: k, rate_limit: {unlimited: true, unit: second}}]",
-                "d.k: an unlimited rate_limit has no unit",
+                "d.k: an unlimited rate_limit has no unit or algorithm",
             ),
             (
                 "domain: d\ndescriptors: [{key: k, value: v}, {key: k, value: v}]",
@@ -660,6 +942,29 @@ descriptors:
             r.add("domain: d").unwrap_err(),
             "domain \"d\" is in another file too"
         );
+    }
+
+    /// What envoyproxy/ratelimit loads and ignores is loaded and ignored:
+    /// shadow_mode on a descriptor without a rate_limit, requests_per_unit
+    /// beside `unlimited: true`.
+    #[test]
+    fn what_the_reference_ignores_is_accepted() {
+        let r = rules(
+            r#"
+domain: d
+descriptors:
+  - key: parent
+    shadow_mode: true
+    descriptors:
+      - { key: child, rate_limit: { unit: minute, requests_per_unit: 4 } }
+  - { key: free, rate_limit: { unlimited: true, requests_per_unit: 9 } }
+"#,
+        );
+        let child = r.find("d", [("parent", "p"), ("child", "c")]).unwrap();
+        assert!(!child.shadow_mode);
+        assert_eq!(child.quota.unwrap().requests_per_unit, 4);
+        assert_eq!(r.find("d", [("parent", "p")]), None);
+        assert_eq!(r.find("d", [("free", "x")]).unwrap().quota, None);
     }
 
     #[test]
