@@ -86,6 +86,38 @@ fn a_sync_drill_with_every_fault_over_admits_nothing() {
     assert_eq!(code, 0, "stderr: {}", String::from_utf8_lossy(&out.stderr));
 }
 
+/// `--entry v1`: the load through random nodes' entry points (followers
+/// included, every node started with --cluster): kill -9 rounds keep the
+/// sync promise and deny nothing a correct limiter would admit, and the
+/// report says which entry was used.
+#[test]
+fn a_drill_through_entry_points_keeps_the_sync_promise_under_kill() {
+    let (code, json, out) = drill(
+        &[],
+        &[
+            "--local",
+            "--groups",
+            "2",
+            "--rounds",
+            "3",
+            "--fault",
+            "kill",
+            "--duration-s",
+            "6",
+            "--rate",
+            "1000",
+            "--entry",
+            "v1",
+        ],
+    );
+    assert_eq!(json["setup"]["entry"], "v1", "{json}");
+    assert_eq!(units(&json, "over_admitted_units"), 0, "{json}");
+    assert_eq!(units(&json, "under_admitted_units"), 0, "{json}");
+    assert!(units(&json, "store_decisions") > 1_000, "{json}");
+    assert_eq!(json["promise_kept"], true, "{json}");
+    assert_eq!(code, 0, "stderr: {}", String::from_utf8_lossy(&out.stderr));
+}
+
 #[test]
 fn a_drill_catches_a_follower_that_starts_empty() {
     let (code, json, _) = drill(

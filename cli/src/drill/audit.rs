@@ -53,6 +53,10 @@ pub struct Call {
     /// The store may have applied it though the client was not told (a
     /// deadline passed or the connection dropped).
     pub maybe_applied: bool,
+    /// The caller got a verdict (the store's or a fallback's); `false` for
+    /// an error, which is no denial (nothing a client was refused by a
+    /// limit) and, unless `maybe_applied`, no spend either.
+    pub verdict: bool,
 }
 
 /// What the judge found on one key: each event is `(ns, units)`.
@@ -104,7 +108,7 @@ fn strict(limit: &Limit, by_send: &[Call]) -> Vec<(u64, u64)> {
     // claim safer.
     let mut horizon = 0;
     let mut out = Vec::new();
-    for d in by_send.iter().filter(|c| !c.allowed) {
+    for d in by_send.iter().filter(|c| !c.allowed && c.verdict) {
         horizon = horizon.max(d.recv_ns);
         while next < history.len() && history[next].send_ns < horizon {
             shadow.strict_note(history[next]);
@@ -375,6 +379,7 @@ mod tests {
             allowed,
             store: true,
             maybe_applied: false,
+            verdict: true,
         }
     }
 
@@ -464,6 +469,24 @@ mod tests {
     }
 
     #[test]
+    fn an_error_is_no_denial() {
+        // A bucket that admits everything: calls that got an error (the
+        // group could not answer) are not denials a limiter made.
+        let mut calls: Vec<Call> = (0..5).map(|i| call(i * 10, true)).collect();
+        calls.push(Call {
+            allowed: false,
+            verdict: false,
+            store: false,
+            ..call(60, true)
+        });
+        let tb = limit("token-bucket:10/s,burst=20");
+        assert_eq!(units(&audit(&tb, &calls).under), 0);
+        // The same call as a denial is one a correct limiter would admit.
+        calls.last_mut().unwrap().verdict = true;
+        assert_eq!(units(&audit(&tb, &calls).under), 1);
+    }
+
+    #[test]
     fn fallback_admissions_count_only_in_the_fallback_figure() {
         let mut calls = correct_bucket(10, 20, 5, 200);
         for i in 0..30 {
@@ -494,6 +517,7 @@ mod tests {
         let mut calls: Vec<Call> = (0..20)
             .map(|i| Call {
                 maybe_applied: true,
+                verdict: true,
                 store: false,
                 ..call(i, false)
             })

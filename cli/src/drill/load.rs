@@ -45,6 +45,11 @@ pub struct LoadOptions {
     pub prefix: String,
     /// Seeds the callers' key choices.
     pub seed: u64,
+    /// Empty: spend through the cluster client (each key to its owner).
+    /// Else the nodes' addresses: each call goes, over protocol v1, to one
+    /// of them chosen at random (followers included), whose entry point
+    /// forwards it to the key's owner (`sluiced --cluster`).
+    pub entry_nodes: Vec<String>,
 }
 
 /// One key the drill spends.
@@ -178,16 +183,18 @@ pub async fn run(
     stop: Arc<AtomicBool>,
 ) -> Vec<Record> {
     let clock = MonotonicClock::new();
+    let entries = Arc::new(connect_entries(&options.entry_nodes).await);
     let callers = options.callers.max(1);
     let period = Duration::from_secs_f64(callers as f64 / options.rate.max(1.0));
     let mut set = JoinSet::new();
     for c in 0..callers {
-        let (cluster, plan, nodes, groups, stop) = (
+        let (cluster, plan, nodes, groups, stop, entries) = (
             cluster.clone(),
             plan.clone(),
             nodes.clone(),
             groups.clone(),
             stop.clone(),
+            entries.clone(),
         );
         let hot_share = options.hot_share;
         let mut rng = options.seed ^ (c as u64 + 1).wrapping_mul(0x9e37_79b9_7f4a_7c15);
@@ -212,8 +219,17 @@ pub async fn run(
                 let k = plan.pick(xorshift(&mut rng), hot_share);
                 let (cluster, plan, nodes, groups) =
                     (cluster.clone(), plan.clone(), nodes.clone(), groups.clone());
-                inflight
-                    .spawn(async move { call(&cluster, &plan, k, &nodes, &groups, clock).await });
+                if entries.is_empty() {
+                    inflight.spawn(async move {
+                        call(&cluster, &plan, k, &nodes, &groups, clock).await
+                    });
+                } else {
+                    let e = (xorshift(&mut rng) % entries.len() as u64) as usize;
+                    let entry = entries[e].clone();
+                    inflight.spawn(async move {
+                        call_entry(&cluster, &plan, k, entry, &groups, clock).await
+                    });
+                }
             }
             while let Some(done) = inflight.join_next().await {
                 out.extend(done.ok());
@@ -282,6 +298,84 @@ async fn call(
             unknown: false,
         },
     }
+}
+
+/// An entry node: its index in the node list, and a protocol v1 client
+/// (not cluster-aware: the node forwards what it does not own).
+type Entry = (u16, sluice_client::Client);
+
+/// A client to each entry node (all up at the start of the load).
+async fn connect_entries(addrs: &[String]) -> Vec<Entry> {
+    let config = sluice_client::ClientConfig {
+        deadline: Duration::from_secs(1),
+        connect_timeout: Duration::from_secs(1),
+        ..sluice_client::ClientConfig::default()
+    };
+    let mut out = Vec::new();
+    for (i, addr) in addrs.iter().enumerate() {
+        match sluice_client::Client::connect_with(addr.as_str(), config.clone()).await {
+            Ok(c) => out.push((i as u16, c)),
+            Err(e) => eprintln!("drill: entry node {addr}: {e}"),
+        }
+    }
+    out
+}
+
+/// One call through an entry node and its record. The node that decided
+/// is the owner's primary, which the entry does not name: the record
+/// names the entry node and, for an answer, `u64::MAX` as the epoch (the
+/// report then counts any answer after a fault as the group's recovery:
+/// a killed primary answers nothing, a paused one nothing before SIGCONT,
+/// and after it only NOT_PRIMARY).
+async fn call_entry(
+    cluster: &Cluster,
+    plan: &Plan,
+    k: usize,
+    (node, client): Entry,
+    groups: &HashMap<String, u16>,
+    clock: MonotonicClock,
+) -> Record {
+    use sluice_protocol::Status;
+    let key = &plan.keys[k];
+    let send_ns = clock.now_ns();
+    let got = client
+        .decide(
+            key.name.as_bytes(),
+            plan.sets[key.kind],
+            sluice_client::Mode::Spend,
+            1,
+        )
+        .await;
+    let recv_ns = clock.now_ns();
+    let group = groups
+        .get(&cluster.route(key.name.as_bytes()).0)
+        .copied()
+        .unwrap_or(u16::MAX);
+    let mut r = Record {
+        send_ns,
+        recv_ns,
+        key: k as u32,
+        node,
+        group,
+        epoch: u64::MAX,
+        origin: Origin::Store,
+        allowed: false,
+        unknown: false,
+    };
+    match got {
+        Ok(d) => r.allowed = d.allowed,
+        Err(e) => {
+            r.origin = Origin::Error;
+            r.epoch = 0;
+            // Sent and not answered, here or between the entry and the
+            // owner: it may have been applied.
+            r.unknown = matches!(
+                e,
+                sluice_client::Error::Timeout(_) | sluice_client::Error::Disconnected
+            ) || e.status() == Some(Status::OutcomeUnknown);
+        }
+    }
+    r
 }
 
 /// xorshift64: the callers' key choices (seeded, repeatable).

@@ -55,6 +55,9 @@ pub struct LocalOptions {
     pub etcd_ttl_s: Option<u64>,
     /// Where the nodes' logs go.
     pub log_dir: PathBuf,
+    /// Every node an entry point: started with `--cluster` (the file the
+    /// drill writes, `LOG_DIR/cluster.toml`) and `--group`.
+    pub entry_points: bool,
 }
 
 /// One node of a local group.
@@ -165,10 +168,31 @@ impl LocalCluster {
                 nodes,
                 links,
             });
+        }
+        if cluster.options.entry_points {
+            // Every node must find itself in the file when it starts.
+            let mut toml = String::new();
+            for g in cluster.topology().groups {
+                let follower = g.follower.unwrap_or_default();
+                toml.push_str(&format!(
+                    "[[groups]]\nname = \"{}\"\nprimary = \"{}\"\nfollower = \"{follower}\"\n\n",
+                    g.name, g.primary
+                ));
+            }
+            let path = cluster.cluster_file();
+            std::fs::write(&path, toml)
+                .map_err(|e| DrillError(format!("{}: {e}", path.display())))?;
+        }
+        for g in 0..cluster.groups.len() {
             cluster.spawn(g, 0, false)?;
             cluster.spawn(g, 1, !cluster.options.no_replication)?;
         }
         Ok(cluster)
+    }
+
+    /// The cluster file the nodes read with `entry_points`.
+    fn cluster_file(&self) -> PathBuf {
+        self.options.log_dir.join("cluster.toml")
     }
 
     /// The cluster file the drill's clients use.
@@ -302,6 +326,14 @@ impl LocalCluster {
                 ttl.to_string(),
             ]);
             return args;
+        }
+        if o.entry_points {
+            args.extend([
+                "--cluster".to_owned(),
+                self.cluster_file().display().to_string(),
+                "--group".to_owned(),
+                group.name.clone(),
+            ]);
         }
         args.extend([
             "--promote-after-ms".to_owned(),

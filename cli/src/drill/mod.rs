@@ -254,6 +254,32 @@ pub struct DrillArgs {
     /// Print exactly one JSON object instead of the summary.
     #[arg(long)]
     pub json: bool,
+    /// How the load reaches the cluster: `client`, the cluster client
+    /// (each key to its owner); `v1`, protocol v1 through a node chosen at
+    /// random for each call, followers included (every node an entry
+    /// point, `sluiced --cluster`; with --local only, and with kill or
+    /// pause faults).
+    #[arg(long, value_enum, default_value = "client")]
+    pub entry: EntryArg,
+}
+
+/// `--entry`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
+pub enum EntryArg {
+    /// The cluster client: each key straight to its group's primary.
+    Client,
+    /// Protocol v1 through random nodes' entry points.
+    V1,
+}
+
+impl EntryArg {
+    /// `client` or `v1`, as the report names it.
+    pub fn name(self) -> &'static str {
+        match self {
+            EntryArg::Client => "client",
+            EntryArg::V1 => "v1",
+        }
+    }
 }
 
 /// The global flags a drill uses.
@@ -372,9 +398,17 @@ async fn drill(args: &DrillArgs, global: &Global) -> Result<Outcome, DrillError>
             "the etcd faults need --etcd (or --fault-cmd)".into(),
         ));
     }
+    if args.entry != EntryArg::Client && !args.local {
+        return Err(DrillError("--entry v1 needs --local".into()));
+    }
     let mut harness = match (&global.cluster, &args.fault_cmd, args.local) {
         (None, None, true) => {
             let links = matches!(args.fault, FaultArg::Partition | FaultArg::Mixed);
+            if links && args.entry != EntryArg::Client {
+                return Err(DrillError(
+                    "--entry v1 drills kill and pause faults (a cut link's proxies hide the nodes' own addresses from the cluster file)".into(),
+                ));
+            }
             if args.etcd && args.sabotage.is_some() {
                 return Err(DrillError(
                     "--sabotage and --etcd do not go together".into(),
@@ -394,6 +428,8 @@ async fn drill(args: &DrillArgs, global: &Global) -> Result<Outcome, DrillError>
                 no_replication: args.sabotage == Some(Sabotage::NoReplication),
                 etcd_ttl_s: args.etcd.then_some(args.leader_ttl_s.max(1)),
                 log_dir,
+                // With etcd every node is an entry point already.
+                entry_points: args.entry != EntryArg::Client && !args.etcd,
             };
             Harness::Local(tokio::task::block_in_place(|| {
                 tokio::runtime::Handle::current().block_on(LocalCluster::start(options))
@@ -476,6 +512,7 @@ async fn drill(args: &DrillArgs, global: &Global) -> Result<Outcome, DrillError>
         hot_share: args.hot_share.clamp(0.0, 1.0),
         prefix: format!("drill{run_id}"),
         seed: args.seed,
+        entry_nodes: Vec::new(),
     };
     let plan = Arc::new(Plan::new(&load_options));
     if plan.keys.is_empty() {
@@ -488,6 +525,10 @@ async fn drill(args: &DrillArgs, global: &Global) -> Result<Outcome, DrillError>
         for i in 0..harness.members(g).len() {
             node_names.push(harness.public(g, i));
         }
+    }
+    let mut load_options = load_options;
+    if args.entry == EntryArg::V1 {
+        load_options.entry_nodes = node_names.clone();
     }
     let node_index: HashMap<String, u16> = node_names
         .iter()
@@ -618,6 +659,7 @@ async fn drill(args: &DrillArgs, global: &Global) -> Result<Outcome, DrillError>
         failure: format!("{:?}", args.failure).to_lowercase(),
         sabotage: args.sabotage.map(|_| "no-replication".to_owned()),
         failovers_seen: stats.failovers_total.load(Ordering::Relaxed),
+        entry: args.entry.name().to_owned(),
         node_logs: match &harness {
             Harness::Local(c) => Some(c.log_dir().display().to_string()),
             Harness::External { .. } => None,

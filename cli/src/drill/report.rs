@@ -81,6 +81,9 @@ pub struct Setup {
     pub failovers_seen: u64,
     /// Where the local nodes' logs are.
     pub node_logs: Option<String>,
+    /// How the load reached the cluster: `client` (the cluster client) or
+    /// `v1` (random nodes' entry points).
+    pub entry: String,
 }
 
 /// Client-side errors in a round, by type.
@@ -239,6 +242,7 @@ pub fn judge(
             allowed: r.allowed,
             store: r.origin == Origin::Store,
             maybe_applied: r.unknown,
+            verdict: r.origin != Origin::Error,
         });
     }
     let n = logs.len().max(1);
@@ -482,7 +486,7 @@ impl Outcome {
         let mut out = String::new();
         let _ = writeln!(
             out,
-            "drill: {} cluster, {} groups, {}, faults {}, {} rounds; load {}/s over {} callers, {} keys ({} hot); fallback {}{}",
+            "drill: {} cluster, {} groups, {}, faults {}, {} rounds; load {}/s over {} callers through {}, {} keys ({} hot); fallback {}{}",
             s.target,
             s.groups,
             s.mode,
@@ -490,6 +494,10 @@ impl Outcome {
             s.rounds_asked,
             s.rate,
             s.callers,
+            match s.entry.as_str() {
+                "client" => "the cluster client".to_owned(),
+                other => format!("entry points ({other})"),
+            },
             s.keys,
             s.hot_keys,
             s.failure,
