@@ -307,6 +307,12 @@ pub struct Config {
     #[arg(long, env = "SLUICE_AUTH_TOKEN", hide_env_values = true)]
     pub auth_token: Option<String>,
 
+    /// Read the auth token from this file instead (its one trailing
+    /// newline dropped), so that it is not in the command line or the
+    /// environment. Not with --auth-token.
+    #[arg(long, value_name = "PATH")]
+    pub auth_token_file: Option<PathBuf>,
+
     /// Start as a follower of the primary at HOST:PORT: a full sync, then
     /// the stream of changed buckets. A follower refuses to spend
     /// (NOT_PRIMARY) until `sluice promote`.
@@ -439,6 +445,7 @@ struct FileConfig {
     snapshot_ignore_corrupt: Option<bool>,
     keys_max: Option<usize>,
     auth_token: Option<String>,
+    auth_token_file: Option<PathBuf>,
     replica_of: Option<String>,
     replication: Option<Replication>,
     replica_timeout_ms: Option<u64>,
@@ -478,6 +485,10 @@ pub enum LoadError {
     },
     #[error(transparent)]
     Range(#[from] ConfigError),
+    #[error("both an auth token (--auth-token, SLUICE_AUTH_TOKEN or auth_token) and --auth-token-file (auth_token_file) are set: keep one")]
+    TokenTwice,
+    #[error("--auth-token-file {path}: {reason}")]
+    TokenFile { path: PathBuf, reason: String },
 }
 
 fn read_file(path: &Path) -> Result<FileConfig, LoadError> {
@@ -491,8 +502,37 @@ fn read_file(path: &Path) -> Result<FileConfig, LoadError> {
 fn parse_file(path: &Path, text: &str) -> Result<FileConfig, LoadError> {
     toml::from_str(text).map_err(|e| LoadError::Parse {
         path: path.to_owned(),
-        message: e.to_string(),
+        message: redact_token(text, &e),
     })
+}
+
+/// What to print of a parse error: toml's own text (which quotes the
+/// source line of the error) unless the error is on an `auth_token` line,
+/// whose value is then never printed: neither the line nor the message's
+/// quotes of it (a type error says ``invalid type: integer `123` ``).
+fn redact_token(text: &str, e: &toml::de::Error) -> String {
+    let Some(span) = e.span() else {
+        return e.to_string();
+    };
+    let start = span.start.min(text.len());
+    let line_no = text[..start].matches('\n').count();
+    let line = text.lines().nth(line_no).unwrap_or("");
+    let key = line.trim_start().trim_start_matches(['"', '\'']);
+    if !key.starts_with("auth_token") || key.starts_with("auth_token_file") {
+        return e.to_string();
+    }
+    let mut message = e.message().to_owned();
+    if let Some((_, value)) = line.split_once('=') {
+        for secret in [value.trim(), value.trim().trim_matches(['"', '\''])] {
+            if secret.len() >= 2 {
+                message = message.replace(secret, "<redacted>");
+            }
+        }
+    }
+    format!(
+        "TOML parse error at line {}: {message} (the line holds auth_token: not shown)",
+        line_no + 1
+    )
 }
 
 /// Parses a config file's text and its tiers, as `--config` and RELOAD do
@@ -512,6 +552,23 @@ fn file_tiers(path: &Path, file: &FileConfig) -> Result<crate::tiers::Tiers, Loa
         path: path.to_owned(),
         source,
     })
+}
+
+/// The token in `path`: its text, one trailing newline (`\n` or `\r\n`)
+/// dropped; an unreadable or empty file is an error that never quotes it.
+fn read_token_file(path: &Path) -> Result<String, LoadError> {
+    let bad = |reason: String| LoadError::TokenFile {
+        path: path.to_owned(),
+        reason,
+    };
+    let text = std::fs::read_to_string(path).map_err(|e| bad(format!("cannot read it: {e}")))?;
+    let token = text
+        .strip_suffix('\n')
+        .map_or(text.as_str(), |t| t.strip_suffix('\r').unwrap_or(t));
+    if token.is_empty() {
+        return Err(bad("the file is empty: it must hold the token".into()));
+    }
+    Ok(token.to_owned())
 }
 
 impl Config {
@@ -646,6 +703,17 @@ impl Config {
                     config.auth_token = Some(v);
                 }
             }
+            if let Some(v) = file.auth_token_file.clone() {
+                if from_file("auth_token_file") {
+                    config.auth_token_file = Some(v);
+                }
+            }
+        }
+        if let Some(path) = &config.auth_token_file {
+            if config.auth_token.is_some() {
+                return Err(LoadError::TokenTwice);
+            }
+            config.auth_token = Some(read_token_file(path)?);
         }
         config.validate()?;
         Ok(config)
