@@ -41,6 +41,12 @@ pub const REPLY_BYTES_MAX_DEFAULT: usize = 1 << 20;
 /// Default `--reply-timeout-ms`: how long a write of replies may stay
 /// blocked (a client that does not read) before the connection is closed.
 pub const REPLY_TIMEOUT_MS_DEFAULT: u64 = 30_000;
+/// Default `--admin-timeout-ms`: how long the admin port waits for a
+/// whole request (from the connection's start or its last reply).
+pub const ADMIN_TIMEOUT_MS_DEFAULT: u64 = 5_000;
+/// Default `--admin-connections-max`: open admin connections (scrapers and
+/// health checks need a few), apart from `--connections-max`.
+pub const ADMIN_CONNECTIONS_MAX_DEFAULT: usize = 64;
 /// Default `--reply-bytes-node-max`: 256 MiB.
 pub const REPLY_BYTES_NODE_MAX_DEFAULT: usize = 256 << 20;
 
@@ -156,6 +162,18 @@ pub struct Config {
     /// (printed on a line of stdout of its own). Off unless given.
     #[arg(long, value_name = "PORT")]
     pub admin_port: Option<u16>,
+
+    /// With --admin-port: milliseconds a connection has to send a whole
+    /// request, from its start or from its last reply (an idle or
+    /// half-sent one is closed then), and a blocked write of a reply may
+    /// wait.
+    #[arg(long, default_value_t = ADMIN_TIMEOUT_MS_DEFAULT)]
+    pub admin_timeout_ms: u64,
+
+    /// With --admin-port: open admin connections at most; past it a new
+    /// one is closed at once (its own cap, apart from --connections-max).
+    #[arg(long, default_value_t = ADMIN_CONNECTIONS_MAX_DEFAULT)]
+    pub admin_connections_max: usize,
 
     /// Also serve Envoy's rate limit service (gRPC,
     /// `envoy.service.ratelimit.v3.RateLimitService`) on this port of
@@ -421,6 +439,8 @@ struct FileConfig {
     port: Option<u16>,
     resp_port: Option<u16>,
     admin_port: Option<u16>,
+    admin_timeout_ms: Option<u64>,
+    admin_connections_max: Option<usize>,
     rls_port: Option<u16>,
     rls_config: Option<PathBuf>,
     rls_headers: Option<RlsHeaders>,
@@ -614,6 +634,8 @@ impl Config {
                 reply_bytes_max,
                 reply_bytes_node_max,
                 reply_timeout_ms,
+                admin_timeout_ms,
+                admin_connections_max,
                 snapshot_interval_s,
                 snapshot_ignore_corrupt,
                 log_format,
@@ -767,6 +789,13 @@ impl Config {
             1 << 40,
         )?;
         check("reply-timeout-ms", self.reply_timeout_ms, 1, 3_600_000)?;
+        check("admin-timeout-ms", self.admin_timeout_ms, 1, 600_000)?;
+        check(
+            "admin-connections-max",
+            self.admin_connections_max,
+            1,
+            10_000,
+        )?;
         check("snapshot-interval-s", self.snapshot_interval_s, 0, 86_400)?;
         check("keys-max", self.keys_max, 0, 1 << 32)?;
         check("replica-timeout-ms", self.replica_timeout_ms, 1, 60_000)?;

@@ -185,6 +185,8 @@ impl Server {
             clock,
             snapshot: Default::default(),
             snapshot_failures: crate::sync::AtomicU64::new(0),
+            admin_open: Arc::new(AtomicUsize::new(0)),
+            admin_refused: crate::sync::AtomicU64::new(0),
         });
         #[cfg(feature = "rls")]
         let rls = rls_start.map(|(listener, rules)| {
