@@ -752,6 +752,16 @@ impl Connection {
                 );
             }
         }
+        // Never adopted, nor fenced on: an epoch no promotion could reach.
+        if !self.core.node.repl.epoch_credible(hello.epoch) {
+            let own = self.core.node.epoch();
+            log_incredible_epoch(own, hello.epoch);
+            let text = format!(
+                "epoch {} is beyond this node's {own} by more than 2^32: refused",
+                hello.epoch
+            );
+            return self.push(request_id, Local::Error(Status::BadRequest, text));
+        }
         // (Only from an authenticated peer: a stale primary stops admitting.)
         self.core.node.repl.saw_epoch(hello.epoch);
         let Some(shard) = hello.shard else {
@@ -917,3 +927,18 @@ fn encode_local(w: &mut FrameWriter, buf: &mut BytesMut, request_id: u32, reply:
 
 /// Why PROMOTE and FAILOVER are refused with `--coordinator`.
 pub const COORDINATED: &str = "leadership is held in etcd (--coordinator): the node that holds the group's leader key is the primary; stop this node (or let its lease lapse) to move it";
+
+/// Logs a HELLO's epoch refused as incredible: the first, then one in
+/// 1,000 (a client that repeats it does not flood the log).
+fn log_incredible_epoch(own: u64, seen: u64) {
+    static REFUSED: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
+    let n = REFUSED.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+    if n % 1_000 == 0 {
+        tracing::warn!(
+            own,
+            seen,
+            refused = n + 1,
+            "a HELLO carried an epoch far beyond this node's: refused (BAD_REQUEST), not adopted"
+        );
+    }
+}

@@ -2,11 +2,14 @@
 //! whose `auth_token` line does not parse never has its token printed;
 //! `--auth-token-file` (config `auth_token_file`) reads the token from a
 //! file, and refuses to start, with a clear message, when the token is
-//! also given another way or the file is unreadable or empty.
+//! also given another way or the file is unreadable or empty. Epochs
+//! never wrap: a HELLO with an epoch far beyond the node's is refused
+//! (BAD_REQUEST), not adopted, and a PROMOTE at u64::MAX is refused.
 
 use std::process::Command;
 
-use sluice_protocol::message::Reply;
+use sluice_protocol::message::{Hello, Reply, Request, Throttle};
+use sluice_protocol::{Policy, Status};
 use sluice_tests::raw::{hello, Raw};
 use sluice_tests::support::{binary, ConfigFile, Sluiced};
 
@@ -97,4 +100,104 @@ fn a_token_file_that_cannot_be_used_stops_the_start() {
     assert_eq!(code, Some(2), "{said}");
     assert!(said.contains("empty"), "{said}");
     assert!(!said.contains(TOKEN), "{said}");
+}
+
+/// A HELLO of version 1 with no token, carrying `epoch`.
+fn hello_at(epoch: u64) -> Request<'static> {
+    Request::Hello(Hello {
+        version_min: 1,
+        version_max: 1,
+        shard: None,
+        token: b"",
+        epoch,
+    })
+}
+
+/// A HELLO whose epoch is u64::MAX, or more than 2^32 past the node's, is
+/// refused with BAD_REQUEST and not adopted: the primary still admits and
+/// still reports epoch 0. Fails while such an epoch is taken as a newer
+/// primary's (the node marks itself stale and stops admitting).
+#[tokio::test]
+async fn a_hello_with_an_epoch_far_beyond_the_nodes_is_refused() {
+    let server = Sluiced::start(&["--shards", "1"]);
+    let mut raw = Raw::connect(server.addr).await;
+    for epoch in [u64::MAX, (1 << 32) + 1] {
+        raw.send_frame(&[(1, hello_at(epoch))]).await;
+        let (id, reply) = raw.next_reply().await.expect("an answer");
+        assert_eq!(id, 1);
+        assert_eq!(reply.status(), Some(Status::BadRequest), "{reply:?}");
+    }
+    raw.send_frame(&[(2, hello_at(0))]).await;
+    match raw.next_reply().await {
+        Some((2, Reply::HelloOk(ok))) => assert_eq!(ok.epoch, 0),
+        other => panic!("{other:?}"),
+    }
+    let policy = Policy::new(1, 1_000_000_000, 5).unwrap();
+    let spend = Request::Throttle(Throttle {
+        key: b"epoch:key",
+        policy,
+        cost: 1,
+    });
+    raw.send_frame(&[(3, spend)]).await;
+    match raw.next_reply().await {
+        Some((3, Reply::Throttle(v))) => assert!(v.allowed, "{v:?}"),
+        other => panic!("still admitting: {other:?}"),
+    }
+}
+
+/// A snapshot file holding no bucket, written at `epoch` (the header of
+/// server/src/snapshot.rs, sealed with its XXH3).
+fn empty_snapshot(epoch: u64) -> Vec<u8> {
+    let mut head = Vec::with_capacity(64);
+    head.extend_from_slice(b"SLUICESN");
+    head.extend_from_slice(&1u32.to_le_bytes());
+    head.extend_from_slice(&1u16.to_le_bytes());
+    head.extend_from_slice(&0u16.to_le_bytes());
+    head.extend_from_slice(&epoch.to_le_bytes());
+    head.extend_from_slice(&[0u8; 32]);
+    let sum = xxhash_rust::xxh3::xxh3_64(&head);
+    head.extend_from_slice(&sum.to_le_bytes());
+    head
+}
+
+/// A follower already at epoch u64::MAX (from its snapshot) refuses
+/// PROMOTE (BAD_REQUEST) and stays a follower at that epoch: no epoch
+/// wraps to 0. Fails while the increment is unchecked (a debug build
+/// panics, and the process aborts).
+#[tokio::test]
+async fn promote_at_the_maximum_epoch_is_refused() {
+    let dir = std::env::temp_dir().join(format!("sluice-epoch-max-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    std::fs::create_dir_all(&dir).unwrap();
+    std::fs::write(dir.join("sluiced.snapshot"), empty_snapshot(u64::MAX)).unwrap();
+    let server = Sluiced::start(&[
+        "--shards",
+        "1",
+        "--snapshot-dir",
+        dir.to_str().unwrap(),
+        "--replica-of",
+        "127.0.0.1:1",
+    ]);
+    let mut raw = Raw::connect(server.addr).await;
+    raw.send_frame(&[(1, hello_at(0))]).await;
+    match raw.next_reply().await {
+        Some((1, Reply::HelloOk(ok))) => assert_eq!(ok.epoch, u64::MAX),
+        other => panic!("{other:?}"),
+    }
+    for id in [2, 3] {
+        raw.send_frame(&[(id, Request::Promote)]).await;
+        let (got, reply) = raw.next_reply().await.expect("an answer, not a crash");
+        assert_eq!(got, id);
+        assert_eq!(reply.status(), Some(Status::BadRequest), "{reply:?}");
+    }
+    raw.send_frame(&[(4, Request::Role)]).await;
+    match raw.next_reply().await {
+        Some((4, Reply::Role(r))) => {
+            assert_eq!(r.epoch, u64::MAX);
+            assert_eq!(r.role, sluice_protocol::replication::Role::Follower);
+        }
+        other => panic!("{other:?}"),
+    }
+    drop(server);
+    let _ = std::fs::remove_dir_all(&dir);
 }
