@@ -517,6 +517,21 @@ pub fn exposition(state: &AdminState) -> String {
     );
     family(
         &mut out,
+        "sluice_auth_failures_total",
+        "counter",
+        "Failed authentications (binary HELLO and RESP AUTH / HELLO AUTH), attempts refused from a blocked address included.",
+        &[(
+            String::new(),
+            state
+                .node
+                .auth_failures
+                .total
+                .load(Ordering::Relaxed)
+                .to_string(),
+        )],
+    );
+    family(
+        &mut out,
         "sluice_admin_connections_refused_total",
         "counter",
         "Admin connections closed at once at --admin-connections-max.",

@@ -214,6 +214,8 @@ struct Connection {
     guard: ConnectionGuard,
     /// Its part of the shard's reply bytes owed.
     share: ReplyShare,
+    /// The client's address, for the failed-authentication budget.
+    peer: Option<std::net::IpAddr>,
 }
 
 /// Serves one connection until it closes (or moves to another shard, or
@@ -231,7 +233,9 @@ pub async fn run(core: Rc<ShardCore>, adopt: Adopt) {
     } else {
         PRE_AUTH_FRAME_BYTES_MAX.min(core.node.config.frame_bytes_max)
     };
+    let peer = stream.peer_addr().ok().map(|a| a.ip());
     let mut conn = Connection {
+        peer,
         core: core.clone(),
         wbuf: BytesMut::with_capacity(READ_CHUNK_BYTES),
         writer: FrameWriter::new(),
@@ -738,7 +742,20 @@ impl Connection {
             return self.push(request_id, Local::Error(Status::UnsupportedVersion, text));
         }
         if let Some(expected) = &self.core.node.config.auth_token {
+            let failures = &self.core.node.auth_failures;
+            let now = std::time::Instant::now();
+            if let Some(wait) = self.peer.and_then(|ip| failures.blocked(ip, now)) {
+                self.closing = true;
+                let text = format!(
+                    "authentication failed: too many failed authentications from this address; retry in {} ms",
+                    wait.as_millis()
+                );
+                return self.push(request_id, Local::Error(Status::AuthFailed, text));
+            }
             if !constant_time_eq(expected.as_bytes(), hello.token) {
+                if let Some(ip) = self.peer {
+                    failures.failed(ip, now);
+                }
                 self.closing = true;
                 // Whether a token came at all says nothing about the token.
                 let text = if hello.token.is_empty() {
@@ -755,7 +772,7 @@ impl Connection {
         // Never adopted, nor fenced on: an epoch no promotion could reach.
         if !self.core.node.repl.epoch_credible(hello.epoch) {
             let own = self.core.node.epoch();
-            log_incredible_epoch(own, hello.epoch);
+            self.core.node.repl.log_incredible_epoch(hello.epoch);
             let text = format!(
                 "epoch {} is beyond this node's {own} by more than 2^32: refused",
                 hello.epoch
@@ -927,18 +944,3 @@ fn encode_local(w: &mut FrameWriter, buf: &mut BytesMut, request_id: u32, reply:
 
 /// Why PROMOTE and FAILOVER are refused with `--coordinator`.
 pub const COORDINATED: &str = "leadership is held in etcd (--coordinator): the node that holds the group's leader key is the primary; stop this node (or let its lease lapse) to move it";
-
-/// Logs a HELLO's epoch refused as incredible: the first, then one in
-/// 1,000 (a client that repeats it does not flood the log).
-fn log_incredible_epoch(own: u64, seen: u64) {
-    static REFUSED: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
-    let n = REFUSED.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
-    if n % 1_000 == 0 {
-        tracing::warn!(
-            own,
-            seen,
-            refused = n + 1,
-            "a HELLO carried an epoch far beyond this node's: refused (BAD_REQUEST), not adopted"
-        );
-    }
-}

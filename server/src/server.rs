@@ -169,6 +169,7 @@ impl Server {
             resp_addr: resp_listener.as_ref().map(bound_addr),
             started,
             stats: (0..shard_count).map(|_| Default::default()).collect(),
+            auth_failures: Default::default(),
         });
         for tx in node_txs {
             tx.send(node.clone())

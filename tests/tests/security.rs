@@ -201,3 +201,77 @@ async fn promote_at_the_maximum_epoch_is_refused() {
     drop(server);
     let _ = std::fs::remove_dir_all(&dir);
 }
+
+/// One HELLO with `token` on a new connection: `Ok(())` when it
+/// authenticates, else the error's text.
+async fn hello_once(server: &Sluiced, token: &str) -> Result<(), String> {
+    let mut raw = Raw::connect(server.addr).await;
+    raw.send_frame(&[(1, hello(token.as_bytes()))]).await;
+    match raw.next_reply().await {
+        Some((1, Reply::HelloOk(_))) => Ok(()),
+        Some((1, Reply::Error { text, .. })) => Err(text),
+        other => panic!("{other:?}"),
+    }
+}
+
+/// `AUTH token` over RESP on a new connection: the reply's first line.
+async fn resp_auth(addr: std::net::SocketAddr, token: &str) -> String {
+    use tokio::io::{AsyncBufReadExt, AsyncWriteExt};
+    let mut s = tokio::net::TcpStream::connect(addr).await.unwrap();
+    s.write_all(format!("AUTH {token}\r\n").as_bytes())
+        .await
+        .unwrap();
+    let mut line = String::new();
+    tokio::io::BufReader::new(s)
+        .read_line(&mut line)
+        .await
+        .unwrap();
+    line
+}
+
+/// A burst of wrong tokens from one address: at most 10 are compared
+/// before the address is refused for a while (its HELLOs and RESP AUTHs,
+/// even with the right token), every attempt counts in
+/// sluice_auth_failures_total, and once the block is over the right token
+/// is accepted. Fails while every guess is compared (hundreds in the
+/// burst's 2 s).
+#[tokio::test]
+async fn a_burst_of_wrong_tokens_is_slowed_and_counted() {
+    let server = Sluiced::start(&[
+        "--shards",
+        "1",
+        "--auth-token",
+        TOKEN,
+        "--admin-port",
+        "0",
+        "--resp-port",
+        "0",
+    ]);
+    let start = std::time::Instant::now();
+    let (mut compared, mut refused) = (0u32, 0u32);
+    while start.elapsed() < std::time::Duration::from_secs(2) {
+        match hello_once(&server, "guess").await {
+            Err(text) if text.contains("the token is wrong") => compared += 1,
+            Err(text) if text.contains("too many failed authentications") => refused += 1,
+            other => panic!("{other:?}"),
+        }
+    }
+    assert!(compared <= 10, "{compared} guesses compared in 2 s");
+    assert!(refused > 0, "never refused");
+    // Blocked: the right token too, on both ports.
+    let blocked = hello_once(&server, TOKEN).await;
+    assert!(blocked.is_err_and(|t| t.contains("retry in")));
+    let said = resp_auth(server.resp_addr.unwrap(), TOKEN).await;
+    assert!(said.starts_with("-WRONGPASS"), "{said}");
+    let admin = server.admin_addr.unwrap();
+    let scrape =
+        tokio::task::spawn_blocking(move || sluice_tests::support::http_get(admin, "/metrics"))
+            .await
+            .unwrap()
+            .1;
+    let counted = sluice_tests::support::metric_sample(&scrape, "sluice_auth_failures_total");
+    assert!(counted >= f64::from(compared + refused + 2), "{counted}");
+    // The block runs out (5 s).
+    tokio::time::sleep(std::time::Duration::from_secs(6)).await;
+    assert_eq!(hello_once(&server, TOKEN).await, Ok(()));
+}

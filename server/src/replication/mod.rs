@@ -136,6 +136,8 @@ pub struct ReplNode {
     primary: Mutex<String>,
     /// The follower's address as seen by a primary.
     follower: Mutex<String>,
+    /// HELLOs refused for an epoch beyond belief (their log is sampled).
+    incredible_epochs: AtomicU64,
 }
 
 impl ReplNode {
@@ -186,6 +188,7 @@ impl ReplNode {
             solo: AtomicU64::new(0),
             primary: Mutex::new(primary),
             follower: Mutex::new(String::new()),
+            incredible_epochs: AtomicU64::new(0),
         }
     }
 
@@ -236,6 +239,20 @@ impl ReplNode {
     /// promotion could pass it) and at most [`EPOCH_JUMP_MAX`] past ours.
     pub fn epoch_credible(&self, epoch: u64) -> bool {
         epoch < u64::MAX && epoch <= self.epoch().saturating_add(EPOCH_JUMP_MAX)
+    }
+
+    /// Logs a HELLO's epoch refused as not credible: the first, then one
+    /// in 1,000 (a client that repeats it does not flood the log).
+    pub fn log_incredible_epoch(&self, seen: u64) {
+        let n = self.incredible_epochs.fetch_add(1, Ordering::Relaxed);
+        if n % 1_000 == 0 {
+            tracing::warn!(
+                own = self.epoch(),
+                seen,
+                refused = n + 1,
+                "a HELLO carried an epoch far beyond this node's: refused (BAD_REQUEST), not adopted"
+            );
+        }
     }
 
     /// Learns an epoch (a follower adopts its primary's); never lowers it.

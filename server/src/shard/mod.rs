@@ -392,6 +392,9 @@ pub struct Node {
     pub started: Instant,
     /// Each shard's counters as it last published them (STATS reads them).
     pub stats: Vec<CachePadded<PublishedStats>>,
+    /// Failed authentications by source address: the budget that blocks
+    /// a guesser, and `sluice_auth_failures_total`.
+    pub auth_failures: crate::auth_failures::AuthFailures,
 }
 
 /// A shard's counters, published by its own thread after each batch of
