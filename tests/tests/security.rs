@@ -256,6 +256,9 @@ async fn a_burst_of_wrong_tokens_is_slowed_and_counted() {
             other => panic!("{other:?}"),
         }
     }
+    println!(
+        "attack: a 2 s burst of wrong tokens from one address: {compared} compared, {refused} refused unread"
+    );
     assert!(compared <= 10, "{compared} guesses compared in 2 s");
     assert!(refused > 0, "never refused");
     // Blocked: the right token too, on both ports.
