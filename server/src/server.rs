@@ -423,7 +423,7 @@ impl Server {
 fn load_snapshot(node: &Node, dir: &std::path::Path) -> Result<(), StartError> {
     let path = crate::snapshot::path(dir);
     let marker = crate::snapshot::failed_path(dir);
-    if let Ok(what) = std::fs::read_to_string(&marker) {
+    if let Some(what) = crate::snapshot::read_failed(dir) {
         tracing::warn!(
             marker = %marker.display(),
             what = what.trim_end(),

@@ -308,26 +308,7 @@ pub fn decode_with(bytes: &[u8], mut each: impl FnMut(Record)) -> Result<Loaded,
 pub fn write_atomic(dir: &Path, image: &Image) -> std::io::Result<()> {
     std::fs::create_dir_all(dir).map_err(|e| at(dir, e))?;
     let tmp = tmp_path(dir);
-    // Whatever is at the temporary path (the leftover of a crash, or a
-    // symlink someone planted to make us write through it) is unlinked,
-    // never followed: unlink removes the link itself. The file is then
-    // created afresh; `create_new` (O_EXCL) and O_NOFOLLOW refuse anything
-    // that appeared there in between instead of opening it.
-    match std::fs::remove_file(&tmp) {
-        Ok(()) => {}
-        Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
-        Err(e) => return Err(at(&tmp, e)),
-    }
-    let file = {
-        use std::os::unix::fs::OpenOptionsExt;
-        std::fs::OpenOptions::new()
-            .write(true)
-            .create_new(true)
-            .custom_flags(libc::O_NOFOLLOW | libc::O_CLOEXEC)
-            .mode(0o600)
-            .open(&tmp)
-            .map_err(|e| at(&tmp, e))?
-    };
+    let file = create_fresh(&tmp)?;
     let written = (|| {
         let mut f = std::io::BufWriter::with_capacity(1 << 20, file);
         image.write_to(&mut f)?;
@@ -346,6 +327,27 @@ pub fn write_atomic(dir: &Path, image: &Image) -> std::io::Result<()> {
     std::fs::File::open(dir)
         .and_then(|d| d.sync_all())
         .map_err(|e| at(dir, e))
+}
+
+/// Creates `path` afresh for writing. Whatever is there (the leftover of a
+/// crash, or a symlink someone planted to make us write through it) is
+/// unlinked, never followed: unlink removes the link itself. The file is
+/// then created with `create_new` (O_EXCL) and O_NOFOLLOW, which refuse
+/// anything that appeared there in between instead of opening it.
+fn create_fresh(path: &Path) -> std::io::Result<std::fs::File> {
+    use std::os::unix::fs::OpenOptionsExt;
+    match std::fs::remove_file(path) {
+        Ok(()) => {}
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
+        Err(e) => return Err(at(path, e)),
+    }
+    std::fs::OpenOptions::new()
+        .write(true)
+        .create_new(true)
+        .custom_flags(libc::O_NOFOLLOW | libc::O_CLOEXEC)
+        .mode(0o600)
+        .open(path)
+        .map_err(|e| at(path, e))
 }
 
 /// The temporary file a snapshot is written to before its rename.
@@ -367,7 +369,22 @@ pub fn mark_failed(dir: &Path, why: &str, error: &str, written_ns: u64) -> std::
         "a {why} snapshot failed at {written_ns} ns since the Unix epoch: {error}\n\
          {FILE_NAME} in this directory, if any, is older than that\n"
     );
-    std::fs::write(failed_path(dir), text)
+    std::io::Write::write_all(&mut create_fresh(&failed_path(dir))?, text.as_bytes())
+}
+
+/// What the failure marker says, if there is one: at most 4 KiB of it,
+/// read without following a symlink (the log never quotes another file).
+pub fn read_failed(dir: &Path) -> Option<String> {
+    use std::io::Read;
+    use std::os::unix::fs::OpenOptionsExt;
+    let f = std::fs::OpenOptions::new()
+        .read(true)
+        .custom_flags(libc::O_NOFOLLOW | libc::O_CLOEXEC)
+        .open(failed_path(dir))
+        .ok()?;
+    let mut text = String::new();
+    f.take(4 << 10).read_to_string(&mut text).ok()?;
+    Some(text)
 }
 
 /// Removes the failure marker after a write that succeeded.

@@ -354,11 +354,17 @@ async fn a_failed_final_snapshot_fails_the_exit_and_the_next_start_says_so() {
 }
 
 /// Something the daemon cannot replace at the temporary path (here a
-/// directory) fails the final snapshot too: exit status 1, the old
-/// snapshot kept.
+/// directory) fails the final snapshot too: exit status 1, no snapshot,
+/// and the failure marker written as a file of its own, never through a
+/// symlink planted at its name.
 #[tokio::test]
 async fn a_final_snapshot_that_cannot_be_created_fails_the_exit() {
     let dir = Dir::new("tmpdir");
+    let outside = Dir::new("tmpdir-outside");
+    let victim = outside.0.join("precious");
+    std::fs::write(&victim, b"not yours").unwrap();
+    let marker = dir.0.join("sluiced.snapshot.failed");
+    std::os::unix::fs::symlink(&victim, &marker).unwrap();
     let server = Sluiced::start(&["--shards", "1", "--snapshot-dir", dir.arg()]);
     spend(&server, &specs(&SPECS)).await;
     std::fs::create_dir(dir.0.join("sluiced.snapshot.tmp")).unwrap();
@@ -366,6 +372,8 @@ async fn a_final_snapshot_that_cannot_be_created_fails_the_exit() {
         .await
         .unwrap();
     assert_eq!(status.code(), Some(1), "{status:?}");
-    assert!(dir.0.join("sluiced.snapshot.failed").exists());
     assert!(!dir.file().exists());
+    assert_eq!(std::fs::read(&victim).unwrap(), b"not yours");
+    let marker = std::fs::symlink_metadata(&marker).unwrap();
+    assert!(marker.is_file(), "the marker is not a file: {marker:?}");
 }
