@@ -233,20 +233,25 @@ async fn resp_auth(addr: std::net::SocketAddr, token: &str) -> String {
 /// before the address is refused for a while (its HELLOs and RESP AUTHs,
 /// even with the right token), every attempt counts in
 /// sluice_auth_failures_total, and once the block is over the right token
-/// is accepted. Fails while every guess is compared (hundreds in the
-/// burst's 2 s).
+/// is accepted; the log has one warning for the address, not one per
+/// attempt. Fails while every guess is compared (thousands in the burst's
+/// 2 s).
 #[tokio::test]
 async fn a_burst_of_wrong_tokens_is_slowed_and_counted() {
-    let server = Sluiced::start(&[
-        "--shards",
-        "1",
-        "--auth-token",
-        TOKEN,
-        "--admin-port",
-        "0",
-        "--resp-port",
-        "0",
-    ]);
+    let log = std::env::temp_dir().join(format!("sluice-auth-burst-{}.log", std::process::id()));
+    let server = Sluiced::start_logged(
+        &log,
+        &[
+            "--shards",
+            "1",
+            "--auth-token",
+            TOKEN,
+            "--admin-port",
+            "0",
+            "--resp-port",
+            "0",
+        ],
+    );
     let start = std::time::Instant::now();
     let (mut compared, mut refused) = (0u32, 0u32);
     while start.elapsed() < std::time::Duration::from_secs(2) {
@@ -277,4 +282,13 @@ async fn a_burst_of_wrong_tokens_is_slowed_and_counted() {
     // The block runs out (5 s).
     tokio::time::sleep(std::time::Duration::from_secs(6)).await;
     assert_eq!(hello_once(&server, TOKEN).await, Ok(()));
+    // One warning for the address in these 8 s (one per 10 s at most),
+    // not one per attempt.
+    let said = std::fs::read_to_string(&log).unwrap();
+    let _ = std::fs::remove_file(&log);
+    let warnings = said
+        .lines()
+        .filter(|l| l.contains("failed authentications from this address"))
+        .count();
+    assert_eq!(warnings, 1, "{said}");
 }
