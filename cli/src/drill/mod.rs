@@ -622,6 +622,12 @@ async fn drill(args: &DrillArgs, global: &Global) -> Result<Outcome, DrillError>
             Harness::Local(c) => Some(c.log_dir().display().to_string()),
             Harness::External { .. } => None,
         },
+        promote_after_ms: (matches!(harness, Harness::Local(_)) && !args.etcd)
+            .then_some(args.promote_after_ms),
+        stalls_seen: (
+            stats.stalls_total.load(Ordering::Relaxed),
+            stats.stall_moves_total.load(Ordering::Relaxed),
+        ),
     };
     // Judging takes a while on a long run: the cluster can go now.
     drop(harness);
