@@ -172,8 +172,9 @@ pub enum FailurePolicy {
 
 /// What one call to a group's primary came to.
 enum StoreCall<T> {
-    /// The primary answered (the node, the group).
-    Answered(T, Arc<str>, Arc<Group>),
+    /// The primary answered (the node, the group, and, when the call was
+    /// sent again after a refusal, how long after it began).
+    Answered(T, Arc<str>, Arc<Group>, Option<Duration>),
     /// The group could not answer; `unknown`: it was sent and may have
     /// been applied.
     Unavailable { group: Arc<Group>, unknown: bool },
@@ -283,6 +284,12 @@ pub struct ClusterVerdict {
     /// The group's epoch as this client knows it (the epoch of the primary
     /// it found); 0 before any primary was found.
     pub epoch: u64,
+    /// For a store verdict whose call a node first refused without
+    /// applying it (NOT_PRIMARY: a stale primary that resumed, say) and
+    /// that was then sent to the group's new primary: how long after the
+    /// call began it was sent there. The decision happened after that;
+    /// the drill's judge needs it to place the decision in time.
+    pub resent_after: Option<Duration>,
 }
 
 impl ClusterVerdict {
@@ -590,7 +597,7 @@ impl Cluster {
             client.decide_as(key, limits, mode, cost, priority).await
         };
         let (group, unknown) = match self.store_call(key, spends, call).await {
-            StoreCall::Answered(decision, node, group) => {
+            StoreCall::Answered(decision, node, group, resent_after) => {
                 return Ok(ClusterVerdict {
                     source: Source::Store,
                     group: group.spec.name.clone(),
@@ -598,6 +605,7 @@ impl Cluster {
                     outcome_unknown: false,
                     node: Some(node),
                     epoch: group.epoch.load(Ordering::Relaxed),
+                    resent_after,
                 })
             }
             StoreCall::Failed(e) => return Err(e),
@@ -634,7 +642,7 @@ impl Cluster {
         crate::metrics::call();
         let call = |client: Client| async move { client.cell(key, policy, quantity).await };
         let (group, unknown) = match self.store_call(key, quantity > 0, call).await {
-            StoreCall::Answered(v, _, _) => return Ok((Source::Store, v)),
+            StoreCall::Answered(v, ..) => return Ok((Source::Store, v)),
             StoreCall::Failed(e) => return Err(e),
             StoreCall::Unavailable { group, unknown } => (group, unknown),
         };
@@ -683,7 +691,7 @@ impl Cluster {
             }
         };
         match self.store_call(key, true, call).await {
-            StoreCall::Answered(ok, _, _) => Ok(ok),
+            StoreCall::Answered(ok, ..) => Ok(ok),
             StoreCall::Failed(e) => Err(e),
             StoreCall::Unavailable { group, unknown } => Err(unavailable(&group, unknown)),
         }
@@ -702,10 +710,12 @@ impl Cluster {
         let stats = &self.inner.stats;
         let layout = self.layout();
         let group = layout.groups[layout.ring.group_of(key_hash(key))].clone();
+        let began = Instant::now();
         for attempt in 0..2 {
             let Some((node, client)) = self.primary_of(&group, attempt > 0).await else {
                 break;
             };
+            let resent_after = (attempt > 0).then(|| began.elapsed());
             let sent = call(client.clone());
             let answer = match self.inner.config.stall_after {
                 None => sent.await,
@@ -724,7 +734,7 @@ impl Cluster {
                 Ok(answer) => {
                     stats.store_total.fetch_add(1, Ordering::Relaxed);
                     crate::metrics::verdict(Source::Store);
-                    return StoreCall::Answered(answer, node, group);
+                    return StoreCall::Answered(answer, node, group, resent_after);
                 }
                 Err(e) if not_applied(&e) => {
                     crate::metrics::error(&e);
@@ -764,12 +774,34 @@ impl Cluster {
 
     /// The group's primary: the one known, or (if `search` or none is
     /// known) a search of every member's ROLE, at most every
-    /// `search_interval` while nothing answers.
+    /// `search_interval` while nothing answers. While a stall watch runs,
+    /// a call waits for that search no longer than its deadline (then the
+    /// failure policy answers it, as not sent): the watch, not this
+    /// search, is what finds the new primary, and a caller must not queue
+    /// behind a search held up by the stalled node.
     async fn primary_of(&self, group: &Group, search: bool) -> Option<(Arc<str>, Client)> {
         let known = group.primary.read().expect("not poisoned").clone();
         if let (false, Some(found)) = (search, known.as_ref()) {
             return Some(found.clone());
         }
+        if group.watching.load(Ordering::Acquire) {
+            let deadline = self.inner.config.client.deadline;
+            tokio::time::timeout(deadline, self.search_locked(group, search, known))
+                .await
+                .ok()
+                .flatten()
+        } else {
+            self.search_locked(group, search, known).await
+        }
+    }
+
+    /// [`Cluster::primary_of`]'s search, one caller at a time.
+    async fn search_locked(
+        &self,
+        group: &Group,
+        search: bool,
+        known: Option<(Arc<str>, Client)>,
+    ) -> Option<(Arc<str>, Client)> {
         let _one = group.searching.lock().await;
         // A stall watch may install a newer primary while this search
         // waits on a member that does not answer: take that one.
@@ -1012,6 +1044,7 @@ impl Cluster {
             outcome_unknown,
             node: None,
             epoch: group.epoch.load(Ordering::Relaxed),
+            resent_after: None,
         }
     }
 }
