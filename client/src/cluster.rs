@@ -21,7 +21,24 @@
 //! works) and takes the primary of the highest epoch; then the call is sent
 //! there. A group whose members all fail is searched again at most every
 //! [`ClusterConfig::search_interval`]; in between its calls go straight to
-//! the failure policy.
+//! the failure policy. The members are asked at once, and a search ends as
+//! soon as one answers as the admitting primary of an epoch newer than the
+//! group's: a member that accepts TCP but never answers (a stopped
+//! process) costs nothing then.
+//!
+//! Stalls: a primary that stops answering without closing its sockets
+//! (SIGSTOP, a paused VM) neither refuses nor drops a call, so nothing
+//! above would move the group. When a call to the primary has waited
+//! [`ClusterConfig::stall_after`] (or timed out, if the deadline is
+//! shorter), the group starts a *stall watch* in the background: every
+//! `search_interval` it asks the other members' ROLE, and as soon as one is
+//! the admitting primary of a strictly newer epoch, NEW calls go there. The
+//! calls already sent to the stalled node stay where they are (outcome
+//! unknown if they time out; never resent). The watch ends when the stalled
+//! node answers a PING (the stall is over and no one was promoted), when
+//! the group has moved, or after [`STALL_WATCH_MS_MAX`] (the next stalled
+//! call starts another). A node of an older epoch is never taken back, so
+//! the old primary's return (fenced) does not make the client flap.
 //!
 //! Local fallback: the same decision code as the server
 //! (`sluice_protocol::composite`), with every limit scaled by
@@ -32,8 +49,8 @@
 
 use std::collections::HashMap;
 use std::path::Path;
-use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::{Arc, Mutex, RwLock};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::{Arc, Mutex, RwLock, Weak};
 use std::time::{Duration, Instant};
 
 use sluice_protocol::composite::{self, LimitAt, Store};
@@ -50,6 +67,14 @@ use crate::{Client, ClientConfig, Error};
 
 /// Default shortest time between two searches for a group's primary.
 pub const SEARCH_INTERVAL_MS_DEFAULT: u64 = 50;
+/// Default time a call to a group's primary may wait before the group
+/// looks for a newer primary ([`ClusterConfig::stall_after`]): below the
+/// followers' usual `--promote-after-ms` (300 in the drills), so that the
+/// watch is already asking when the follower takes over.
+pub const STALL_AFTER_MS_DEFAULT: u64 = 250;
+/// Longest one stall watch runs; a call that still waits after that starts
+/// another.
+pub const STALL_WATCH_MS_MAX: u64 = 10_000;
 
 /// One shard group: a primary and an optional follower.
 #[derive(Clone, Debug, PartialEq, Eq, serde::Deserialize)]
@@ -147,8 +172,9 @@ pub enum FailurePolicy {
 
 /// What one call to a group's primary came to.
 enum StoreCall<T> {
-    /// The primary answered (the node, the group).
-    Answered(T, Arc<str>, Arc<Group>),
+    /// The primary answered (the node, the group, and, when the call was
+    /// sent again after a refusal, how long after it began).
+    Answered(T, Arc<str>, Arc<Group>, Option<Duration>),
     /// The group could not answer; `unknown`: it was sent and may have
     /// been applied.
     Unavailable { group: Arc<Group>, unknown: bool },
@@ -217,6 +243,12 @@ pub struct ClusterConfig {
     /// taken anew at each reload), so that a node with another layout
     /// refuses it. Off for gateways.
     pub send_layout: bool,
+    /// How long a call to a group's primary may wait before the group looks
+    /// for a primary of a newer epoch in the background (the module's
+    /// "Stalls"); `None` turns stall detection off (calls then move only
+    /// after a refusal, a dropped connection or a timeout). Set it a little
+    /// below the followers' `--promote-after-ms`.
+    pub stall_after: Option<Duration>,
 }
 
 impl Default for ClusterConfig {
@@ -228,6 +260,7 @@ impl Default for ClusterConfig {
             tier_fallback: FailurePolicy::Open,
             search_interval: Duration::from_millis(SEARCH_INTERVAL_MS_DEFAULT),
             send_layout: false,
+            stall_after: Some(Duration::from_millis(STALL_AFTER_MS_DEFAULT)),
         }
     }
 }
@@ -251,6 +284,12 @@ pub struct ClusterVerdict {
     /// The group's epoch as this client knows it (the epoch of the primary
     /// it found); 0 before any primary was found.
     pub epoch: u64,
+    /// For a store verdict whose call a node first refused without
+    /// applying it (NOT_PRIMARY: a stale primary that resumed, say) and
+    /// that was then sent to the group's new primary: how long after the
+    /// call began it was sent there. The decision happened after that;
+    /// the drill's judge needs it to place the decision in time.
+    pub resent_after: Option<Duration>,
 }
 
 impl ClusterVerdict {
@@ -277,6 +316,10 @@ pub struct ClusterStats {
     pub unknown_total: AtomicU64,
     /// Times a group moved to another primary.
     pub failovers_total: AtomicU64,
+    /// Stall watches started (a call to a primary waited `stall_after`).
+    pub stalls_total: AtomicU64,
+    /// Times a stall watch moved a group to a newer primary.
+    pub stall_moves_total: AtomicU64,
 }
 
 /// A group's state in the client.
@@ -299,6 +342,11 @@ struct Group {
     /// The last error a call or search of this group met, for the text of
     /// [`Error::Unavailable`] (a refused HELLO's LAYOUT_MISMATCH, say).
     last_error: Mutex<Option<String>>,
+    /// Set while a stall watch runs for the group (at most one at a time).
+    watching: AtomicBool,
+    /// Woken when a primary is installed, so that a search waiting on a
+    /// member that does not answer ends as soon as a stall watch found one.
+    installed: tokio::sync::Notify,
 }
 
 impl Group {
@@ -443,7 +491,7 @@ impl Cluster {
     pub(crate) fn forget_group(&self, name: &str) {
         let layout = self.layout();
         if let Some(g) = layout.groups.iter().find(|g| g.spec.name == name) {
-            forget(g);
+            *g.primary.write().expect("not poisoned") = None;
             *g.failed_at.lock().expect("not poisoned") = None;
         }
     }
@@ -549,7 +597,7 @@ impl Cluster {
             client.decide_as(key, limits, mode, cost, priority).await
         };
         let (group, unknown) = match self.store_call(key, spends, call).await {
-            StoreCall::Answered(decision, node, group) => {
+            StoreCall::Answered(decision, node, group, resent_after) => {
                 return Ok(ClusterVerdict {
                     source: Source::Store,
                     group: group.spec.name.clone(),
@@ -557,6 +605,7 @@ impl Cluster {
                     outcome_unknown: false,
                     node: Some(node),
                     epoch: group.epoch.load(Ordering::Relaxed),
+                    resent_after,
                 })
             }
             StoreCall::Failed(e) => return Err(e),
@@ -593,7 +642,7 @@ impl Cluster {
         crate::metrics::call();
         let call = |client: Client| async move { client.cell(key, policy, quantity).await };
         let (group, unknown) = match self.store_call(key, quantity > 0, call).await {
-            StoreCall::Answered(v, _, _) => return Ok((Source::Store, v)),
+            StoreCall::Answered(v, ..) => return Ok((Source::Store, v)),
             StoreCall::Failed(e) => return Err(e),
             StoreCall::Unavailable { group, unknown } => (group, unknown),
         };
@@ -642,7 +691,7 @@ impl Cluster {
             }
         };
         match self.store_call(key, true, call).await {
-            StoreCall::Answered(ok, _, _) => Ok(ok),
+            StoreCall::Answered(ok, ..) => Ok(ok),
             StoreCall::Failed(e) => Err(e),
             StoreCall::Unavailable { group, unknown } => Err(unavailable(&group, unknown)),
         }
@@ -651,7 +700,8 @@ impl Cluster {
     /// One call to the key's group's primary: at most one search and one
     /// resend per call. A call that was not applied may go to the primary
     /// found; one that may have been applied (`spends`, sent, no answer)
-    /// never goes anywhere else.
+    /// never goes anywhere else. A call that waits `stall_after` (or times
+    /// out) starts the group's stall watch, and keeps waiting.
     async fn store_call<T, F, Fut>(&self, key: &[u8], spends: bool, call: F) -> StoreCall<T>
     where
         F: Fn(Client) -> Fut,
@@ -660,36 +710,55 @@ impl Cluster {
         let stats = &self.inner.stats;
         let layout = self.layout();
         let group = layout.groups[layout.ring.group_of(key_hash(key))].clone();
+        let began = Instant::now();
         for attempt in 0..2 {
             let Some((node, client)) = self.primary_of(&group, attempt > 0).await else {
                 break;
             };
-            match call(client).await {
+            let resent_after = (attempt > 0).then(|| began.elapsed());
+            let sent = call(client.clone());
+            let answer = match self.inner.config.stall_after {
+                None => sent.await,
+                Some(after) => {
+                    tokio::pin!(sent);
+                    match tokio::time::timeout(after, &mut sent).await {
+                        Ok(answer) => answer,
+                        Err(_) => {
+                            self.suspect(&group, &node, &client);
+                            sent.await
+                        }
+                    }
+                }
+            };
+            match answer {
                 Ok(answer) => {
                     stats.store_total.fetch_add(1, Ordering::Relaxed);
                     crate::metrics::verdict(Source::Store);
-                    return StoreCall::Answered(answer, node, group);
+                    return StoreCall::Answered(answer, node, group, resent_after);
                 }
                 Err(e) if not_applied(&e) => {
                     crate::metrics::error(&e);
                     group.note_error(&e);
-                    forget(&group)
-                }
-                Err(e @ (Error::Timeout(_) | Error::Disconnected)) if !spends => {
-                    crate::metrics::error(&e);
-                    group.note_error(&e);
-                    forget(&group)
+                    forget(&group, &node)
                 }
                 Err(e @ (Error::Timeout(_) | Error::Disconnected)) => {
                     crate::metrics::error(&e);
-                    crate::metrics::outcome_unknown();
                     group.note_error(&e);
-                    forget(&group);
-                    stats.unknown_total.fetch_add(1, Ordering::Relaxed);
-                    return StoreCall::Unavailable {
-                        group,
-                        unknown: true,
-                    };
+                    if matches!(e, Error::Timeout(_)) {
+                        // A deadline shorter than `stall_after`: the
+                        // timeout is the first sign of a stall.
+                        self.suspect(&group, &node, &client);
+                    }
+                    // Only if no newer primary replaced it meanwhile.
+                    forget(&group, &node);
+                    if spends {
+                        crate::metrics::outcome_unknown();
+                        stats.unknown_total.fetch_add(1, Ordering::Relaxed);
+                        return StoreCall::Unavailable {
+                            group,
+                            unknown: true,
+                        };
+                    }
                 }
                 Err(e) => {
                     crate::metrics::error(&e);
@@ -705,37 +774,70 @@ impl Cluster {
 
     /// The group's primary: the one known, or (if `search` or none is
     /// known) a search of every member's ROLE, at most every
-    /// `search_interval` while nothing answers.
+    /// `search_interval` while nothing answers. While a stall watch runs,
+    /// a call waits for that search no longer than its deadline (then the
+    /// failure policy answers it, as not sent): the watch, not this
+    /// search, is what finds the new primary, and a caller must not queue
+    /// behind a search held up by the stalled node.
     async fn primary_of(&self, group: &Group, search: bool) -> Option<(Arc<str>, Client)> {
-        if !search {
-            if let Some(found) = group.primary.read().expect("not poisoned").as_ref() {
+        let known = group.primary.read().expect("not poisoned").clone();
+        if let (false, Some(found)) = (search, known.as_ref()) {
+            return Some(found.clone());
+        }
+        if group.watching.load(Ordering::Acquire) {
+            let deadline = self.inner.config.client.deadline;
+            tokio::time::timeout(deadline, self.search_locked(group, search, known))
+                .await
+                .ok()
+                .flatten()
+        } else {
+            self.search_locked(group, search, known).await
+        }
+    }
+
+    /// [`Cluster::primary_of`]'s search, one caller at a time.
+    async fn search_locked(
+        &self,
+        group: &Group,
+        search: bool,
+        known: Option<(Arc<str>, Client)>,
+    ) -> Option<(Arc<str>, Client)> {
+        let _one = group.searching.lock().await;
+        // A stall watch may install a newer primary while this search
+        // waits on a member that does not answer: take that one.
+        let installed = group.installed.notified();
+        tokio::pin!(installed);
+        installed.as_mut().enable();
+        // Someone else may have found one while we waited (a search that
+        // was asked for because `known` failed wants another than `known`).
+        if let Some(found) = group.primary.read().expect("not poisoned").as_ref() {
+            let same = known
+                .as_ref()
+                .is_some_and(|(a, _)| Arc::ptr_eq(a, &found.0));
+            if !search || !same {
                 return Some(found.clone());
             }
-        }
-        let _one = group.searching.lock().await;
-        // Someone else may have found it while we waited.
-        if let Some(found) = group.primary.read().expect("not poisoned").as_ref() {
-            return Some(found.clone());
         }
         if let Some(t) = *group.failed_at.lock().expect("not poisoned") {
             if t.elapsed() < self.inner.config.search_interval {
                 return None;
             }
         }
-        match self.search(group).await {
-            Some((addr, client)) => {
-                *group.failed_at.lock().expect("not poisoned") = None;
-                let had = group.primary.read().expect("not poisoned").is_some();
-                *group.primary.write().expect("not poisoned") =
-                    Some((addr.clone(), client.clone()));
-                if had || group.epoch.load(Ordering::Relaxed) > 0 {
-                    self.inner
-                        .stats
-                        .failovers_total
-                        .fetch_add(1, Ordering::Relaxed);
-                    crate::metrics::failover(&group.spec.name);
+        let found = tokio::select! {
+            found = self.search(group) => found,
+            () = installed => {
+                return group.primary.read().expect("not poisoned").clone();
+            }
+        };
+        match found {
+            Some((epoch, addr, client)) => {
+                let addr: Arc<str> = Arc::from(addr);
+                if self.install(group, epoch, &addr, &client, false) {
+                    Some((addr, client))
+                } else {
+                    // Something newer was installed meanwhile.
+                    group.primary.read().expect("not poisoned").clone()
                 }
-                Some((addr, client))
             }
             None => {
                 *group.failed_at.lock().expect("not poisoned") = Some(Instant::now());
@@ -744,26 +846,89 @@ impl Cluster {
         }
     }
 
+    /// Makes `client` at `addr` the group's primary, if `epoch` is at least
+    /// the group's (`newer`: above it); says whether it did. Wakes a search
+    /// that waits.
+    fn install(
+        &self,
+        group: &Group,
+        epoch: u64,
+        addr: &Arc<str>,
+        client: &Client,
+        newer: bool,
+    ) -> bool {
+        {
+            let mut primary = group.primary.write().expect("not poisoned");
+            let known = group.epoch.load(Ordering::Relaxed);
+            if epoch < known || (newer && epoch == known) {
+                return false;
+            }
+            let moved = primary.is_some() || known > 0 || epoch > known;
+            *primary = Some((addr.clone(), client.clone()));
+            group.epoch.store(epoch, Ordering::Relaxed);
+            *group.failed_at.lock().expect("not poisoned") = None;
+            if moved {
+                self.inner
+                    .stats
+                    .failovers_total
+                    .fetch_add(1, Ordering::Relaxed);
+                crate::metrics::failover(&group.spec.name);
+            }
+        }
+        group.installed.notify_waiters();
+        true
+    }
+
     /// Asks every member for its role; connects to the admitting primary of
-    /// the highest epoch. A newer epoch always wins over an older one.
-    async fn search(&self, group: &Group) -> Option<(Arc<str>, Client)> {
+    /// the highest epoch (see [`Cluster::ask_roles`]). A newer epoch always
+    /// wins over an older one.
+    async fn search(&self, group: &Group) -> Option<(u64, String, Client)> {
+        let members: Vec<String> = std::iter::once(&group.spec.primary)
+            .chain(group.spec.follower.as_ref())
+            .cloned()
+            .collect();
+        let known = group.epoch.load(Ordering::Relaxed);
+        let (epoch, addr) = self.ask_roles(group, members, known).await?;
+        if epoch < known {
+            // Only an older primary answers: it is stale, not ours.
+            return None;
+        }
+        let client = self.connect_primary(group, &addr, epoch).await?;
+        Some((epoch, addr, client))
+    }
+
+    /// Asks the ROLE of every one of `members` at once. Returns the
+    /// admitting (primary, not fenced) member of the highest epoch once all
+    /// have answered or failed, or, as soon as one answers, a member of an
+    /// epoch above `early` (nothing answering can be more current than a
+    /// promotion the group has not seen yet).
+    async fn ask_roles(
+        &self,
+        group: &Group,
+        members: Vec<String>,
+        early: u64,
+    ) -> Option<(u64, String)> {
         let config = &self.inner.config.client;
         let probe_config = ClientConfig {
             shard_aware: false,
             ..config.clone()
         };
-        let members = std::iter::once(&group.spec.primary).chain(group.spec.follower.as_ref());
-        let mut best: Option<(u64, String)> = None;
+        let mut asks = tokio::task::JoinSet::new();
         for addr in members {
-            let c = match Client::connect_with(addr.as_str(), probe_config.clone()).await {
-                Ok(c) => c,
-                Err(e) => {
-                    crate::metrics::error(&e);
-                    group.note_error(&e);
-                    continue;
-                }
-            };
-            let r = match c.role().await {
+            let probe_config = probe_config.clone();
+            asks.spawn(async move {
+                let c = Client::connect_with(addr.as_str(), probe_config).await;
+                let r = match c {
+                    Ok(c) => c.role().await,
+                    Err(e) => Err(e),
+                };
+                (addr, r)
+            });
+        }
+        let mut best: Option<(u64, String)> = None;
+        while let Some(done) = asks.join_next().await {
+            let Ok((addr, r)) = done else { continue };
+            let r = match r {
                 Ok(r) => r,
                 Err(e) => {
                     crate::metrics::error(&e);
@@ -773,16 +938,19 @@ impl Cluster {
             };
             let admits = r.role == Role::Primary && r.state != ReplState::Fenced;
             if admits && !best.as_ref().is_some_and(|(e, _)| r.epoch <= *e) {
-                best = Some((r.epoch, addr.clone()));
+                best = Some((r.epoch, addr));
+                if r.epoch > early {
+                    break;
+                }
             }
         }
-        let (epoch, addr) = best?;
-        if epoch < group.epoch.load(Ordering::Relaxed) {
-            // Only an older primary answers: it is stale, not ours.
-            return None;
-        }
-        group.epoch.store(epoch, Ordering::Relaxed);
-        // The group's epoch goes in HELLO: a stale primary learns it.
+        best
+    }
+
+    /// The group's client for the primary at `addr`, whose HELLO carries
+    /// `epoch` (a stale primary learns it) and the layout hash if sent.
+    async fn connect_primary(&self, group: &Group, addr: &str, epoch: u64) -> Option<Client> {
+        let config = &self.inner.config.client;
         let layout_hash = if self.inner.config.send_layout {
             self.layout().hash
         } else {
@@ -793,13 +961,35 @@ impl Cluster {
             layout_hash,
             ..config.clone()
         };
-        match Client::connect_with(addr.as_str(), config).await {
-            Ok(client) => Some((Arc::from(addr), client)),
+        match Client::connect_with(addr, config).await {
+            Ok(client) => Some(client),
             Err(e) => {
                 group.note_error(&e);
                 None
             }
         }
+    }
+
+    /// A call to `node` (the group's primary when the call was sent) has
+    /// waited `stall_after` or timed out: starts the group's stall watch,
+    /// unless one runs or the group has moved already.
+    fn suspect(&self, group: &Arc<Group>, node: &Arc<str>, client: &Client) {
+        if self.inner.config.stall_after.is_none() || !is_current(group, node) {
+            return;
+        }
+        if group.watching.swap(true, Ordering::AcqRel) {
+            return;
+        }
+        self.inner
+            .stats
+            .stalls_total
+            .fetch_add(1, Ordering::Relaxed);
+        tokio::spawn(watch_stall(
+            Arc::downgrade(&self.inner),
+            group.clone(),
+            node.clone(),
+            client.clone(),
+        ));
     }
 
     /// The failure policy's answer for a group that could not answer.
@@ -854,6 +1044,7 @@ impl Cluster {
             outcome_unknown,
             node: None,
             epoch: group.epoch.load(Ordering::Relaxed),
+            resent_after: None,
         }
     }
 }
@@ -879,6 +1070,8 @@ fn layout(topology: &Topology, keep: &HashMap<String, Arc<Group>>) -> Layout {
                     failed_at: Mutex::new(None),
                     local: Mutex::new(LocalTable::default()),
                     last_error: Mutex::new(None),
+                    watching: AtomicBool::new(false),
+                    installed: tokio::sync::Notify::new(),
                 })
             })
         })
@@ -890,9 +1083,96 @@ fn layout(topology: &Topology, keep: &HashMap<String, Arc<Group>>) -> Layout {
     }
 }
 
-/// Drops the group's primary: the next call searches.
-fn forget(group: &Group) {
-    *group.primary.write().expect("not poisoned") = None;
+/// Drops the group's primary if it is still `node` (a stall watch may
+/// have replaced it with a newer one, which stays): the next call searches.
+fn forget(group: &Group, node: &Arc<str>) {
+    let mut primary = group.primary.write().expect("not poisoned");
+    if primary.as_ref().is_some_and(|(a, _)| Arc::ptr_eq(a, node)) {
+        *primary = None;
+    }
+}
+
+/// Whether `node` is still the group's primary (the same installation).
+fn is_current(group: &Group, node: &Arc<str>) -> bool {
+    group
+        .primary
+        .read()
+        .expect("not poisoned")
+        .as_ref()
+        .is_some_and(|(a, _)| Arc::ptr_eq(a, node))
+}
+
+/// A group's stall watch (see the module's "Stalls"): until the group has
+/// moved, the stalled node answers a PING, the cluster is dropped or
+/// [`STALL_WATCH_MS_MAX`] has passed, asks the other members' ROLE every
+/// `search_interval` and installs the first admitting primary of an epoch
+/// above the stalled one's.
+async fn watch_stall(cluster: Weak<Inner>, group: Arc<Group>, node: Arc<str>, stalled: Client) {
+    let started = Instant::now();
+    let stalled_epoch = group.epoch.load(Ordering::Relaxed);
+    let others: Vec<String> = std::iter::once(&group.spec.primary)
+        .chain(group.spec.follower.as_ref())
+        .filter(|a| a.as_str() != &*node)
+        .cloned()
+        .collect();
+    let interval = match cluster.upgrade() {
+        Some(inner) if !others.is_empty() => inner.config.search_interval,
+        // No other member could have taken over.
+        _ => {
+            group.watching.store(false, Ordering::Release);
+            return;
+        }
+    };
+    // One PING for the whole watch (sent again if it fails): its answer
+    // says the node is back.
+    let mut ping = Box::pin(async move {
+        while stalled.ping().await.is_err() {
+            tokio::time::sleep(interval).await;
+        }
+    });
+    loop {
+        let Some(inner) = cluster.upgrade() else {
+            break;
+        };
+        let cluster = Cluster { inner };
+        let moved =
+            !is_current(&group, &node) && group.primary.read().expect("not poisoned").is_some();
+        if moved
+            || group.epoch.load(Ordering::Relaxed) > stalled_epoch
+            || started.elapsed() > Duration::from_millis(STALL_WATCH_MS_MAX)
+        {
+            break;
+        }
+        let next = Instant::now() + cluster.inner.config.search_interval;
+        let newer = async {
+            let (epoch, addr) = cluster
+                .ask_roles(&group, others.clone(), stalled_epoch)
+                .await?;
+            if epoch <= stalled_epoch {
+                return None;
+            }
+            let client = cluster.connect_primary(&group, &addr, epoch).await?;
+            Some((epoch, addr, client))
+        };
+        tokio::select! {
+            found = newer => {
+                if let Some((epoch, addr, client)) = found {
+                    let addr: Arc<str> = Arc::from(addr);
+                    if cluster.install(&group, epoch, &addr, &client, true) {
+                        cluster
+                            .inner
+                            .stats
+                            .stall_moves_total
+                            .fetch_add(1, Ordering::Relaxed);
+                    }
+                    break;
+                }
+            }
+            () = &mut ping => break,
+        }
+        tokio::time::sleep_until(next.into()).await;
+    }
+    group.watching.store(false, Ordering::Release);
 }
 
 /// Errors after which the request was surely not applied: it may go to

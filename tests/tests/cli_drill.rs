@@ -79,6 +79,15 @@ fn a_sync_drill_with_every_fault_over_admits_nothing() {
             r["epoch_after"].as_u64() > r["epoch_before"].as_u64(),
             "{r}"
         );
+        // A stopped primary costs the promotion delay (the client's stall
+        // watch finds the promoted follower), not the 1 s pause.
+        if r["fault"] == "pause" {
+            let promote_ms = json["setup"]["promote_after_ms"].as_f64().expect("local");
+            assert!(
+                r["unavailable_ms"].as_f64().unwrap() <= promote_ms + 150.0,
+                "{r}"
+            );
+        }
     }
     assert_eq!(units(&json, "over_admitted_units"), 0);
     assert_eq!(json["promise_kept"], true, "{json}");

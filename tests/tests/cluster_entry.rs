@@ -4,7 +4,9 @@
 //! four nodes as Envoy and Redis client pools do. Each key must be granted
 //! exactly its limit, whichever nodes were asked; the same load against
 //! the same four nodes started without `--cluster` grants more (the
-//! control that shows each test can fail).
+//! control that shows each test can fail). A stopped owner (SIGSTOP) whose
+//! follower is promoted costs forwarded calls the forwarder's stall
+//! threshold, not its forward deadline.
 
 use std::path::PathBuf;
 use std::process::Command;
@@ -47,6 +49,11 @@ struct TwoGroups {
 impl TwoGroups {
     /// Starts the four nodes; with `entry`, each with `--cluster`.
     async fn start(entry: bool) -> TwoGroups {
+        TwoGroups::start_with(entry, &[]).await
+    }
+
+    /// [`TwoGroups::start`], every node with `extra` flags too.
+    async fn start_with(entry: bool, extra: &[&str]) -> TwoGroups {
         let ports: Vec<u16> = (0..4).map(|_| port()).collect();
         let addr = |i: usize| format!("127.0.0.1:{}", ports[i]);
         let toml = format!(
@@ -80,6 +87,7 @@ impl TwoGroups {
             if i % 2 == 1 {
                 args.extend(["--replica-of", &primary]);
             }
+            args.extend(extra);
             nodes.push(Sluiced::start_on(ports[i], &args));
         }
         for n in &nodes {
@@ -484,4 +492,80 @@ async fn the_python_client_through_any_node_is_exact() {
     for k in &keys {
         assert_eq!(granted[k], 4, "{k}: {said}");
     }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_stopped_owner_costs_forwarded_calls_the_stall_threshold_not_the_deadline() {
+    // A forward deadline far above the stall threshold (250 ms, the
+    // cluster client's default), so that the two are told apart.
+    let cluster = TwoGroups::start_with(true, &["--forward-deadline-ms", "3000"]).await;
+    let policy = Policy::new(1, 3_600_000_000_000, 50_000).unwrap();
+    let key = cluster.keys_of("b", "stall", 1).remove(0);
+    let config = ClientConfig {
+        deadline: Duration::from_secs(5),
+        connect_timeout: Duration::from_secs(5),
+        ..ClientConfig::default()
+    };
+    // Through a's primary: every call of b's key is forwarded.
+    let client = Client::connect_with(cluster.nodes[0].addr, config.clone())
+        .await
+        .unwrap();
+    assert!(
+        client
+            .throttle(key.as_bytes(), policy, 1)
+            .await
+            .unwrap()
+            .allowed
+    );
+    let mut set = tokio::task::JoinSet::new();
+    let start = std::time::Instant::now();
+    let mut stopped = None;
+    let mut tick = tokio::time::interval(Duration::from_millis(5));
+    while start.elapsed() < Duration::from_millis(2_000) {
+        tick.tick().await;
+        if stopped.is_none() && start.elapsed() >= Duration::from_millis(300) {
+            cluster.nodes[2].signal("STOP");
+            stopped = Some(std::time::Instant::now());
+            let out = sluice_cli(&cluster.nodes[3], &["promote"]);
+            assert!(out.status.success(), "{out:?}");
+        }
+        // A connection per call: replies keep their order on a
+        // connection, so a call queued behind one stuck on the stopped
+        // node waits for it whatever the forwarder does.
+        let (config, key, entry) = (config.clone(), key.clone(), cluster.nodes[0].addr);
+        set.spawn(async move {
+            let sent = std::time::Instant::now();
+            let config = ClientConfig {
+                shard_aware: false,
+                ..config
+            };
+            let ok = match Client::connect_with(entry, config).await {
+                Ok(c) => c.throttle(key.as_bytes(), policy, 1).await.is_ok(),
+                Err(_) => false,
+            };
+            (sent, sent.elapsed(), ok)
+        });
+    }
+    let stopped = stopped.unwrap();
+    let mut first = None::<std::time::Instant>;
+    while let Some(r) = set.join_next().await {
+        let (sent, took, ok) = r.unwrap();
+        if ok && sent >= stopped {
+            let at = sent + took;
+            first = Some(first.map_or(at, |f| f.min(at)));
+        }
+    }
+    let first = first.expect("the promoted follower answered forwarded calls") - stopped;
+    eprintln!(
+        "first forwarded answer from b's new primary {} ms after SIGSTOP",
+        first.as_millis()
+    );
+    // The stall threshold, the promote command, a search: well under
+    // the 3 s forward deadline that would bound it without the watch.
+    assert!(
+        first <= Duration::from_millis(250 + 400),
+        "{} ms",
+        first.as_millis()
+    );
+    cluster.nodes[2].signal("CONT");
 }

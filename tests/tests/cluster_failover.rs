@@ -3,7 +3,10 @@
 //! per key across the cluster; kill -9 of one primary (its follower
 //! promotes itself) while the other groups never notice; a whole group
 //! down gets local verdicts, marked as such, then the store again when it
-//! returns; a group added by reload takes about 1/(N+1) of the keys.
+//! returns; a group added by reload takes about 1/(N+1) of the keys;
+//! SIGSTOP of a primary under load costs new calls the follower's
+//! promotion delay plus the stall threshold, not the whole stop (and, with
+//! stall detection off, the whole client deadline, as before).
 
 use std::time::{Duration, Instant};
 
@@ -405,4 +408,212 @@ async fn cli_routes_and_throttles_through_a_cluster_file() {
         "every request (and the throttle above) went to some group"
     );
     let _ = std::fs::remove_dir_all(&dir);
+}
+
+/// The follower's `--promote-after-ms` in the stall tests.
+const STALL_PROMOTE_AFTER_MS: u64 = 400;
+/// The cluster client's `stall_after` there.
+const STALL_AFTER_MS: u64 = 250;
+/// The client's deadline there: longer than the promotion delay, as in
+/// production, so that without stall detection every call waits it out.
+const STALL_DEADLINE_MS: u64 = 2_000;
+/// How long the primary stays stopped.
+const STOP_MS: u64 = 3_000;
+
+/// One call of the stall tests' load.
+#[derive(Debug)]
+struct Stamped {
+    sent: Instant,
+    took: Duration,
+    verdict: sluice_client::ClusterVerdict,
+}
+
+/// What a stall run saw.
+struct StallRun {
+    calls: Vec<Stamped>,
+    stopped: Instant,
+    resumed: Instant,
+    follower: String,
+    primary: String,
+    /// The new primary's bucket of the hot key: units spent.
+    spent_on_new: u64,
+}
+
+impl StallRun {
+    /// The first call sent after the stop that the promoted follower
+    /// answered, and when its answer came (after the stop).
+    fn first_on_new(&self) -> Option<&Stamped> {
+        self.calls
+            .iter()
+            .filter(|c| c.sent >= self.stopped && self.on(c, &self.follower))
+            .min_by_key(|c| c.sent + c.took)
+    }
+
+    fn on(&self, c: &Stamped, node: &str) -> bool {
+        c.verdict.source == Source::Store && c.verdict.node.as_deref() == Some(node)
+    }
+}
+
+/// A group under open-loop load (200 calls/s of one hot key through the
+/// cluster client, each call a task of its own) whose primary is stopped
+/// for STOP_MS, then resumed; the load goes on 1.5 s more.
+async fn stall_run(stall_after: Option<Duration>) -> StallRun {
+    let gs = groups(1, STALL_PROMOTE_AFTER_MS).await;
+    let config = ClusterConfig {
+        client: ClientConfig {
+            deadline: Duration::from_millis(STALL_DEADLINE_MS),
+            connect_timeout: Duration::from_millis(STALL_DEADLINE_MS),
+            ..ClientConfig::default()
+        },
+        stall_after,
+        ..ClusterConfig::default()
+    };
+    let cluster = Cluster::new(&topology(&gs), config).unwrap();
+    let lim = limits("token-bucket:1/h,burst=50000");
+    let mut set = JoinSet::new();
+    let start = Instant::now();
+    let mut tick = tokio::time::interval(Duration::from_millis(5));
+    let (mut stopped, mut resumed) = (None, None);
+    while start.elapsed() < Duration::from_millis(1_000 + STOP_MS + 1_500) {
+        tick.tick().await;
+        if stopped.is_none() && start.elapsed() >= Duration::from_secs(1) {
+            gs[0].primary.signal("STOP");
+            stopped = Some(Instant::now());
+        }
+        if resumed.is_none() && start.elapsed() >= Duration::from_millis(1_000 + STOP_MS) {
+            gs[0].primary.signal("CONT");
+            resumed = Some(Instant::now());
+        }
+        let cluster = cluster.clone();
+        set.spawn(async move {
+            let sent = Instant::now();
+            let verdict = cluster.spend(b"stall:hot", lim, 1).await.unwrap();
+            Stamped {
+                sent,
+                took: sent.elapsed(),
+                verdict,
+            }
+        });
+    }
+    let mut calls = Vec::new();
+    while let Some(c) = set.join_next().await {
+        calls.push(c.unwrap());
+    }
+    calls.sort_by_key(|c| c.sent);
+    let follower = gs[0].follower.addr.to_string();
+    let peek = repl::control(gs[0].follower.addr)
+        .await
+        .unwrap()
+        .decide(b"stall:hot", lim, sluice_client::Mode::Probe, 0)
+        .await
+        .unwrap();
+    StallRun {
+        calls,
+        stopped: stopped.unwrap(),
+        resumed: resumed.unwrap(),
+        primary: gs[0].primary.addr.to_string(),
+        follower,
+        spent_on_new: 50_000 - peek.verdicts[0].verdict.remaining,
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn stopped_primary_costs_the_promotion_delay_not_the_stop() {
+    let run = stall_run(Some(Duration::from_millis(STALL_AFTER_MS))).await;
+    let first = run
+        .first_on_new()
+        .expect("the promoted follower answered new calls");
+    let at = first.sent + first.took - run.stopped;
+    eprintln!(
+        "first answer from the promoted follower {} ms after SIGSTOP",
+        at.as_millis()
+    );
+    // The follower promotes after STALL_PROMOTE_AFTER_MS of silence; the
+    // watch, started STALL_AFTER_MS into the stall, asks every 50 ms.
+    // 150 ms more for a loaded 2-core machine.
+    assert!(
+        at <= Duration::from_millis(STALL_PROMOTE_AFTER_MS + STALL_AFTER_MS + 150),
+        "new calls reached the new primary only {} ms after the stop",
+        at.as_millis()
+    );
+    // Once moved, never back to the old primary, before or after SIGCONT.
+    let moved_at = first.sent + first.took;
+    let after: Vec<&Stamped> = run.calls.iter().filter(|c| c.sent >= moved_at).collect();
+    assert!(after
+        .iter()
+        .any(|c| c.sent >= run.resumed + Duration::from_millis(500)));
+    for c in &after {
+        assert!(
+            run.on(c, &run.follower),
+            "a call sent {} ms after the move got {:?} from {:?}",
+            (c.sent - moved_at).as_millis(),
+            c.verdict.source,
+            c.verdict.node
+        );
+    }
+    assert!(run
+        .calls
+        .iter()
+        .all(|c| !(c.sent > moved_at && run.on(c, &run.primary))));
+    no_spend_twice(&run);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn without_stall_detection_a_stopped_primary_costs_the_deadline() {
+    // The behaviour before stall detection (and what a client with
+    // `stall_after: None` still gets): new calls keep going to the stopped
+    // node until the first calls' deadlines pass.
+    let run = stall_run(None).await;
+    let first = run.first_on_new().expect("the follower answered at last");
+    let at = first.sent + first.took - run.stopped;
+    eprintln!(
+        "without stall detection: first answer from the promoted follower {} ms after SIGSTOP",
+        at.as_millis()
+    );
+    assert!(
+        at >= Duration::from_millis(STALL_DEADLINE_MS - 100),
+        "moved after {} ms",
+        at.as_millis()
+    );
+    no_spend_twice(&run);
+}
+
+/// A call that waited on the stopped node is never answered by another:
+/// it ends at its deadline, outcome unknown, answered by the fallback; a
+/// store verdict that took a deadline or more came after SIGCONT (the
+/// resumed node refused the call with NOT_PRIMARY, unapplied, and it went
+/// on to the new primary; a resend of an unanswered call would come
+/// earlier); and the
+/// new primary spent every unit the store admitted, plus at most the
+/// unknown ones (those the old primary applied and replicated before it
+/// stopped).
+fn no_spend_twice(run: &StallRun) {
+    let deadline = Duration::from_millis(STALL_DEADLINE_MS);
+    let mut unknown = 0;
+    let mut admitted = 0;
+    for c in &run.calls {
+        if c.verdict.outcome_unknown {
+            unknown += 1;
+            assert_ne!(c.verdict.source, Source::Store);
+            assert!(c.took >= deadline - Duration::from_millis(50), "{c:?}");
+        }
+        if c.verdict.source == Source::Store {
+            assert!(
+                c.took < deadline || c.sent + c.took > run.resumed,
+                "a store verdict after the deadline, before SIGCONT: {c:?}"
+            );
+            admitted += u64::from(c.verdict.allowed());
+        }
+    }
+    assert!(unknown > 0, "calls were in flight on the stopped node");
+    eprintln!(
+        "{} calls, {admitted} admitted by the store, {unknown} unknown, {} spent on the new primary",
+        run.calls.len(),
+        run.spent_on_new
+    );
+    assert!(
+        run.spent_on_new >= admitted && run.spent_on_new <= admitted + unknown,
+        "spent {} for {admitted} admitted and {unknown} unknown",
+        run.spent_on_new
+    );
 }

@@ -6,7 +6,9 @@
 //!   the TTL plus a margin, 0 units over in sync mode, the other groups
 //!   untouched, the dead node back as follower.
 //! - SIGSTOP of a primary: the follower takes over; after SIGCONT the old
-//!   primary admits nothing and steps down to follow.
+//!   primary admits nothing and steps down to follow. A gateway's cluster
+//!   client (layout from etcd) under load sends new calls to the new
+//!   primary as soon as it admits, not after its deadline, and stays there.
 //! - etcd stopped: no second primary ever appears, the primary stops
 //!   admitting once its lease could have run out, and leadership comes back
 //!   with etcd.
@@ -417,4 +419,90 @@ async fn running_entry_points_route_to_a_group_added_in_etcd() {
     assert_eq!(granted, 3);
     // g1's primary holds the bucket: nothing left there either.
     assert_eq!(cli(&g1[p1]).as_deref(), Some("1"));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_gateway_moves_off_a_stopped_primary_as_soon_as_the_follower_leads() {
+    let etcd = Etcd::start();
+    let (nodes, _) = pair(&etcd, "g", &["--shards", "1"]);
+    let addrs = [nodes[0].addr, nodes[1].addr];
+    let p = settled(addrs, Duration::from_secs(30)).await;
+    in_sync_in_etcd(&etcd, "g", addrs[1 - p]).await;
+    // A deadline longer than the takeover (the TTL): without stall
+    // detection and a search that waits for no stopped member, every call
+    // would wait it out, and the first search would too.
+    let deadline = Duration::from_secs(5);
+    let config = sluice_client::ClusterConfig {
+        client: sluice_client::ClientConfig {
+            deadline,
+            connect_timeout: deadline,
+            ..Default::default()
+        },
+        ..Default::default()
+    };
+    let cluster = sluice_client::Cluster::from_etcd(&etcd.url(), config)
+        .await
+        .expect("the layout from etcd");
+    let new = addrs[1 - p].to_string();
+    let mut set = tokio::task::JoinSet::new();
+    let start = Instant::now();
+    let mut stopped = None;
+    let mut took_over = None;
+    let mut tick = tokio::time::interval(Duration::from_millis(10));
+    while start.elapsed() < Duration::from_secs(1) + takeover_max() + Duration::from_secs(1) {
+        tick.tick().await;
+        if stopped.is_none() && start.elapsed() >= Duration::from_secs(1) {
+            nodes[p].signal("STOP");
+            stopped = Some(Instant::now());
+        }
+        if stopped.is_some() && took_over.is_none() {
+            if let Ok(Ok(r)) =
+                tokio::time::timeout(Duration::from_millis(5), repl::role(addrs[1 - p])).await
+            {
+                if admits(&r) {
+                    took_over = Some(Instant::now());
+                }
+            }
+        }
+        let cluster = cluster.clone();
+        set.spawn(async move {
+            let sent = Instant::now();
+            let v = cluster.spend(b"etcd:stall", limits(), 1).await.unwrap();
+            (sent, sent.elapsed(), v)
+        });
+    }
+    let stopped = stopped.unwrap();
+    let took_over = took_over.expect("the follower took over");
+    let mut calls = Vec::new();
+    while let Some(c) = set.join_next().await {
+        calls.push(c.unwrap());
+    }
+    let on_new = |v: &sluice_client::ClusterVerdict| {
+        v.source == sluice_client::Source::Store && v.node.as_deref() == Some(new.as_str())
+    };
+    let first = calls
+        .iter()
+        .filter(|(sent, _, v)| *sent >= stopped && on_new(v))
+        .map(|(sent, took, _)| *sent + *took)
+        .min()
+        .expect("the new primary answered");
+    eprintln!(
+        "took over {} ms after SIGSTOP, first answer from it {} ms after",
+        (took_over - stopped).as_millis(),
+        (first - stopped).as_millis()
+    );
+    // The takeover is seen by a poll every 10 ms; then the stall watch (or
+    // etcd's watch) finds it within a search interval.
+    assert!(
+        first <= took_over + Duration::from_millis(500),
+        "first answer from the new primary {} ms after it took over",
+        first.saturating_duration_since(took_over).as_millis()
+    );
+    // And it stays there.
+    for (sent, _, v) in &calls {
+        if *sent > first {
+            assert!(on_new(v), "{v:?}");
+        }
+    }
+    nodes[p].signal("CONT");
 }

@@ -264,7 +264,10 @@ async fn call(
     let recv_ns = clock.now_ns();
     match got {
         Ok(v) => Record {
-            send_ns,
+            // A call refused unapplied (NOT_PRIMARY from a stale primary
+            // that resumed) and sent again was decided after the resend:
+            // the judge places the decision from then on.
+            send_ns: send_ns + v.resent_after.map_or(0, |d| d.as_nanos() as u64),
             recv_ns,
             key: k as u32,
             node: v

@@ -220,6 +220,11 @@ pub struct DrillArgs {
     /// The local followers' --promote-after-ms.
     #[arg(long, default_value_t = 300)]
     pub promote_after_ms: u64,
+    /// The clients' stall threshold (`ClusterConfig::stall_after`): a call
+    /// to a primary that waits this long makes its group look for a newer
+    /// primary; 0 turns stall detection off.
+    #[arg(long, default_value_t = sluice_client::STALL_AFTER_MS_DEFAULT)]
+    pub stall_after_ms: u64,
     /// How long a pause lasts (SIGSTOP to SIGCONT).
     #[arg(long, default_value_t = 1_000)]
     pub pause_ms: u64,
@@ -493,6 +498,7 @@ async fn drill(args: &DrillArgs, global: &Global) -> Result<Outcome, DrillError>
             ..ClientConfig::default()
         },
         failure,
+        stall_after: (args.stall_after_ms > 0).then(|| Duration::from_millis(args.stall_after_ms)),
         ..ClusterConfig::default()
     };
     let cluster = match (&harness, &global.cluster) {
@@ -664,6 +670,12 @@ async fn drill(args: &DrillArgs, global: &Global) -> Result<Outcome, DrillError>
             Harness::Local(c) => Some(c.log_dir().display().to_string()),
             Harness::External { .. } => None,
         },
+        promote_after_ms: (matches!(harness, Harness::Local(_)) && !args.etcd)
+            .then_some(args.promote_after_ms),
+        stalls_seen: (
+            stats.stalls_total.load(Ordering::Relaxed),
+            stats.stall_moves_total.load(Ordering::Relaxed),
+        ),
     };
     // Judging takes a while on a long run: the cluster can go now.
     drop(harness);

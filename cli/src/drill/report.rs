@@ -84,6 +84,13 @@ pub struct Setup {
     /// How the load reached the cluster: `client` (the cluster client) or
     /// `v1` (random nodes' entry points).
     pub entry: String,
+    /// The followers' `--promote-after-ms` (a local cluster's; `None`
+    /// when the drill does not know it): drawn beside each round's
+    /// unavailable window.
+    pub promote_after_ms: Option<u64>,
+    /// Stall watches the clients started (a call to a primary waited
+    /// `stall_after`), and how many moved a group to a newer primary.
+    pub stalls_seen: (u64, u64),
 }
 
 /// Client-side errors in a round, by type.
@@ -660,14 +667,17 @@ impl Outcome {
         md
     }
 
-    /// drill.svg: decisions per second by source and errors (top),
-    /// admissions over the limits and denials under them (bottom); a line
-    /// at each fault.
+    /// drill.svg: on the left, decisions per second by source and errors
+    /// (top), admissions over the limits and denials under them (bottom),
+    /// a line at each fault; on the right, each round's unavailable window
+    /// (a bar per round, coloured by fault) against the promotion delay.
     fn draw(&self, path: &Path) -> Result<(), Box<dyn std::error::Error>> {
         use plotters::prelude::*;
-        let root = SVGBackend::new(path, (1100, 640)).into_drawing_area();
+        let root = SVGBackend::new(path, (1600, 640)).into_drawing_area();
         root.fill(&WHITE)?;
-        let (top, bottom) = root.split_vertically(400);
+        let (timeline, per_round) = root.split_horizontally(1100);
+        self.draw_rounds(&per_round)?;
+        let (top, bottom) = timeline.split_vertically(400);
         let x_max = (self.bins.len() as f64 * self.bin_s).max(1.0);
         let per_s = |v: u64| v as f64 / self.bin_s;
         let y_top = self
@@ -779,6 +789,84 @@ impl Outcome {
             .draw()?;
         root.present()?;
         Ok(())
+    }
+
+    /// The per-round panel: one bar per round, its height the round's
+    /// unavailable ms, its colour the fault; the promotion delay as a
+    /// horizontal line (what a stall, a kill or a cut should cost).
+    fn draw_rounds<DB: plotters::prelude::DrawingBackend>(
+        &self,
+        area: &plotters::prelude::DrawingArea<DB, plotters::coord::Shift>,
+    ) -> Result<(), Box<dyn std::error::Error>>
+    where
+        DB::ErrorType: 'static,
+    {
+        use plotters::prelude::*;
+        let n = self.rounds.len().max(1) as f64;
+        let promote = self.setup.promote_after_ms.map(|ms| ms as f64);
+        let y_max = self
+            .rounds
+            .iter()
+            .map(|r| r.unavailable_ms)
+            .chain(promote)
+            .fold(1.0, f64::max)
+            * 1.4; // the top for the legend
+        let mut chart = ChartBuilder::on(area)
+            .caption("unavailable ms per round", ("sans-serif", 20))
+            .margin(10)
+            .x_label_area_size(30)
+            .y_label_area_size(60)
+            .build_cartesian_2d(0.0..n, 0.0..y_max)?;
+        chart
+            .configure_mesh()
+            .disable_x_mesh()
+            .y_desc("unavailable ms")
+            .x_desc("round")
+            .draw()?;
+        let mut faults: Vec<&'static str> = self.rounds.iter().map(|r| r.fault).collect();
+        faults.sort_unstable();
+        faults.dedup();
+        for fault in faults {
+            let color = fault_color(fault);
+            chart
+                .draw_series(self.rounds.iter().filter(|r| r.fault == fault).map(|r| {
+                    let x = r.round as f64;
+                    Rectangle::new(
+                        [(x + 0.1, 0.0), (x + 0.9, r.unavailable_ms)],
+                        color.filled(),
+                    )
+                }))?
+                .label(fault)
+                .legend(move |(x, y)| {
+                    Rectangle::new([(x, y - 5), (x + 12, y + 5)], color.filled())
+                });
+        }
+        if let Some(ms) = promote {
+            chart
+                .draw_series(LineSeries::new([(0.0, ms), (n, ms)], BLACK.stroke_width(2)))?
+                .label(format!("promotion delay ({ms:.0} ms)"))
+                .legend(|(x, y)| PathElement::new(vec![(x, y), (x + 18, y)], BLACK));
+        }
+        chart
+            .configure_series_labels()
+            .background_style(WHITE.mix(0.8))
+            .border_style(BLACK)
+            .position(SeriesLabelPosition::UpperRight)
+            .draw()?;
+        Ok(())
+    }
+}
+
+/// A fault's colour in the per-round panel.
+fn fault_color(fault: &str) -> plotters::style::RGBColor {
+    use plotters::style::RGBColor;
+    match fault {
+        "kill" => RGBColor(214, 39, 40),
+        "pause" => RGBColor(31, 119, 180),
+        "partition" => RGBColor(255, 127, 14),
+        "handover" => RGBColor(44, 160, 44),
+        "etcd-down" => RGBColor(148, 103, 189),
+        _ => RGBColor(140, 86, 75),
     }
 }
 
