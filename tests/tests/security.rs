@@ -110,6 +110,7 @@ fn hello_at(epoch: u64) -> Request<'static> {
         shard: None,
         token: b"",
         epoch,
+        layout: 0,
     })
 }
 
