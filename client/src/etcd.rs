@@ -160,7 +160,13 @@ impl Cluster {
         first: Option<&Topology>,
     ) -> Result<Cluster, Error> {
         let source = EtcdSource::parse(url)?;
-        let (mut topology, leaders) = source.topology().await?;
+        // With `first`, etcd need not answer yet (a node starting beside a
+        // new etcd): the watch, which retries, brings the layout later.
+        let (mut topology, leaders) = match (source.topology().await, first) {
+            (Ok(found), _) => found,
+            (Err(_), Some(first)) => (first.clone(), HashMap::new()),
+            (Err(e), None) => return Err(e),
+        };
         if let (true, Some(first)) = (topology.groups.is_empty(), first) {
             topology = first.clone();
         }
