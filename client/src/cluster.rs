@@ -914,7 +914,7 @@ impl Cluster {
             ..config.clone()
         };
         let mut asks = tokio::task::JoinSet::new();
-        for addr in members {
+        for (i, addr) in members.into_iter().enumerate() {
             let probe_config = probe_config.clone();
             asks.spawn(async move {
                 let c = Client::connect_with(addr.as_str(), probe_config).await;
@@ -922,12 +922,15 @@ impl Cluster {
                     Ok(c) => c.role().await,
                     Err(e) => Err(e),
                 };
-                (addr, r)
+                (i, addr, r)
             });
         }
-        let mut best: Option<(u64, String)> = None;
+        // (epoch, member index, address): of two admitting members of one
+        // epoch, the one listed first wins, whichever answered first, so
+        // that every client (and the drill's judge) picks the same one.
+        let mut best: Option<(u64, usize, String)> = None;
         while let Some(done) = asks.join_next().await {
-            let Ok((addr, r)) = done else { continue };
+            let Ok((i, addr, r)) = done else { continue };
             let r = match r {
                 Ok(r) => r,
                 Err(e) => {
@@ -937,14 +940,17 @@ impl Cluster {
                 }
             };
             let admits = r.role == Role::Primary && r.state != ReplState::Fenced;
-            if admits && !best.as_ref().is_some_and(|(e, _)| r.epoch <= *e) {
-                best = Some((r.epoch, addr));
+            let better = best
+                .as_ref()
+                .is_none_or(|&(e, j, _)| r.epoch > e || (r.epoch == e && i < j));
+            if admits && better {
+                best = Some((r.epoch, i, addr));
                 if r.epoch > early {
                     break;
                 }
             }
         }
-        best
+        best.map(|(epoch, _, addr)| (epoch, addr))
     }
 
     /// The group's client for the primary at `addr`, whose HELLO carries
