@@ -1,5 +1,6 @@
 #!/usr/bin/env bash
-# Runs the attacks of tests/tests/hardening.rs against real sluiced
+# Runs the attacks of tests/tests/hardening.rs and tests/tests/security.rs
+# against real sluiced
 # processes and rewrites the table between the markers in docs/SECURITY.md
 # with what each found: the test (its name says the attack and the
 # guarantee), passed or failed, and the figures it printed ("attack: ...").
@@ -11,13 +12,13 @@ export SLUICE_BIN_DIR="$PWD/target/debug"
 log=$(mktemp)
 trap 'rm -f "$log"' EXIT
 # --no-capture: the tests run one at a time, each one's lines after its START.
-cargo nextest run -p sluice-tests --test hardening --no-capture --no-fail-fast >"$log" 2>&1 || true
+cargo nextest run -p sluice-tests --test hardening --test security --no-capture --no-fail-fast >"$log" 2>&1 || true
 python3 - "$log" docs/SECURITY.md <<'PY'
 import re, sys
 log, doc = sys.argv[1], sys.argv[2]
 rows, current, figures, outcome = [], None, {}, {}
 for line in open(log, errors="replace"):
-    m = re.search(r"\b(START|PASS|FAIL)\b.*hardening (\w+)", line)
+    m = re.search(r"\b(START|PASS|FAIL)\b.*(?:hardening|security) (\w+)", line)
     if m:
         kind, name = m.groups()
         if kind == "START":

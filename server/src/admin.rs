@@ -15,8 +15,19 @@
 //!   primary that admits, or a follower streaming from its primary; 503
 //!   otherwise (and from the start of a shutdown), with the reason.
 //! - `GET /role`: the node's role as JSON (what `sluice role` prints).
+//!
+//! Its own limits, so that connections to it cannot exhaust the process's
+//! file descriptors or hold memory for ever: at most
+//! `--admin-connections-max` open (past it a new one is closed at once,
+//! and counted), and `--admin-timeout-ms` for each whole request, from the
+//! connection's start or its last reply (not renewed by bytes that trickle
+//! in: a half-sent request is closed then), and for a blocked write.
 
 use std::fmt::Write as _;
+use std::future::Future as _;
+use std::pin::Pin;
+use std::task::{Context, Poll};
+use std::time::Duration;
 
 use axum::extract::State;
 use axum::http::{header, StatusCode};
@@ -25,6 +36,7 @@ use axum::routing::get;
 use axum::Router;
 use sluice_protocol::replication::{ReplState, Role, RoleOk};
 use sluice_protocol::{Clock, MonotonicClock};
+use tokio::io::{AsyncRead, AsyncWrite};
 
 use crate::shard::Node;
 use crate::sync::{Arc, AtomicBool, AtomicU64, AtomicUsize, Ordering};
@@ -47,10 +59,19 @@ pub struct AdminState {
     pub snapshot: [AtomicU64; 4],
     /// Snapshots that failed to be written.
     pub snapshot_failures: AtomicU64,
+    /// Open admin connections (against `--admin-connections-max`).
+    pub admin_open: Arc<AtomicUsize>,
+    /// Admin connections closed at once at `--admin-connections-max`.
+    pub admin_refused: AtomicU64,
 }
 
 /// Serves the admin endpoints on `listener` until the runtime stops.
 pub async fn serve(listener: tokio::net::TcpListener, state: Arc<AdminState>) {
+    let listener = Capped {
+        inner: listener,
+        timeout: Duration::from_millis(state.node.config.admin_timeout_ms),
+        state: state.clone(),
+    };
     let app = Router::new()
         .route("/metrics", get(metrics))
         .route("/health", get(|| async { "ok\n" }))
@@ -59,6 +80,135 @@ pub async fn serve(listener: tokio::net::TcpListener, state: Arc<AdminState>) {
         .with_state(state);
     if let Err(e) = axum::serve(listener, app).await {
         tracing::warn!(error = %e, "the admin listener stopped");
+    }
+}
+
+/// The admin listener with its connection cap.
+struct Capped {
+    /// The socket.
+    inner: tokio::net::TcpListener,
+    /// `--admin-timeout-ms`, for each connection's [`Timed`].
+    timeout: Duration,
+    /// The count of open connections, the cap and the refusals' counter.
+    state: Arc<AdminState>,
+}
+
+impl axum::serve::Listener for Capped {
+    type Io = Timed;
+    type Addr = std::net::SocketAddr;
+
+    async fn accept(&mut self) -> (Timed, std::net::SocketAddr) {
+        let max = self.state.node.config.admin_connections_max;
+        loop {
+            let (stream, peer) = match self.inner.accept().await {
+                Ok(accepted) => accepted,
+                Err(e) => {
+                    // Out of descriptors and the like: back off briefly.
+                    tracing::warn!(error = %e, "admin accept failed");
+                    tokio::time::sleep(Duration::from_millis(10)).await;
+                    continue;
+                }
+            };
+            let open = &self.state.admin_open;
+            if open.fetch_add(1, Ordering::AcqRel) >= max {
+                open.fetch_sub(1, Ordering::AcqRel);
+                let refused = self.state.admin_refused.fetch_add(1, Ordering::Relaxed);
+                // One line for the first and then one per 1,000, not one
+                // per connection of a flood.
+                if refused % 1_000 == 0 {
+                    tracing::warn!(%peer, admin_connections_max = max, refused = refused + 1, "admin connection closed at once: at --admin-connections-max");
+                }
+                drop(stream);
+                continue;
+            }
+            let timed = Timed {
+                stream,
+                deadline: Box::pin(tokio::time::sleep(self.timeout)),
+                timeout: self.timeout,
+                open: open.clone(),
+            };
+            return (timed, peer);
+        }
+    }
+
+    fn local_addr(&self) -> std::io::Result<std::net::SocketAddr> {
+        self.inner.local_addr()
+    }
+}
+
+/// An admin connection with its deadline: a whole request must arrive,
+/// and a blocked write of a reply must move, before it; every reply bytes
+/// written pushes it `timeout` ahead. Bytes read never do, so a client
+/// that trickles a request in is closed as one that sends nothing.
+struct Timed {
+    /// The socket.
+    stream: tokio::net::TcpStream,
+    /// When the connection is closed unless a reply is written first.
+    deadline: std::pin::Pin<Box<tokio::time::Sleep>>,
+    /// `--admin-timeout-ms`.
+    timeout: Duration,
+    /// The open connections' count, given back when dropped.
+    open: Arc<AtomicUsize>,
+}
+
+impl Drop for Timed {
+    fn drop(&mut self) {
+        self.open.fetch_sub(1, Ordering::AcqRel);
+    }
+}
+
+impl Timed {
+    /// `Ready(Err)` once the deadline has passed (and registers for it).
+    fn expired(&mut self, cx: &mut Context<'_>) -> Poll<std::io::Error> {
+        match self.deadline.as_mut().poll(cx) {
+            Poll::Ready(()) => Poll::Ready(std::io::Error::new(
+                std::io::ErrorKind::TimedOut,
+                "admin connection: --admin-timeout-ms passed",
+            )),
+            Poll::Pending => Poll::Pending,
+        }
+    }
+}
+
+impl AsyncRead for Timed {
+    fn poll_read(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        buf: &mut tokio::io::ReadBuf<'_>,
+    ) -> Poll<std::io::Result<()>> {
+        if let Poll::Ready(e) = self.expired(cx) {
+            return Poll::Ready(Err(e));
+        }
+        Pin::new(&mut self.stream).poll_read(cx, buf)
+    }
+}
+
+impl AsyncWrite for Timed {
+    fn poll_write(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        buf: &[u8],
+    ) -> Poll<std::io::Result<usize>> {
+        match Pin::new(&mut self.stream).poll_write(cx, buf) {
+            Poll::Ready(Ok(n)) => {
+                let next = tokio::time::Instant::now() + self.timeout;
+                self.deadline.as_mut().reset(next);
+                Poll::Ready(Ok(n))
+            }
+            Poll::Pending => match self.expired(cx) {
+                Poll::Ready(e) => Poll::Ready(Err(e)),
+                Poll::Pending => Poll::Pending,
+            },
+            other => other,
+        }
+    }
+
+    fn poll_flush(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<std::io::Result<()>> {
+        Pin::new(&mut self.stream).poll_flush(cx)
+    }
+
+    fn poll_shutdown(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<std::io::Result<()>> {
+        Pin::new(&mut self.stream).poll_shutdown(cx)
     }
 }
 
@@ -438,6 +588,31 @@ pub fn exposition(state: &AdminState) -> String {
         &[(
             String::new(),
             state.refused.load(Ordering::Relaxed).to_string(),
+        )],
+    );
+    family(
+        &mut out,
+        "sluice_auth_failures_total",
+        "counter",
+        "Failed authentications (binary HELLO and RESP AUTH / HELLO AUTH), attempts refused from a blocked address included.",
+        &[(
+            String::new(),
+            state
+                .node
+                .auth_failures
+                .total
+                .load(Ordering::Relaxed)
+                .to_string(),
+        )],
+    );
+    family(
+        &mut out,
+        "sluice_admin_connections_refused_total",
+        "counter",
+        "Admin connections closed at once at --admin-connections-max.",
+        &[(
+            String::new(),
+            state.admin_refused.load(Ordering::Relaxed).to_string(),
         )],
     );
     let r = role_now(state);

@@ -41,6 +41,12 @@ pub const REPLY_BYTES_MAX_DEFAULT: usize = 1 << 20;
 /// Default `--reply-timeout-ms`: how long a write of replies may stay
 /// blocked (a client that does not read) before the connection is closed.
 pub const REPLY_TIMEOUT_MS_DEFAULT: u64 = 30_000;
+/// Default `--admin-timeout-ms`: how long the admin port waits for a
+/// whole request (from the connection's start or its last reply).
+pub const ADMIN_TIMEOUT_MS_DEFAULT: u64 = 5_000;
+/// Default `--admin-connections-max`: open admin connections (scrapers and
+/// health checks need a few), apart from `--connections-max`.
+pub const ADMIN_CONNECTIONS_MAX_DEFAULT: usize = 64;
 /// Default `--reply-bytes-node-max`: 256 MiB.
 pub const REPLY_BYTES_NODE_MAX_DEFAULT: usize = 256 << 20;
 
@@ -175,6 +181,18 @@ pub struct Config {
     /// (printed on a line of stdout of its own). Off unless given.
     #[arg(long, value_name = "PORT")]
     pub admin_port: Option<u16>,
+
+    /// With --admin-port: milliseconds a connection has to send a whole
+    /// request, from its start or from its last reply (an idle or
+    /// half-sent one is closed then), and a blocked write of a reply may
+    /// wait.
+    #[arg(long, default_value_t = ADMIN_TIMEOUT_MS_DEFAULT)]
+    pub admin_timeout_ms: u64,
+
+    /// With --admin-port: open admin connections at most; past it a new
+    /// one is closed at once (its own cap, apart from --connections-max).
+    #[arg(long, default_value_t = ADMIN_CONNECTIONS_MAX_DEFAULT)]
+    pub admin_connections_max: usize,
 
     /// Also serve Envoy's rate limit service (gRPC,
     /// `envoy.service.ratelimit.v3.RateLimitService`) on this port of
@@ -326,6 +344,12 @@ pub struct Config {
     #[arg(long, env = "SLUICE_AUTH_TOKEN", hide_env_values = true)]
     pub auth_token: Option<String>,
 
+    /// Read the auth token from this file instead (its one trailing
+    /// newline dropped), so that it is not in the command line or the
+    /// environment. Not with --auth-token.
+    #[arg(long, value_name = "PATH")]
+    pub auth_token_file: Option<PathBuf>,
+
     /// Start as a follower of the primary at HOST:PORT: a full sync, then
     /// the stream of changed buckets. A follower refuses to spend
     /// (NOT_PRIMARY) until `sluice promote`.
@@ -451,6 +475,8 @@ struct FileConfig {
     port: Option<u16>,
     resp_port: Option<u16>,
     admin_port: Option<u16>,
+    admin_timeout_ms: Option<u64>,
+    admin_connections_max: Option<usize>,
     rls_port: Option<u16>,
     rls_config: Option<PathBuf>,
     rls_headers: Option<RlsHeaders>,
@@ -475,6 +501,7 @@ struct FileConfig {
     snapshot_ignore_corrupt: Option<bool>,
     keys_max: Option<usize>,
     auth_token: Option<String>,
+    auth_token_file: Option<PathBuf>,
     replica_of: Option<String>,
     replication: Option<Replication>,
     replica_timeout_ms: Option<u64>,
@@ -517,6 +544,10 @@ pub enum LoadError {
     },
     #[error(transparent)]
     Range(#[from] ConfigError),
+    #[error("both an auth token (--auth-token, SLUICE_AUTH_TOKEN or auth_token) and --auth-token-file (auth_token_file) are set: keep one")]
+    TokenTwice,
+    #[error("--auth-token-file {path}: {reason}")]
+    TokenFile { path: PathBuf, reason: String },
 }
 
 fn read_file(path: &Path) -> Result<FileConfig, LoadError> {
@@ -530,8 +561,37 @@ fn read_file(path: &Path) -> Result<FileConfig, LoadError> {
 fn parse_file(path: &Path, text: &str) -> Result<FileConfig, LoadError> {
     toml::from_str(text).map_err(|e| LoadError::Parse {
         path: path.to_owned(),
-        message: e.to_string(),
+        message: redact_token(text, &e),
     })
+}
+
+/// What to print of a parse error: toml's own text (which quotes the
+/// source line of the error) unless the error is on an `auth_token` line,
+/// whose value is then never printed: neither the line nor the message's
+/// quotes of it (a type error says ``invalid type: integer `123` ``).
+fn redact_token(text: &str, e: &toml::de::Error) -> String {
+    let Some(span) = e.span() else {
+        return e.to_string();
+    };
+    let start = span.start.min(text.len());
+    let line_no = text[..start].matches('\n').count();
+    let line = text.lines().nth(line_no).unwrap_or("");
+    let key = line.trim_start().trim_start_matches(['"', '\'']);
+    if !key.starts_with("auth_token") || key.starts_with("auth_token_file") {
+        return e.to_string();
+    }
+    let mut message = e.message().to_owned();
+    if let Some((_, value)) = line.split_once('=') {
+        for secret in [value.trim(), value.trim().trim_matches(['"', '\''])] {
+            if secret.len() >= 2 {
+                message = message.replace(secret, "<redacted>");
+            }
+        }
+    }
+    format!(
+        "TOML parse error at line {}: {message} (the line holds auth_token: not shown)",
+        line_no + 1
+    )
 }
 
 /// Parses a config file's text and its tiers, as `--config` and RELOAD do
@@ -551,6 +611,23 @@ fn file_tiers(path: &Path, file: &FileConfig) -> Result<crate::tiers::Tiers, Loa
         path: path.to_owned(),
         source,
     })
+}
+
+/// The token in `path`: its text, one trailing newline (`\n` or `\r\n`)
+/// dropped; an unreadable or empty file is an error that never quotes it.
+fn read_token_file(path: &Path) -> Result<String, LoadError> {
+    let bad = |reason: String| LoadError::TokenFile {
+        path: path.to_owned(),
+        reason,
+    };
+    let text = std::fs::read_to_string(path).map_err(|e| bad(format!("cannot read it: {e}")))?;
+    let token = text
+        .strip_suffix('\n')
+        .map_or(text.as_str(), |t| t.strip_suffix('\r').unwrap_or(t));
+    if token.is_empty() {
+        return Err(bad("the file is empty: it must hold the token".into()));
+    }
+    Ok(token.to_owned())
 }
 
 impl Config {
@@ -596,6 +673,8 @@ impl Config {
                 reply_bytes_max,
                 reply_bytes_node_max,
                 reply_timeout_ms,
+                admin_timeout_ms,
+                admin_connections_max,
                 snapshot_interval_s,
                 snapshot_ignore_corrupt,
                 log_format,
@@ -692,6 +771,17 @@ impl Config {
                     config.auth_token = Some(v);
                 }
             }
+            if let Some(v) = file.auth_token_file.clone() {
+                if from_file("auth_token_file") {
+                    config.auth_token_file = Some(v);
+                }
+            }
+        }
+        if let Some(path) = &config.auth_token_file {
+            if config.auth_token.is_some() {
+                return Err(LoadError::TokenTwice);
+            }
+            config.auth_token = Some(read_token_file(path)?);
         }
         config.validate()?;
         Ok(config)
@@ -745,6 +835,13 @@ impl Config {
             1 << 40,
         )?;
         check("reply-timeout-ms", self.reply_timeout_ms, 1, 3_600_000)?;
+        check("admin-timeout-ms", self.admin_timeout_ms, 1, 600_000)?;
+        check(
+            "admin-connections-max",
+            self.admin_connections_max,
+            1,
+            10_000,
+        )?;
         check("snapshot-interval-s", self.snapshot_interval_s, 0, 86_400)?;
         check("keys-max", self.keys_max, 0, 1 << 32)?;
         check("replica-timeout-ms", self.replica_timeout_ms, 1, 60_000)?;

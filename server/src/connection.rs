@@ -225,6 +225,8 @@ struct Connection {
     guard: ConnectionGuard,
     /// Its part of the shard's reply bytes owed.
     share: ReplyShare,
+    /// The client's address, for the failed-authentication budget.
+    peer: Option<std::net::IpAddr>,
 }
 
 /// Serves one connection until it closes (or moves to another shard, or
@@ -243,7 +245,9 @@ pub async fn run(core: Rc<ShardCore>, adopt: Adopt) {
     } else {
         PRE_AUTH_FRAME_BYTES_MAX.min(core.node.config.frame_bytes_max)
     };
+    let peer = stream.peer_addr().ok().map(|a| a.ip());
     let mut conn = Connection {
+        peer,
         core: core.clone(),
         wbuf: BytesMut::with_capacity(READ_CHUNK_BYTES),
         writer: FrameWriter::new(),
@@ -770,7 +774,20 @@ impl Connection {
             return self.push(request_id, Local::Error(Status::UnsupportedVersion, text));
         }
         if let Some(expected) = &self.core.node.config.auth_token {
+            let failures = &self.core.node.auth_failures;
+            let now = std::time::Instant::now();
+            if let Some(wait) = self.peer.and_then(|ip| failures.blocked(ip, now)) {
+                self.closing = true;
+                let text = format!(
+                    "authentication failed: too many failed authentications from this address; retry in {} ms",
+                    wait.as_millis()
+                );
+                return self.push(request_id, Local::Error(Status::AuthFailed, text));
+            }
             if !constant_time_eq(expected.as_bytes(), hello.token) {
+                if let Some(ip) = self.peer {
+                    failures.failed(ip, now);
+                }
                 self.closing = true;
                 // Whether a token came at all says nothing about the token.
                 let text = if hello.token.is_empty() {
@@ -783,6 +800,16 @@ impl Connection {
                     Local::Error(Status::AuthFailed, text.to_owned()),
                 );
             }
+        }
+        // Never adopted, nor fenced on: an epoch no promotion could reach.
+        if !self.core.node.repl.epoch_credible(hello.epoch) {
+            let own = self.core.node.epoch();
+            self.core.node.repl.log_incredible_epoch(hello.epoch);
+            let text = format!(
+                "epoch {} is beyond this node's {own} by more than 2^32: refused",
+                hello.epoch
+            );
+            return self.push(request_id, Local::Error(Status::BadRequest, text));
         }
         if hello.layout != 0 {
             // A forwarding node: same layout, or no forwards at all.

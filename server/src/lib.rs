@@ -26,6 +26,7 @@
 
 pub mod admin;
 pub mod affinity;
+pub mod auth_failures;
 pub mod config;
 pub mod connection;
 mod coordinator;

@@ -1,5 +1,5 @@
 //! The `sluiced` binary: parse flags, start the node, run until SIGTERM or
-//! Ctrl-C, drain, exit 0.
+//! Ctrl-C, drain, exit 0 (1 when the final snapshot could not be written).
 
 use sluice_server::{Config, Server};
 
@@ -103,8 +103,13 @@ fn main() -> std::process::ExitCode {
                 std::process::exit(1);
             });
         };
-        server.serve(shutdown).await;
-        std::process::ExitCode::SUCCESS
+        match server.serve(shutdown).await {
+            Ok(()) => std::process::ExitCode::SUCCESS,
+            Err(e) => {
+                eprintln!("sluiced: {e}");
+                std::process::ExitCode::FAILURE
+            }
+        }
     })
 }
 

@@ -58,6 +58,16 @@ pub enum StartError {
     },
 }
 
+/// Why the server stopped with a failure (after its drain).
+#[derive(Debug, thiserror::Error)]
+pub enum StopError {
+    #[error("the final snapshot was not written to {path}: {reason}; the snapshot on disk, if any, is older than the state clients were told (marked by sluiced.snapshot.failed beside it)")]
+    Snapshot {
+        path: std::path::PathBuf,
+        reason: String,
+    },
+}
+
 /// A bound, running node whose acceptor has not started yet.
 #[derive(Debug)]
 pub struct Server {
@@ -174,6 +184,7 @@ impl Server {
             started,
             stats: (0..shard_count).map(|_| Default::default()).collect(),
             forward,
+            auth_failures: Default::default(),
         });
         for tx in node_txs {
             tx.send(node.clone())
@@ -190,6 +201,8 @@ impl Server {
             clock,
             snapshot: Default::default(),
             snapshot_failures: crate::sync::AtomicU64::new(0),
+            admin_open: Arc::new(AtomicUsize::new(0)),
+            admin_refused: crate::sync::AtomicU64::new(0),
         });
         #[cfg(feature = "rls")]
         let rls = rls_start.map(|(listener, rules)| {
@@ -247,8 +260,10 @@ impl Server {
     }
 
     /// Accepts connections until `shutdown` completes, then drains and
-    /// stops every shard and joins their threads.
-    pub async fn serve(mut self, shutdown: impl Future<Output = ()>) {
+    /// stops every shard and joins their threads. `Err` when the final
+    /// snapshot could not be written (the process should then exit with a
+    /// failure: what is on disk is older than what clients were told).
+    pub async fn serve(mut self, shutdown: impl Future<Output = ()>) -> Result<(), StopError> {
         tokio::pin!(shutdown);
         if let Some(listener) = self.admin_listener.take() {
             tokio::spawn(crate::admin::serve(listener, self.admin.clone()));
@@ -276,7 +291,9 @@ impl Server {
                 loop {
                     tick.tick().await;
                     let _one_at_a_time = lock.lock().await;
-                    write_snapshot(&node, &admin, &dir, "periodic").await;
+                    // Logged and marked on disk by write_snapshot; the
+                    // next tick tries again.
+                    let _ = write_snapshot(&node, &admin, &dir, "periodic").await;
                 }
             });
         }
@@ -344,10 +361,16 @@ impl Server {
                 "drain timed out; closing the rest"
             );
         }
+        let mut stopped = Ok(());
         if let Some(dir) = self.node.config.snapshot_dir.clone() {
             // Every connection is done: the table is what clients were told.
             let _one_at_a_time = snapshots.lock().await;
-            write_snapshot(&self.node, &self.admin, &dir, "shutdown").await;
+            if let Err(reason) = write_snapshot(&self.node, &self.admin, &dir, "shutdown").await {
+                stopped = Err(StopError::Snapshot {
+                    path: crate::snapshot::path(&dir),
+                    reason,
+                });
+            }
         }
         for tx in &self.node.shards {
             let _ = tx.send(ShardMsg::Stop);
@@ -356,6 +379,7 @@ impl Server {
             let _ = t.join();
         }
         tracing::info!("stopped");
+        stopped
     }
 
     fn adopt(&self, kind: Listener, stream: TcpStream, shard: usize) {
@@ -414,6 +438,14 @@ impl Server {
 /// it now.
 fn load_snapshot(node: &Node, dir: &std::path::Path) -> Result<(), StartError> {
     let path = crate::snapshot::path(dir);
+    let marker = crate::snapshot::failed_path(dir);
+    if let Some(what) = crate::snapshot::read_failed(dir) {
+        tracing::warn!(
+            marker = %marker.display(),
+            what = what.trim_end(),
+            "the last snapshot write failed: the snapshot loaded (if any) is older than the node's last state, so buckets spent after it come back refilled; the marker goes with the next snapshot written"
+        );
+    }
     let bytes = match std::fs::read(&path) {
         Ok(b) => b,
         Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
@@ -476,13 +508,46 @@ fn load_snapshot(node: &Node, dir: &std::path::Path) -> Result<(), StartError> {
 }
 
 /// Asks every shard for its buckets and writes them as `dir`'s snapshot
-/// (the file on a blocking thread); logs the outcome.
+/// (the file on a blocking thread); logs the outcome. A failure counts in
+/// `sluice_snapshot_failures_total` and leaves the marker
+/// `sluiced.snapshot.failed` (a success removes it); `Err` says why.
 async fn write_snapshot(
     node: &Arc<Node>,
     admin: &crate::admin::AdminState,
     dir: &std::path::Path,
     why: &str,
-) {
+) -> Result<(), String> {
+    let written = write_snapshot_file(node, admin, dir, why).await;
+    let marked = match &written {
+        Ok(()) => crate::snapshot::clear_failed(dir),
+        Err(error) => {
+            admin
+                .snapshot_failures
+                .fetch_add(1, crate::sync::Ordering::Relaxed);
+            let now_ns = sluice_protocol::Clock::now_ns(&MonotonicClock::new());
+            tracing::error!(
+                why,
+                %error,
+                path = %crate::snapshot::path(dir).display(),
+                "snapshot not written: the snapshot on disk, if any, is older than the node's state"
+            );
+            crate::snapshot::mark_failed(dir, why, error, now_ns)
+        }
+    };
+    if let Err(e) = marked {
+        let marker = crate::snapshot::failed_path(dir);
+        tracing::warn!(path = %marker.display(), error = %e, "cannot update the snapshot failure marker");
+    }
+    written
+}
+
+/// [`write_snapshot`] without the failure's bookkeeping.
+async fn write_snapshot_file(
+    node: &Arc<Node>,
+    admin: &crate::admin::AdminState,
+    dir: &std::path::Path,
+    why: &str,
+) -> Result<(), String> {
     let started = Instant::now();
     let mut waits = Vec::new();
     for tx in &node.shards {
@@ -495,12 +560,7 @@ async fn write_snapshot(
     for rx in waits {
         match rx.recv().await {
             Some(part) => parts.push(part),
-            None => {
-                admin
-                    .snapshot_failures
-                    .fetch_add(1, crate::sync::Ordering::Relaxed);
-                return tracing::warn!("a shard did not answer the snapshot: none written");
-            }
+            None => return Err("a shard did not answer the snapshot".into()),
         }
     }
     let collect_ms = started.elapsed().as_millis() as u64;
@@ -517,15 +577,7 @@ async fn write_snapshot(
         Ok(w) => w.map_err(|e| e.to_string()),
         Err(e) => Err(e.to_string()),
     };
-    let size = match written {
-        Ok(size) => size,
-        Err(error) => {
-            admin
-                .snapshot_failures
-                .fetch_add(1, crate::sync::Ordering::Relaxed);
-            return tracing::warn!(why, %error, "snapshot not written");
-        }
-    };
+    let size = written?;
     let took_us = started.elapsed().as_micros() as u64;
     for (slot, v) in admin
         .snapshot
@@ -542,6 +594,7 @@ async fn write_snapshot(
         collect_ms,
         "snapshot written"
     );
+    Ok(())
 }
 
 /// Binds a non-blocking listener on `addr` (inside the runtime).

@@ -48,6 +48,15 @@
 //! file (header and checksum over the shards' chunks where they lie) and a
 //! blocking thread writes it: a temporary file, fsync, rename over the old
 //! one, fsync of the directory.
+//!
+//! The temporary file (`DIR/sluiced.snapshot.tmp`) is created afresh on
+//! every write (whatever was at its name unlinked first, then O_EXCL and
+//! O_NOFOLLOW), so a symlink planted there never makes the daemon write
+//! through it. A write that fails removes its partial file and leaves a
+//! marker, `DIR/sluiced.snapshot.failed` (why and when), which the next
+//! write that succeeds removes; a start that finds it warns that the
+//! snapshot it loads is older than the node's last state. A failed write
+//! at shutdown makes the exit status 1.
 
 use std::path::{Path, PathBuf};
 
@@ -297,15 +306,98 @@ pub fn decode_with(bytes: &[u8], mut each: impl FnMut(Record)) -> Result<Loaded,
 /// Writes `image` as `dir`'s snapshot, atomically: a temporary file,
 /// fsync, rename, fsync of the directory.
 pub fn write_atomic(dir: &Path, image: &Image) -> std::io::Result<()> {
-    std::fs::create_dir_all(dir)?;
-    let tmp = dir.join(format!("{FILE_NAME}.tmp"));
-    {
-        let mut f = std::io::BufWriter::with_capacity(1 << 20, std::fs::File::create(&tmp)?);
+    std::fs::create_dir_all(dir).map_err(|e| at(dir, e))?;
+    let tmp = tmp_path(dir);
+    let file = create_fresh(&tmp)?;
+    let written = (|| {
+        let mut f = std::io::BufWriter::with_capacity(1 << 20, file);
         image.write_to(&mut f)?;
-        f.into_inner().map_err(|e| e.into_error())?.sync_all()?;
+        // The data is on disk before the name points at it ...
+        f.into_inner().map_err(|e| e.into_error())?.sync_all()
+    })()
+    .map_err(|e| at(&tmp, e))
+    .and_then(|()| std::fs::rename(&tmp, path(dir)).map_err(|e| at(&path(dir), e)));
+    if let Err(e) = written {
+        // A partial file is never left behind (it would hold the disk
+        // space that failed it).
+        let _ = std::fs::remove_file(&tmp);
+        return Err(e);
     }
-    std::fs::rename(&tmp, path(dir))?;
-    std::fs::File::open(dir)?.sync_all()
+    // ... and the rename is on disk before the write counts as done.
+    std::fs::File::open(dir)
+        .and_then(|d| d.sync_all())
+        .map_err(|e| at(dir, e))
+}
+
+/// Creates `path` afresh for writing. Whatever is there (the leftover of a
+/// crash, or a symlink someone planted to make us write through it) is
+/// unlinked, never followed: unlink removes the link itself. The file is
+/// then created with `create_new` (O_EXCL) and O_NOFOLLOW, which refuse
+/// anything that appeared there in between instead of opening it.
+fn create_fresh(path: &Path) -> std::io::Result<std::fs::File> {
+    use std::os::unix::fs::OpenOptionsExt;
+    match std::fs::remove_file(path) {
+        Ok(()) => {}
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
+        Err(e) => return Err(at(path, e)),
+    }
+    std::fs::OpenOptions::new()
+        .write(true)
+        .create_new(true)
+        .custom_flags(libc::O_NOFOLLOW | libc::O_CLOEXEC)
+        .mode(0o600)
+        .open(path)
+        .map_err(|e| at(path, e))
+}
+
+/// The temporary file a snapshot is written to before its rename.
+pub fn tmp_path(dir: &Path) -> PathBuf {
+    dir.join(format!("{FILE_NAME}.tmp"))
+}
+
+/// The marker a failed write leaves beside the snapshot (removed by the
+/// next write that succeeds): a start that finds it says that the
+/// snapshot it loads is older than the state the node last had.
+pub fn failed_path(dir: &Path) -> PathBuf {
+    dir.join(format!("{FILE_NAME}.failed"))
+}
+
+/// Records that a write failed (best effort: the disk that failed the
+/// snapshot may fail this too, and the log has said it anyway).
+pub fn mark_failed(dir: &Path, why: &str, error: &str, written_ns: u64) -> std::io::Result<()> {
+    let text = format!(
+        "a {why} snapshot failed at {written_ns} ns since the Unix epoch: {error}\n\
+         {FILE_NAME} in this directory, if any, is older than that\n"
+    );
+    std::io::Write::write_all(&mut create_fresh(&failed_path(dir))?, text.as_bytes())
+}
+
+/// What the failure marker says, if there is one: at most 4 KiB of it,
+/// read without following a symlink (the log never quotes another file).
+pub fn read_failed(dir: &Path) -> Option<String> {
+    use std::io::Read;
+    use std::os::unix::fs::OpenOptionsExt;
+    let f = std::fs::OpenOptions::new()
+        .read(true)
+        .custom_flags(libc::O_NOFOLLOW | libc::O_CLOEXEC)
+        .open(failed_path(dir))
+        .ok()?;
+    let mut text = String::new();
+    f.take(4 << 10).read_to_string(&mut text).ok()?;
+    Some(text)
+}
+
+/// Removes the failure marker after a write that succeeded.
+pub fn clear_failed(dir: &Path) -> std::io::Result<()> {
+    match std::fs::remove_file(failed_path(dir)) {
+        Err(e) if e.kind() != std::io::ErrorKind::NotFound => Err(e),
+        _ => Ok(()),
+    }
+}
+
+/// `e`, with the path it happened at.
+fn at(path: &Path, e: std::io::Error) -> std::io::Error {
+    std::io::Error::new(e.kind(), format!("{}: {e}", path.display()))
 }
 
 /// One shard's part: its buckets, read by a walk over the tables' slots

@@ -137,12 +137,24 @@ impl Sluiced {
 
     /// [`Sluiced::start_on`] with environment variables set.
     pub fn start_with(port: u16, env: &[(&str, &str)], args: &[&str]) -> Sluiced {
+        Sluiced::start_full(port, env, args, Stdio::inherit())
+    }
+
+    /// [`Sluiced::start`] with its log (stderr, at `info`) written to
+    /// `log`, for tests that check what it says.
+    pub fn start_logged(log: &Path, args: &[&str]) -> Sluiced {
+        let file = std::fs::File::create(log).expect("the log file opens");
+        Sluiced::start_full(0, &[("SLUICE_LOG", "info")], args, file.into())
+    }
+
+    /// [`Sluiced::start_with`] with stderr going to `stderr`.
+    pub fn start_full(port: u16, env: &[(&str, &str)], args: &[&str], stderr: Stdio) -> Sluiced {
         let port = port.to_string();
         let mut child = Command::new(binary("sluiced"))
             .args(["--bind", "127.0.0.1", "--port", &port])
             .args(args)
             .stdout(Stdio::piped())
-            .stderr(Stdio::inherit())
+            .stderr(stderr)
             .env("SLUICE_LOG", "warn")
             .envs(env.iter().copied())
             .spawn()

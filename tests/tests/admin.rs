@@ -227,3 +227,102 @@ async fn health_ready_and_role_follow_the_replication_state() {
     .await
     .unwrap();
 }
+
+/// Reads from `s` until the server closes it (EOF or reset), up to
+/// `limit`; how long that took, or `None` when it stayed open.
+async fn closed_within(s: &mut tokio::net::TcpStream, limit: Duration) -> Option<Duration> {
+    use tokio::io::AsyncReadExt;
+    let start = Instant::now();
+    let mut buf = [0u8; 1024];
+    loop {
+        match tokio::time::timeout_at((start + limit).into(), s.read(&mut buf)).await {
+            Err(_) => return None,
+            Ok(Ok(0) | Err(_)) => return Some(start.elapsed()),
+            Ok(Ok(_)) => {}
+        }
+    }
+}
+
+/// Idle admin connections cannot take the process's descriptors: past
+/// --admin-connections-max a new one is closed at once (and counted), the
+/// binary port still answers, and the idle ones are closed after
+/// --admin-timeout-ms, after which the port serves again. Fails while the
+/// admin port has no cap (the extra connections stay open).
+#[tokio::test]
+async fn admin_connections_past_the_cap_are_closed_at_once() {
+    let server = Sluiced::start(&[
+        "--shards",
+        "1",
+        "--admin-port",
+        "0",
+        "--admin-connections-max",
+        "4",
+        "--admin-timeout-ms",
+        "4000",
+    ]);
+    let admin = server.admin_addr.unwrap();
+    let mut idle = Vec::new();
+    for _ in 0..4 {
+        idle.push(tokio::net::TcpStream::connect(admin).await.unwrap());
+    }
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    for _ in 0..6 {
+        let mut extra = tokio::net::TcpStream::connect(admin).await.unwrap();
+        let closed = closed_within(&mut extra, Duration::from_millis(1500)).await;
+        assert!(closed.is_some(), "a connection past the cap stayed open");
+    }
+    let mut raw = sluice_tests::raw::Raw::connect(server.addr).await;
+    raw.send_frame(&[(7, sluice_protocol::message::Request::Ping)])
+        .await;
+    let (id, reply) = raw.next_reply().await.unwrap();
+    assert_eq!((id, reply), (7, sluice_protocol::message::Reply::Pong));
+    for s in &mut idle {
+        let closed = closed_within(s, Duration::from_secs(10)).await;
+        assert!(closed.is_some(), "an idle admin connection stayed open");
+    }
+    let (code, scrape) = tokio::task::spawn_blocking(move || get(admin, "/metrics"))
+        .await
+        .unwrap();
+    assert_eq!(code, 200);
+    assert!(sample(&scrape, "sluice_admin_connections_refused_total") >= 6.0);
+}
+
+/// A request left half-sent, or trickled in a byte at a time, is closed
+/// after --admin-timeout-ms (bytes that arrive do not renew it), and a
+/// polite request on a kept-alive connection is answered. Fails while the
+/// admin port has no timeout of its own.
+#[tokio::test]
+async fn a_half_sent_admin_request_is_closed_after_the_timeout() {
+    use tokio::io::AsyncWriteExt;
+    let server = Sluiced::start(&["--admin-port", "0", "--admin-timeout-ms", "1000"]);
+    let admin = server.admin_addr.unwrap();
+    let mut half = tokio::net::TcpStream::connect(admin).await.unwrap();
+    half.write_all(b"GET /health HTTP/1.1\r\nHost: sluice\r\n")
+        .await
+        .unwrap();
+    let took = closed_within(&mut half, Duration::from_secs(4)).await;
+    let took = took.expect("a half-sent request stayed open");
+    assert!(took >= Duration::from_millis(800), "closed after {took:?}");
+    let mut slow = tokio::net::TcpStream::connect(admin).await.unwrap();
+    slow.write_all(b"GET /health HTTP/1.1\r\nHost: sluice\r\n")
+        .await
+        .unwrap();
+    let start = Instant::now();
+    let mut closed = false;
+    while start.elapsed() < Duration::from_secs(4) {
+        if slow.write_all(b"X").await.is_err() {
+            closed = true;
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    let closed = closed
+        || closed_within(&mut slow, Duration::from_millis(100))
+            .await
+            .is_some();
+    assert!(closed, "a trickled request stayed open");
+    let (code, body) = tokio::task::spawn_blocking(move || get(admin, "/health"))
+        .await
+        .unwrap();
+    assert_eq!((code, body.as_str()), (200, "ok\n"));
+}

@@ -232,3 +232,148 @@ async fn a_bucket_years_from_refilled_survives_a_restart() {
         "reset after {reset} ns: the bucket came back refilled"
     );
 }
+
+/// Spends one unit of `n` token-bucket keys (33 bytes each in a snapshot).
+async fn spend_keys(server: &Sluiced, n: usize) {
+    let client = connect(server).await;
+    let policy = sluice_protocol::Policy::new(1, 3_600_000_000_000, 10).unwrap();
+    let mut calls = tokio::task::JoinSet::new();
+    for i in 0..n {
+        let client = client.clone();
+        calls.spawn(async move {
+            client
+                .throttle(format!("fill:{i}").as_bytes(), policy, 1)
+                .await
+        });
+    }
+    while let Some(done) = calls.join_next().await {
+        assert!(done.unwrap().unwrap().allowed);
+    }
+}
+
+/// A symlink planted at the temporary file's path, pointing at a file
+/// outside the directory, is never written through: the snapshot is
+/// written anyway and the file outside is untouched. Fails when the
+/// temporary file is opened with `File::create` (which follows it).
+#[tokio::test]
+async fn a_symlink_at_the_temporary_path_is_never_followed() {
+    let dir = Dir::new("symlink");
+    let outside = Dir::new("symlink-outside");
+    let victim = outside.0.join("precious");
+    std::fs::write(&victim, b"not yours").unwrap();
+    std::os::unix::fs::symlink(&victim, dir.0.join("sluiced.snapshot.tmp")).unwrap();
+    let server = Sluiced::start(&["--shards", "1", "--snapshot-dir", dir.arg()]);
+    spend(&server, &specs(&SPECS)).await;
+    let status = tokio::task::spawn_blocking(move || server.terminate())
+        .await
+        .unwrap();
+    assert!(status.success(), "{status:?}");
+    assert_eq!(std::fs::read(&victim).unwrap(), b"not yours");
+    let snapshot = std::fs::symlink_metadata(dir.file()).unwrap();
+    assert!(
+        snapshot.is_file(),
+        "the snapshot is a symlink: {snapshot:?}"
+    );
+    assert!(std::fs::symlink_metadata(dir.0.join("sluiced.snapshot.tmp")).is_err());
+}
+
+/// A tmpfs of 32 KiB mounted on a fresh directory (root only), unmounted
+/// when dropped.
+struct Tmpfs(Dir);
+
+impl Tmpfs {
+    fn mount(name: &str) -> Option<Tmpfs> {
+        let dir = Dir::new(name);
+        let ok = Command::new("mount")
+            .args(["-t", "tmpfs", "-o", "size=32k", "tmpfs", dir.arg()])
+            .status()
+            .is_ok_and(|s| s.success());
+        ok.then_some(Tmpfs(dir))
+    }
+}
+
+impl Drop for Tmpfs {
+    fn drop(&mut self) {
+        let _ = Command::new("umount").arg(self.0.arg()).status();
+    }
+}
+
+/// The final snapshot of a node whose disk is full: the exit status is 1,
+/// the log says why, no partial temporary file is left, and the marker
+/// `sluiced.snapshot.failed` is. The next start loads the older snapshot
+/// and warns about it, naming the marker; its own snapshot removes the
+/// marker. Fails while a failed snapshot at shutdown still exits 0.
+#[tokio::test]
+async fn a_failed_final_snapshot_fails_the_exit_and_the_next_start_says_so() {
+    let Some(fs) = Tmpfs::mount("full") else {
+        eprintln!("skipped: cannot mount a tmpfs (not root?)");
+        return;
+    };
+    let dir = &fs.0;
+    let log = std::env::temp_dir().join(format!("sluice-snap-full-{}.log", std::process::id()));
+    let set = specs(&SPECS);
+    // A first snapshot that fits.
+    let server = Sluiced::start(&["--shards", "1", "--snapshot-dir", dir.arg()]);
+    spend(&server, &set).await;
+    let status = tokio::task::spawn_blocking(move || server.terminate())
+        .await
+        .unwrap();
+    assert!(status.success(), "{status:?}");
+    // Then more buckets than the disk holds (3,000 x 33 bytes).
+    let server = Sluiced::start_logged(&log, &["--shards", "1", "--snapshot-dir", dir.arg()]);
+    spend_keys(&server, 3_000).await;
+    let status = tokio::task::spawn_blocking(move || server.terminate())
+        .await
+        .unwrap();
+    let said = std::fs::read_to_string(&log).unwrap();
+    assert_eq!(status.code(), Some(1), "{said}");
+    assert!(said.contains("snapshot not written"), "{said}");
+    assert!(said.contains("No space left on device"), "{said}");
+    assert!(
+        said.contains("the final snapshot was not written"),
+        "{said}"
+    );
+    assert!(
+        !dir.0.join("sluiced.snapshot.tmp").exists(),
+        "partial file left"
+    );
+    let marker = dir.0.join("sluiced.snapshot.failed");
+    assert!(marker.exists(), "no failure marker");
+    // The next start loads the first snapshot and says it is older.
+    let server = Sluiced::start_logged(&log, &["--shards", "1", "--snapshot-dir", dir.arg()]);
+    assert_eq!(remaining(&server, &set).await, [7, 7, 7, 7, 7]);
+    let status = tokio::task::spawn_blocking(move || server.terminate())
+        .await
+        .unwrap();
+    let said = std::fs::read_to_string(&log).unwrap();
+    let _ = std::fs::remove_file(&log);
+    assert!(status.success(), "{status:?} {said}");
+    assert!(said.contains("the last snapshot write failed"), "{said}");
+    assert!(said.contains(marker.to_str().unwrap()), "{said}");
+    assert!(!marker.exists(), "the marker outlived a snapshot written");
+}
+
+/// Something the daemon cannot replace at the temporary path (here a
+/// directory) fails the final snapshot too: exit status 1, no snapshot,
+/// and the failure marker written as a file of its own, never through a
+/// symlink planted at its name.
+#[tokio::test]
+async fn a_final_snapshot_that_cannot_be_created_fails_the_exit() {
+    let dir = Dir::new("tmpdir");
+    let outside = Dir::new("tmpdir-outside");
+    let victim = outside.0.join("precious");
+    std::fs::write(&victim, b"not yours").unwrap();
+    let marker = dir.0.join("sluiced.snapshot.failed");
+    std::os::unix::fs::symlink(&victim, &marker).unwrap();
+    let server = Sluiced::start(&["--shards", "1", "--snapshot-dir", dir.arg()]);
+    spend(&server, &specs(&SPECS)).await;
+    std::fs::create_dir(dir.0.join("sluiced.snapshot.tmp")).unwrap();
+    let status = tokio::task::spawn_blocking(move || server.terminate())
+        .await
+        .unwrap();
+    assert_eq!(status.code(), Some(1), "{status:?}");
+    assert!(!dir.file().exists());
+    assert_eq!(std::fs::read(&victim).unwrap(), b"not yours");
+    let marker = std::fs::symlink_metadata(&marker).unwrap();
+    assert!(marker.is_file(), "the marker is not a file: {marker:?}");
+}

@@ -32,6 +32,12 @@ use crate::sync::{AtomicU64, Mutex, Ordering};
 /// How often an idle flow sends an empty SYNC (the follower acks it, so
 /// both sides learn the link is alive).
 pub const HEARTBEAT_MS: u64 = 50;
+/// How far past its own epoch a node believes an epoch a peer or client
+/// tells it in HELLO: epochs rise by one per promotion (or to an etcd
+/// revision), so a jump of more than 2^32 is a bug or an attack, and
+/// adopting it would leave the group a few steps from u64::MAX, where no
+/// promotion could raise it. Such a HELLO is refused with BAD_REQUEST.
+pub const EPOCH_JUMP_MAX: u64 = 1 << 32;
 /// Async mode: how long a flow lets changes gather before a drain (sync
 /// mode, where replies wait for it, drains as soon as the shard is free or
 /// its last drain is acknowledged: see [`SYNC_GROUP_ENTRIES`]).
@@ -130,6 +136,8 @@ pub struct ReplNode {
     primary: Mutex<String>,
     /// The follower's address as seen by a primary.
     follower: Mutex<String>,
+    /// HELLOs refused for an epoch beyond belief (their log is sampled).
+    incredible_epochs: AtomicU64,
 }
 
 impl ReplNode {
@@ -180,6 +188,7 @@ impl ReplNode {
             solo: AtomicU64::new(0),
             primary: Mutex::new(primary),
             follower: Mutex::new(String::new()),
+            incredible_epochs: AtomicU64::new(0),
         }
     }
 
@@ -224,6 +233,26 @@ impl ReplNode {
     #[inline]
     pub fn epoch(&self) -> u64 {
         self.epoch.load(Ordering::Acquire)
+    }
+
+    /// Whether an epoch a HELLO carries is believable: below u64::MAX (no
+    /// promotion could pass it) and at most [`EPOCH_JUMP_MAX`] past ours.
+    pub fn epoch_credible(&self, epoch: u64) -> bool {
+        epoch < u64::MAX && epoch <= self.epoch().saturating_add(EPOCH_JUMP_MAX)
+    }
+
+    /// Logs a HELLO's epoch refused as not credible: the first, then one
+    /// in 1,000 (a client that repeats it does not flood the log).
+    pub fn log_incredible_epoch(&self, seen: u64) {
+        let n = self.incredible_epochs.fetch_add(1, Ordering::Relaxed);
+        if n % 1_000 == 0 {
+            tracing::warn!(
+                own = self.epoch(),
+                seen,
+                refused = n + 1,
+                "a HELLO carried an epoch far beyond this node's: refused (BAD_REQUEST), not adopted"
+            );
+        }
     }
 
     /// Learns an epoch (a follower adopts its primary's); never lowers it.
@@ -277,7 +306,7 @@ impl ReplNode {
     /// [`ReplNode::promote`] to at least epoch `epoch_min` (a planned
     /// handover names the epoch).
     pub fn promote_to(&self, own_addr: String, epoch_min: u64) -> Result<u64, String> {
-        self.become_primary(own_addr, |old| (old + 1).max(epoch_min))
+        self.become_primary(own_addr, |old| Some(old.checked_add(1)?.max(epoch_min)))
     }
 
     /// [`ReplNode::promote`] at exactly `epoch`: etcd's revision of the
@@ -291,11 +320,16 @@ impl ReplNode {
         if seen > epoch {
             return Err(format!("epoch {seen} was seen, newer than {epoch}"));
         }
-        self.become_primary(own_addr, |_| epoch)
+        self.become_primary(own_addr, |_| Some(epoch))
     }
 
-    /// Follower to primary at the epoch `epoch(old)`.
-    fn become_primary(&self, own_addr: String, epoch: impl Fn(u64) -> u64) -> Result<u64, String> {
+    /// Follower to primary at the epoch `epoch(old)`; `None` from it (the
+    /// epoch cannot rise: it is u64::MAX) refuses the promotion.
+    fn become_primary(
+        &self,
+        own_addr: String,
+        epoch: impl Fn(u64) -> Option<u64>,
+    ) -> Result<u64, String> {
         let follower = u64::from(Role::Follower.code());
         let primary = u64::from(Role::Primary.code());
         if self
@@ -305,14 +339,24 @@ impl ReplNode {
         {
             return Err(format!("already primary at epoch {}", self.epoch()));
         }
-        self.follow_gen.fetch_add(1, Ordering::AcqRel);
-        let old = self
+        let raised = self
             .epoch
             .fetch_update(Ordering::AcqRel, Ordering::Acquire, |old| {
-                Some(epoch(old).max(old))
-            })
-            .expect("the update always stores");
-        let epoch = epoch(old).max(old);
+                Some(epoch(old)?.max(old))
+            });
+        let Ok(old) = raised else {
+            self.role.store(follower, Ordering::Release);
+            tracing::error!(
+                epoch = self.epoch(),
+                "promotion refused: the epoch is at its maximum"
+            );
+            return Err(format!(
+                "epoch {} is at its maximum: no promotion can raise it (never wraps to 0)",
+                self.epoch()
+            ));
+        };
+        self.follow_gen.fetch_add(1, Ordering::AcqRel);
+        let epoch = epoch(old).expect("it stored").max(old);
         *self.primary.lock().expect("not poisoned") = own_addr;
         self.watch.set_in_sync(false);
         self.set_state(ReplState::Alone);
@@ -353,7 +397,12 @@ impl ReplNode {
         self.probing.store(0, Ordering::Relaxed);
         self.handing_over.store(0, Ordering::Relaxed);
         let stale = self.stale.swap(0, Ordering::AcqRel);
-        let epoch = self.epoch.fetch_max(stale, Ordering::AcqRel).max(stale) + 1;
+        let seen = self.epoch.fetch_max(stale, Ordering::AcqRel).max(stale);
+        let Some(epoch) = seen.checked_add(1) else {
+            return Err(format!(
+                "epoch {seen} is at its maximum: no promotion can raise it"
+            ));
+        };
         self.epoch.store(epoch, Ordering::Release);
         tracing::warn!(epoch, "fence lifted by hand: serving alone");
         Ok(epoch)
@@ -453,6 +502,29 @@ mod tests {
         assert!(n.promote_at("me".into(), 5).is_err());
         assert!(!n.is_primary());
         assert_eq!(n.epoch(), 9);
+    }
+
+    #[test]
+    fn a_promotion_at_the_maximum_epoch_is_refused_never_wrapped() {
+        let n = ReplNode::new(Some("p:1"), None, "me".into(), Replication::Sync, false);
+        n.observe_epoch(u64::MAX);
+        assert!(n.promote("me".into()).is_err());
+        assert!(!n.is_primary());
+        assert_eq!(n.epoch(), u64::MAX);
+        // One below: the last promotion there is.
+        let m = ReplNode::new(Some("p:1"), None, "me".into(), Replication::Sync, false);
+        m.observe_epoch(u64::MAX - 1);
+        assert_eq!(m.promote("me".into()), Ok(u64::MAX));
+    }
+
+    #[test]
+    fn epochs_far_beyond_our_own_are_not_credible() {
+        let n = ReplNode::new(Some("p:1"), None, "me".into(), Replication::Sync, false);
+        n.observe_epoch(7);
+        assert!(n.epoch_credible(0));
+        assert!(n.epoch_credible(7 + EPOCH_JUMP_MAX));
+        assert!(!n.epoch_credible(8 + EPOCH_JUMP_MAX));
+        assert!(!n.epoch_credible(u64::MAX));
     }
 
     #[test]

@@ -736,7 +736,10 @@ pub async fn failover(core: Rc<ShardCore>) -> Result<FailoverOk, String> {
         repl.handing_over.store(0, Ordering::Release);
         return Err("the follower did not acknowledge everything in time; still primary".into());
     }
-    let epoch = repl.epoch() + 1;
+    let Some(epoch) = repl.epoch().checked_add(1) else {
+        repl.handing_over.store(0, Ordering::Release);
+        return Err("the epoch is at its maximum: no handover can raise it".into());
+    };
     let _ = core.node.shards[0].send(crate::shard::ShardMsg::Takeover(epoch));
     // The follower promotes itself as it applies the handover; wait until
     // it says so.

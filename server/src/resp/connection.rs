@@ -90,6 +90,8 @@ struct Session {
     guard: ConnectionGuard,
     /// Its part of the shard's reply bytes owed.
     share: ReplyShare,
+    /// The client's address, for the failed-authentication budget.
+    peer: Option<std::net::IpAddr>,
 }
 
 /// The state of one RESP connection task, but for the socket and the bytes
@@ -195,6 +197,7 @@ pub async fn run(core: Rc<ShardCore>, adopt: AdoptResp) {
             id: NEXT_CLIENT_ID.fetch_add(1, std::sync::atomic::Ordering::Relaxed),
             closing: false,
             bad_input: false,
+            peer: stream.peer_addr().ok().map(|a| a.ip()),
             guard,
             share: ReplyShare::new(core.clone()),
         },
@@ -521,8 +524,13 @@ impl Session {
         if let Some((user, token)) = auth {
             let ok = match &self.core.node.config.auth_token {
                 None => user == b"default",
+                Some(_) if self.auth_blocked() => false,
                 Some(expected) => {
-                    user == b"default" && constant_time_eq(expected.as_bytes(), token)
+                    let ok = user == b"default" && constant_time_eq(expected.as_bytes(), token);
+                    if !ok {
+                        self.auth_failed();
+                    }
+                    ok
                 }
             };
             if !ok {
@@ -572,6 +580,10 @@ impl Session {
                  Are you sure your configuration is correct?",
             ),
             (None, Some(b"default")) => Reply::Simple("OK"),
+            (Some(_), _) if self.auth_blocked() => {
+                self.closing = true;
+                Reply::wrong_pass()
+            }
             (Some(expected), None | Some(b"default"))
                 if constant_time_eq(expected.as_bytes(), token) =>
             {
@@ -580,12 +592,31 @@ impl Session {
                 Reply::Simple("OK")
             }
             _ => {
+                self.auth_failed();
                 // No second guess on this connection.
                 self.closing = true;
                 Reply::wrong_pass()
             }
         };
         self.reply(reply);
+    }
+
+    /// Whether this client's address is blocked for failed
+    /// authentications (the attempt then counts as one, its token unread).
+    fn auth_blocked(&self) -> bool {
+        let now = std::time::Instant::now();
+        self.peer
+            .is_some_and(|ip| self.core.node.auth_failures.blocked(ip, now).is_some())
+    }
+
+    /// Records a wrong token from this client's address.
+    fn auth_failed(&self) {
+        if let Some(ip) = self.peer {
+            self.core
+                .node
+                .auth_failures
+                .failed(ip, std::time::Instant::now());
+        }
     }
 
     /// INFO: a few facts per section, Redis's `field:value` lines. Asked

@@ -405,6 +405,9 @@ pub struct Node {
     /// With `--cluster`: the entry point's view of the cluster and its
     /// forwarder (keys of other groups go to their primaries).
     pub forward: Option<Arc<crate::forward::Forwarder>>,
+    /// Failed authentications by source address: the budget that blocks
+    /// a guesser, and `sluice_auth_failures_total`.
+    pub auth_failures: crate::auth_failures::AuthFailures,
 }
 
 /// A shard's counters, published by its own thread after each batch of

@@ -1,0 +1,295 @@
+//! Secrets and the way in, against real `sluiced` processes: a config file
+//! whose `auth_token` line does not parse never has its token printed;
+//! `--auth-token-file` (config `auth_token_file`) reads the token from a
+//! file, and refuses to start, with a clear message, when the token is
+//! also given another way or the file is unreadable or empty. Epochs
+//! never wrap: a HELLO with an epoch far beyond the node's is refused
+//! (BAD_REQUEST), not adopted, and a PROMOTE at u64::MAX is refused.
+
+use std::process::Command;
+
+use sluice_protocol::message::{Hello, Reply, Request, Throttle};
+use sluice_protocol::{Policy, Status};
+use sluice_tests::raw::{hello, Raw};
+use sluice_tests::support::{binary, ConfigFile, Sluiced};
+
+/// The token of these tests: long and unlike anything else in a message.
+const TOKEN: &str = "s3cr3t-Tok3n-do-not-print-9f8e7d";
+
+/// Runs `sluiced` with `args` until it exits (a start that fails);
+/// returns its exit code and stderr.
+fn run_failing(args: &[&str]) -> (Option<i32>, String) {
+    let out = Command::new(binary("sluiced"))
+        .args(["--bind", "127.0.0.1", "--port", "0"])
+        .args(args)
+        .env_remove("SLUICE_AUTH_TOKEN")
+        .output()
+        .expect("sluiced runs");
+    let said = String::from_utf8_lossy(&out.stderr).into_owned();
+    (out.status.code(), said)
+}
+
+/// Every way of writing a bad `auth_token` line stops the start with the
+/// line number and never the token. Fails while toml's error (which
+/// quotes the source line, and a type error's value) is printed as is.
+#[test]
+fn a_config_error_on_the_auth_token_line_never_prints_the_token() {
+    let broken = [
+        format!("auth_token = \"{TOKEN}\n"),
+        format!("auth_token = {TOKEN}\n"),
+        format!("auth_token = \"{TOKEN}\" trailing\n"),
+        format!("auth_token = '{TOKEN}\n"),
+        "auth_token = 987654321987\n".to_owned(),
+    ];
+    for toml in broken {
+        let file = ConfigFile::new(&format!("port = 0\n{toml}"));
+        let (code, said) = run_failing(&["--config", file.arg()]);
+        assert_eq!(code, Some(2), "{said}");
+        assert!(said.contains("line 2"), "{said}");
+        assert!(!said.contains(TOKEN), "the token is printed: {said}");
+        assert!(
+            !said.contains("987654321987"),
+            "the token is printed: {said}"
+        );
+    }
+    // An error elsewhere still shows its line.
+    let file = ConfigFile::new("port = 0\nbatch_max = \"many\"\n");
+    let (code, said) = run_failing(&["--config", file.arg()]);
+    assert_eq!(code, Some(2), "{said}");
+    assert!(said.contains("batch_max = \"many\""), "{said}");
+}
+
+/// Whether a HELLO with `token` authenticates on `server`.
+async fn authenticates(server: &Sluiced, token: &str) -> bool {
+    let mut raw = Raw::connect(server.addr).await;
+    raw.send_frame(&[(1, hello(token.as_bytes()))]).await;
+    matches!(raw.next_reply().await, Some((1, Reply::HelloOk(_))))
+}
+
+/// The token read from a file (its trailing newline dropped), by flag and
+/// by config key. Fails while there is no --auth-token-file.
+#[tokio::test]
+async fn the_token_can_come_from_a_file() {
+    let file = ConfigFile::new(&format!("{TOKEN}\n"));
+    let server = Sluiced::start(&["--auth-token-file", file.arg()]);
+    assert!(authenticates(&server, TOKEN).await);
+    assert!(!authenticates(&server, "wrong").await);
+    drop(server);
+    let config = ConfigFile::new(&format!("auth_token_file = {:?}\n", file.arg()));
+    let server = Sluiced::start(&["--config", config.arg()]);
+    assert!(authenticates(&server, TOKEN).await);
+    assert!(!authenticates(&server, &format!("{TOKEN}\n")).await);
+}
+
+/// Both ways at once, a missing file and an empty one each stop the start
+/// with a message that names the problem (and never the token).
+#[test]
+fn a_token_file_that_cannot_be_used_stops_the_start() {
+    let file = ConfigFile::new(&format!("{TOKEN}\n"));
+    let (code, said) = run_failing(&["--auth-token", "other", "--auth-token-file", file.arg()]);
+    assert_eq!(code, Some(2), "{said}");
+    assert!(said.contains("keep one"), "{said}");
+    let (code, said) = run_failing(&["--auth-token-file", "/nonexistent/sluice-token"]);
+    assert_eq!(code, Some(2), "{said}");
+    assert!(
+        said.contains("/nonexistent/sluice-token: cannot read it"),
+        "{said}"
+    );
+    let empty = ConfigFile::new("\n");
+    let (code, said) = run_failing(&["--auth-token-file", empty.arg()]);
+    assert_eq!(code, Some(2), "{said}");
+    assert!(said.contains("empty"), "{said}");
+    assert!(!said.contains(TOKEN), "{said}");
+}
+
+/// A HELLO of version 1 with no token, carrying `epoch`.
+fn hello_at(epoch: u64) -> Request<'static> {
+    Request::Hello(Hello {
+        version_min: 1,
+        version_max: 1,
+        shard: None,
+        token: b"",
+        epoch,
+        layout: 0,
+    })
+}
+
+/// A HELLO whose epoch is u64::MAX, or more than 2^32 past the node's, is
+/// refused with BAD_REQUEST and not adopted: the primary still admits and
+/// still reports epoch 0. Fails while such an epoch is taken as a newer
+/// primary's (the node marks itself stale and stops admitting).
+#[tokio::test]
+async fn a_hello_with_an_epoch_far_beyond_the_nodes_is_refused() {
+    let server = Sluiced::start(&["--shards", "1"]);
+    let mut raw = Raw::connect(server.addr).await;
+    for epoch in [u64::MAX, (1 << 32) + 1] {
+        raw.send_frame(&[(1, hello_at(epoch))]).await;
+        let (id, reply) = raw.next_reply().await.expect("an answer");
+        assert_eq!(id, 1);
+        assert_eq!(reply.status(), Some(Status::BadRequest), "{reply:?}");
+    }
+    raw.send_frame(&[(2, hello_at(0))]).await;
+    match raw.next_reply().await {
+        Some((2, Reply::HelloOk(ok))) => assert_eq!(ok.epoch, 0),
+        other => panic!("{other:?}"),
+    }
+    let policy = Policy::new(1, 1_000_000_000, 5).unwrap();
+    let spend = Request::Throttle(Throttle {
+        key: b"epoch:key",
+        policy,
+        cost: 1,
+    });
+    raw.send_frame(&[(3, spend)]).await;
+    match raw.next_reply().await {
+        Some((3, Reply::Throttle(v))) => assert!(v.allowed, "{v:?}"),
+        other => panic!("still admitting: {other:?}"),
+    }
+}
+
+/// A snapshot file holding no bucket, written at `epoch` (the header of
+/// server/src/snapshot.rs, sealed with its XXH3).
+fn empty_snapshot(epoch: u64) -> Vec<u8> {
+    let mut head = Vec::with_capacity(64);
+    head.extend_from_slice(b"SLUICESN");
+    head.extend_from_slice(&1u32.to_le_bytes());
+    head.extend_from_slice(&1u16.to_le_bytes());
+    head.extend_from_slice(&0u16.to_le_bytes());
+    head.extend_from_slice(&epoch.to_le_bytes());
+    head.extend_from_slice(&[0u8; 32]);
+    let sum = xxhash_rust::xxh3::xxh3_64(&head);
+    head.extend_from_slice(&sum.to_le_bytes());
+    head
+}
+
+/// A follower already at epoch u64::MAX (from its snapshot) refuses
+/// PROMOTE (BAD_REQUEST) and stays a follower at that epoch: no epoch
+/// wraps to 0. Fails while the increment is unchecked (a debug build
+/// panics, and the process aborts).
+#[tokio::test]
+async fn promote_at_the_maximum_epoch_is_refused() {
+    let dir = std::env::temp_dir().join(format!("sluice-epoch-max-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    std::fs::create_dir_all(&dir).unwrap();
+    std::fs::write(dir.join("sluiced.snapshot"), empty_snapshot(u64::MAX)).unwrap();
+    let server = Sluiced::start(&[
+        "--shards",
+        "1",
+        "--snapshot-dir",
+        dir.to_str().unwrap(),
+        "--replica-of",
+        "127.0.0.1:1",
+    ]);
+    let mut raw = Raw::connect(server.addr).await;
+    raw.send_frame(&[(1, hello_at(0))]).await;
+    match raw.next_reply().await {
+        Some((1, Reply::HelloOk(ok))) => assert_eq!(ok.epoch, u64::MAX),
+        other => panic!("{other:?}"),
+    }
+    for id in [2, 3] {
+        raw.send_frame(&[(id, Request::Promote)]).await;
+        let (got, reply) = raw.next_reply().await.expect("an answer, not a crash");
+        assert_eq!(got, id);
+        assert_eq!(reply.status(), Some(Status::BadRequest), "{reply:?}");
+    }
+    raw.send_frame(&[(4, Request::Role)]).await;
+    match raw.next_reply().await {
+        Some((4, Reply::Role(r))) => {
+            assert_eq!(r.epoch, u64::MAX);
+            assert_eq!(r.role, sluice_protocol::replication::Role::Follower);
+        }
+        other => panic!("{other:?}"),
+    }
+    drop(server);
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+/// One HELLO with `token` on a new connection: `Ok(())` when it
+/// authenticates, else the error's text.
+async fn hello_once(server: &Sluiced, token: &str) -> Result<(), String> {
+    let mut raw = Raw::connect(server.addr).await;
+    raw.send_frame(&[(1, hello(token.as_bytes()))]).await;
+    match raw.next_reply().await {
+        Some((1, Reply::HelloOk(_))) => Ok(()),
+        Some((1, Reply::Error { text, .. })) => Err(text),
+        other => panic!("{other:?}"),
+    }
+}
+
+/// `AUTH token` over RESP on a new connection: the reply's first line.
+async fn resp_auth(addr: std::net::SocketAddr, token: &str) -> String {
+    use tokio::io::{AsyncBufReadExt, AsyncWriteExt};
+    let mut s = tokio::net::TcpStream::connect(addr).await.unwrap();
+    s.write_all(format!("AUTH {token}\r\n").as_bytes())
+        .await
+        .unwrap();
+    let mut line = String::new();
+    tokio::io::BufReader::new(s)
+        .read_line(&mut line)
+        .await
+        .unwrap();
+    line
+}
+
+/// A burst of wrong tokens from one address: at most 10 are compared
+/// before the address is refused for a while (its HELLOs and RESP AUTHs,
+/// even with the right token), every attempt counts in
+/// sluice_auth_failures_total, and once the block is over the right token
+/// is accepted; the log has one warning for the address, not one per
+/// attempt. Fails while every guess is compared (thousands in the burst's
+/// 2 s).
+#[tokio::test]
+async fn a_burst_of_wrong_tokens_is_slowed_and_counted() {
+    let log = std::env::temp_dir().join(format!("sluice-auth-burst-{}.log", std::process::id()));
+    let server = Sluiced::start_logged(
+        &log,
+        &[
+            "--shards",
+            "1",
+            "--auth-token",
+            TOKEN,
+            "--admin-port",
+            "0",
+            "--resp-port",
+            "0",
+        ],
+    );
+    let start = std::time::Instant::now();
+    let (mut compared, mut refused) = (0u32, 0u32);
+    while start.elapsed() < std::time::Duration::from_secs(2) {
+        match hello_once(&server, "guess").await {
+            Err(text) if text.contains("the token is wrong") => compared += 1,
+            Err(text) if text.contains("too many failed authentications") => refused += 1,
+            other => panic!("{other:?}"),
+        }
+    }
+    println!(
+        "attack: a 2 s burst of wrong tokens from one address: {compared} compared, {refused} refused unread"
+    );
+    assert!(compared <= 10, "{compared} guesses compared in 2 s");
+    assert!(refused > 0, "never refused");
+    // Blocked: the right token too, on both ports.
+    let blocked = hello_once(&server, TOKEN).await;
+    assert!(blocked.is_err_and(|t| t.contains("retry in")));
+    let said = resp_auth(server.resp_addr.unwrap(), TOKEN).await;
+    assert!(said.starts_with("-WRONGPASS"), "{said}");
+    let admin = server.admin_addr.unwrap();
+    let scrape =
+        tokio::task::spawn_blocking(move || sluice_tests::support::http_get(admin, "/metrics"))
+            .await
+            .unwrap()
+            .1;
+    let counted = sluice_tests::support::metric_sample(&scrape, "sluice_auth_failures_total");
+    assert!(counted >= f64::from(compared + refused + 2), "{counted}");
+    // The block runs out (5 s).
+    tokio::time::sleep(std::time::Duration::from_secs(6)).await;
+    assert_eq!(hello_once(&server, TOKEN).await, Ok(()));
+    // One warning for the address in these 8 s (one per 10 s at most),
+    // not one per attempt.
+    let said = std::fs::read_to_string(&log).unwrap();
+    let _ = std::fs::remove_file(&log);
+    let warnings = said
+        .lines()
+        .filter(|l| l.contains("failed authentications from this address"))
+        .count();
+    assert_eq!(warnings, 1, "{said}");
+}
