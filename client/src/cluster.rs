@@ -942,7 +942,7 @@ impl Cluster {
             let admits = r.role == Role::Primary && r.state != ReplState::Fenced;
             let better = best
                 .as_ref()
-                .is_none_or(|&(e, j, _)| r.epoch > e || (r.epoch == e && i < j));
+                .map_or(true, |&(e, j, _)| r.epoch > e || (r.epoch == e && i < j));
             if admits && better {
                 best = Some((r.epoch, i, addr));
                 if r.epoch > early {
