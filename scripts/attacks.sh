@@ -7,7 +7,7 @@
 # Usage: bash scripts/attacks.sh   (from anywhere in the repo; a minute or two)
 set -euo pipefail
 cd "$(dirname "$0")/.."
-cargo build --quiet -p sluice-server --bins
+cargo build --quiet -p sluice-server --bins --features sluice-server/etcd,sluice-server/rls
 export SLUICE_BIN_DIR="$PWD/target/debug"
 log=$(mktemp)
 trap 'rm -f "$log"' EXIT

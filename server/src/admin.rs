@@ -63,6 +63,25 @@ pub struct AdminState {
     pub admin_open: Arc<AtomicUsize>,
     /// Admin connections closed at once at `--admin-connections-max`.
     pub admin_refused: AtomicU64,
+    /// The rate limit port's.
+    pub rls: Arc<RlsStats>,
+}
+
+/// The rate limit port's counters (`/metrics`; zero without `--rls-port`).
+#[derive(Debug, Default)]
+pub struct RlsStats {
+    /// Connections open.
+    pub open: std::sync::atomic::AtomicUsize,
+    /// Connections closed at once at `--rls-connections-max`.
+    pub refused: std::sync::atomic::AtomicU64,
+    /// Connections closed for not authenticating in time or idling.
+    pub timed_out: std::sync::atomic::AtomicU64,
+    /// Calls refused UNAUTHENTICATED.
+    pub unauthenticated: std::sync::atomic::AtomicU64,
+    /// Calls ended RESOURCE_EXHAUSTED at `--rls-buffer-bytes-max`.
+    pub over_budget: std::sync::atomic::AtomicU64,
+    /// Request bytes held now for messages still arriving.
+    pub buffered: std::sync::atomic::AtomicUsize,
 }
 
 /// Serves the admin endpoints on `listener` until the runtime stops.
@@ -319,6 +338,53 @@ fn time_histogram(
 
 /// An entry point's forwarding (`--cluster`): requests by destination
 /// group, their round trips, and errors by kind.
+/// The rate limit port's families.
+fn rls_metrics(out: &mut String, rls: &RlsStats) {
+    use std::sync::atomic::Ordering::Relaxed;
+    let one = |v: u64| [(String::new(), v.to_string())];
+    let families: [(&str, &str, &str, u64); 6] = [
+        (
+            "sluice_rls_connections_open",
+            "gauge",
+            "Rate limit service connections open (against --rls-connections-max).",
+            rls.open.load(Relaxed) as u64,
+        ),
+        (
+            "sluice_rls_connections_refused_total",
+            "counter",
+            "Rate limit service connections closed at once at --rls-connections-max.",
+            rls.refused.load(Relaxed),
+        ),
+        (
+            "sluice_rls_connections_timed_out_total",
+            "counter",
+            "Rate limit service connections closed for making no call with the token within --auth-timeout-ms, or idling past --idle-timeout-ms.",
+            rls.timed_out.load(Relaxed),
+        ),
+        (
+            "sluice_rls_unauthenticated_total",
+            "counter",
+            "Rate limit calls refused UNAUTHENTICATED (no token, a wrong one, or from a blocked address).",
+            rls.unauthenticated.load(Relaxed),
+        ),
+        (
+            "sluice_rls_buffer_refused_total",
+            "counter",
+            "Rate limit calls ended RESOURCE_EXHAUSTED at --rls-buffer-bytes-max.",
+            rls.over_budget.load(Relaxed),
+        ),
+        (
+            "sluice_rls_buffered_bytes",
+            "gauge",
+            "Bytes of rate limit request messages still arriving, held now.",
+            rls.buffered.load(Relaxed) as u64,
+        ),
+    ];
+    for (name, kind, help, v) in families {
+        family(out, name, kind, help, &one(v));
+    }
+}
+
 fn forward_metrics(out: &mut String, forward: &crate::forward::Forwarder) {
     let s = &forward.stats;
     let per_group: Vec<(String, String)> = s
@@ -594,7 +660,7 @@ pub fn exposition(state: &AdminState) -> String {
         &mut out,
         "sluice_auth_failures_total",
         "counter",
-        "Failed authentications (binary HELLO and RESP AUTH / HELLO AUTH), attempts refused from a blocked address included.",
+        "Failed authentications (binary HELLO, RESP AUTH / HELLO AUTH, rate limit calls with a wrong token), attempts refused from a blocked address included.",
         &[(
             String::new(),
             state
@@ -615,6 +681,9 @@ pub fn exposition(state: &AdminState) -> String {
             state.admin_refused.load(Ordering::Relaxed).to_string(),
         )],
     );
+    if state.node.config.rls_port.is_some() {
+        rls_metrics(&mut out, &state.rls);
+    }
     let r = role_now(state);
     let roles = [Role::Primary, Role::Follower].map(|role| {
         (

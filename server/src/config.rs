@@ -47,6 +47,17 @@ pub const ADMIN_TIMEOUT_MS_DEFAULT: u64 = 5_000;
 /// Default `--admin-connections-max`: open admin connections (scrapers and
 /// health checks need a few), apart from `--connections-max`.
 pub const ADMIN_CONNECTIONS_MAX_DEFAULT: usize = 64;
+/// Default `--rls-connections-max`: open rate limit service connections
+/// (Envoy opens one or a few per worker thread), apart from
+/// `--connections-max`.
+pub const RLS_CONNECTIONS_MAX_DEFAULT: usize = 1_024;
+/// Default `--rls-request-timeout-ms`: how long a `ShouldRateLimit` may
+/// take from its headers to its answer, its message's arrival included
+/// (Envoy's own timeout for the call is 20 ms by default).
+pub const RLS_REQUEST_TIMEOUT_MS_DEFAULT: u64 = 5_000;
+/// Default `--rls-buffer-bytes-max`: request bytes the rate limit service
+/// holds for messages still arriving, all connections together: 64 MiB.
+pub const RLS_BUFFER_BYTES_MAX_DEFAULT: usize = 64 << 20;
 /// Default `--reply-bytes-node-max`: 256 MiB.
 pub const REPLY_BYTES_NODE_MAX_DEFAULT: usize = 256 << 20;
 
@@ -219,6 +230,32 @@ pub struct Config {
     /// from the one socket; default 1.
     #[arg(long, value_name = "N")]
     pub rls_threads: Option<u16>,
+
+    /// With --auth-token: let the rate limit service answer calls that do
+    /// not carry the token (`authorization: Bearer TOKEN` metadata), for
+    /// an Envoy that cannot send it and a port only a network policy
+    /// reaches. Without it, such calls are UNAUTHENTICATED.
+    #[arg(long)]
+    pub rls_allow_unauthenticated: bool,
+
+    /// With --rls-port: open rate limit service connections at most; past
+    /// it a new one is closed at once (its own cap, apart from
+    /// --connections-max).
+    #[arg(long, value_name = "N", default_value_t = RLS_CONNECTIONS_MAX_DEFAULT)]
+    pub rls_connections_max: usize,
+
+    /// With --rls-port: milliseconds a call may take from its headers to
+    /// its answer, its message's arrival included (a shorter `grpc-timeout`
+    /// wins); past it the call ends DEADLINE_EXCEEDED and what it held is
+    /// freed.
+    #[arg(long, value_name = "MS", default_value_t = RLS_REQUEST_TIMEOUT_MS_DEFAULT)]
+    pub rls_request_timeout_ms: u64,
+
+    /// With --rls-port: bytes of request messages still arriving that the
+    /// service holds, all connections together; a call whose bytes would
+    /// go past it ends RESOURCE_EXHAUSTED and frees what it held.
+    #[arg(long, value_name = "BYTES", default_value_t = RLS_BUFFER_BYTES_MAX_DEFAULT)]
+    pub rls_buffer_bytes_max: usize,
 
     /// Shard threads; default one per core.
     #[arg(long)]
@@ -481,6 +518,10 @@ struct FileConfig {
     rls_config: Option<PathBuf>,
     rls_headers: Option<RlsHeaders>,
     rls_threads: Option<u16>,
+    rls_allow_unauthenticated: Option<bool>,
+    rls_connections_max: Option<usize>,
+    rls_request_timeout_ms: Option<u64>,
+    rls_buffer_bytes_max: Option<usize>,
     shards: Option<u16>,
     cpu_list: Option<crate::affinity::CpuList>,
     connections_max: Option<usize>,
@@ -683,6 +724,10 @@ impl Config {
                 replication,
                 replica_timeout_ms,
                 rls_headers,
+                rls_allow_unauthenticated,
+                rls_connections_max,
+                rls_request_timeout_ms,
+                rls_buffer_bytes_max,
                 forward_failure,
                 forward_deadline_ms
             );
@@ -863,6 +908,19 @@ impl Config {
         if let Some(n) = self.rls_threads {
             check("rls-threads", n, 1, SHARDS_MAX)?;
         }
+        check("rls-connections-max", self.rls_connections_max, 1, 100_000)?;
+        check(
+            "rls-request-timeout-ms",
+            self.rls_request_timeout_ms,
+            1,
+            600_000,
+        )?;
+        check(
+            "rls-buffer-bytes-max",
+            self.rls_buffer_bytes_max,
+            1 << 16,
+            1 << 40,
+        )?;
         if let Some(port) = self.rls_port {
             let bad = |range: &str| ConfigError {
                 field: "rls-port",

@@ -203,6 +203,7 @@ impl Server {
             snapshot_failures: crate::sync::AtomicU64::new(0),
             admin_open: Arc::new(AtomicUsize::new(0)),
             admin_refused: crate::sync::AtomicU64::new(0),
+            rls: Default::default(),
         });
         #[cfg(feature = "rls")]
         let rls = rls_start.map(|(listener, rules)| {
@@ -272,7 +273,8 @@ impl Server {
         let rls = match self.rls.take() {
             Some((listener, rls)) => {
                 let threads = self.node.config.rls_threads.unwrap_or(1);
-                if let Err(e) = crate::rls::start(listener, rls.clone(), threads) {
+                let stats = self.admin.rls.clone();
+                if let Err(e) = crate::rls::start(listener, rls.clone(), stats, threads) {
                     tracing::error!(error = %e, "cannot start the rate limit service's threads");
                 }
                 Some(rls)

@@ -16,6 +16,9 @@ Usage: envoy_rls_check.py PORT MODE [ARGS]
   reset            duration_until_reset is whole seconds, rounded up
   wildcards        wildcard values match as envoyproxy/ratelimit matches them
   replaces_unlimited  replaces beside unlimited rules
+  auth TOKEN       calls without the token, or with a wrong one, are
+                   UNAUTHENTICATED and spend nothing; with it they count
+  open             a call without a token is answered
 """
 
 import sys
@@ -381,6 +384,40 @@ elif mode == "replaces_unlimited":
     expect(r, OK, (OK, None, 0), (OK, None, U32_MAX))
     expect(ask(d, [("user", "u1")]), OK, (OK, 2, 1))
     print("replaces_unlimited: ok")
+elif mode == "auth":
+    token = sys.argv[3]
+    number = f"206{int(time.time() * 1000) % 10_000_000:07d}"
+    request = rls_pb2.RateLimitRequest(
+        domain="messaging",
+        descriptors=[descriptor([("message_type", "marketing"), ("to_number", number)])],
+    )
+    # What an attacker without the token tries: a spend, a refund, its own
+    # limit through an override.
+    refund = rls_pb2.RateLimitRequest(
+        domain="messaging",
+        descriptors=[descriptor([("message_type", "marketing"), ("to_number", number)], negative=True)],
+    )
+    override = rls_pb2.RateLimitRequest(
+        domain="messaging",
+        descriptors=[descriptor([("to_number", number)], limit=(1_000_000, Unit.DAY))],
+    )
+    for metadata in [None, [("authorization", "Bearer wrong-" + token)], [("authorization", token)]]:
+        for r in [request, refund, override]:
+            try:
+                stub.ShouldRateLimit(r, timeout=10, metadata=metadata)
+                raise AssertionError(f"answered without the token: {metadata}")
+            except grpc.RpcError as e:
+                assert e.code() == grpc.StatusCode.UNAUTHENTICATED, e
+    good = [("authorization", f"Bearer {token}")]
+    r = stub.ShouldRateLimit(request, timeout=10, metadata=good)
+    # Nothing the refused calls asked was done: 5 a day, this is the first.
+    expect(r, OK, (OK, 5, 4))
+    r = stub.ShouldRateLimit(override, timeout=10, metadata=good)
+    expect(r, OK, (OK, 1_000_000, None))
+    print("auth: ok")
+elif mode == "open":
+    expect(ask("messaging", [("to_number", "2069999999")]), OK, (OK, 100, None))
+    print("open: ok")
 elif mode == "unavailable":
     try:
         ask("sluice", [("a", "x")])

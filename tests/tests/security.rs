@@ -293,3 +293,317 @@ async fn a_burst_of_wrong_tokens_is_slowed_and_counted() {
         .count();
     assert_eq!(warnings, 1, "{said}");
 }
+
+// ---- Envoy's rate limit port (--rls-port) ----
+
+/// The rule files of tests/rls/rules/ (envoyproxy/ratelimit's examples).
+fn rls_rules() -> String {
+    std::path::PathBuf::from(env!("CARGO_MANIFEST_DIR"))
+        .join("rls/rules")
+        .display()
+        .to_string()
+}
+
+/// Runs tests/rls/envoy_rls_check.py against `server` in `mode`; `Err`
+/// with its output when it fails.
+fn rls_check(server: &Sluiced, args: &[&str]) -> Result<String, String> {
+    let root = std::path::PathBuf::from(env!("CARGO_MANIFEST_DIR"));
+    let py = root.join("../target/redis-py/bin/python");
+    assert!(
+        py.exists(),
+        "{} is missing: run `bash scripts/deps.sh`",
+        py.display()
+    );
+    let port = server.rls_addr.expect("rls listener").port().to_string();
+    let out = Command::new(py)
+        .arg(root.join("rls/envoy_rls_check.py"))
+        .arg(&port)
+        .args(args)
+        .output()
+        .expect("python runs");
+    let said = format!(
+        "{}{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    if out.status.success() {
+        Ok(said)
+    } else {
+        Err(said)
+    }
+}
+
+fn scrape(server: &Sluiced) -> String {
+    sluice_tests::support::http_get(server.admin_addr.expect("--admin-port"), "/metrics").1
+}
+
+/// With --auth-token, a call without the token (or with a wrong one)
+/// spends nothing, refunds nothing and sets no limit of its own: it is
+/// UNAUTHENTICATED, counted, and wrong tokens count in the address's
+/// budget. `--rls-allow-unauthenticated` opens the port on purpose, and
+/// the same check then fails (it is what the port did before).
+#[test]
+fn the_rate_limit_port_requires_the_token() {
+    let rules = rls_rules();
+    let common = [
+        "--shards",
+        "2",
+        "--auth-token",
+        TOKEN,
+        "--rls-port",
+        "0",
+        "--rls-config",
+        &rules,
+        "--admin-port",
+        "0",
+    ];
+    let server = Sluiced::start(&common);
+    let said = rls_check(&server, &["auth", TOKEN]).unwrap();
+    assert!(said.contains("auth: ok"), "{said}");
+    let metrics = scrape(&server);
+    // 3 calls without a token, 6 with a wrong one.
+    let refused =
+        sluice_tests::support::metric_sample(&metrics, "sluice_rls_unauthenticated_total");
+    assert_eq!(refused, 9.0, "{metrics}");
+    let failures = sluice_tests::support::metric_sample(&metrics, "sluice_auth_failures_total");
+    assert_eq!(failures, 6.0, "{metrics}");
+    assert!(rls_check(&server, &["open"]).is_err());
+    drop(server);
+
+    let open = Sluiced::start(&[&common[..], &["--rls-allow-unauthenticated"]].concat());
+    let said = rls_check(&open, &["open"]).unwrap();
+    assert!(said.contains("open: ok"), "{said}");
+    let broken = rls_check(&open, &["auth", TOKEN]).unwrap_err();
+    assert!(broken.contains("answered without the token"), "{broken}");
+}
+
+/// A gRPC message of `declared` bytes of which `sent` are sent: its 5-byte
+/// prefix and zeros.
+fn partial_message(declared: u32, sent: usize) -> bytes::Bytes {
+    let mut body = vec![0u8; 5 + sent];
+    body[1..5].copy_from_slice(&declared.to_be_bytes());
+    body.into()
+}
+
+/// Opens `connections` HTTP/2 connections to the rate limit port, each
+/// with `streams` calls that send 60,000 bytes of a 65,000-byte message
+/// and never the rest; `token` in their metadata if given. Returns what
+/// must stay alive for the calls to stay open.
+async fn half_sent_calls(
+    addr: std::net::SocketAddr,
+    connections: usize,
+    streams: usize,
+    token: Option<&str>,
+) -> Vec<Box<dyn std::any::Any + Send>> {
+    let mut held: Vec<Box<dyn std::any::Any + Send>> = Vec::new();
+    for _ in 0..connections {
+        let tcp = tokio::net::TcpStream::connect(addr).await.unwrap();
+        let (client, connection) = h2::client::handshake(tcp).await.unwrap();
+        tokio::spawn(connection);
+        let mut client = Some(client);
+        for _ in 0..streams {
+            let mut request = http::Request::builder()
+                .method("POST")
+                .uri(format!(
+                    "http://{addr}/envoy.service.ratelimit.v3.RateLimitService/ShouldRateLimit"
+                ))
+                .header("content-type", "application/grpc")
+                .header("te", "trailers");
+            if let Some(t) = token {
+                request = request.header("authorization", format!("Bearer {t}"));
+            }
+            let Some(Ok(mut ready)) = (match client.take() {
+                Some(c) => Some(c.ready().await),
+                None => None,
+            }) else {
+                break;
+            };
+            let sent = ready.send_request(request.body(()).unwrap(), false);
+            client = Some(ready);
+            let Ok((response, mut send)) = sent else {
+                break;
+            };
+            let _ = send.send_data(partial_message(65_000, 60_000), false);
+            held.push(Box::new((response, send)));
+        }
+        held.push(Box::new(client));
+    }
+    held
+}
+
+/// The process's peak resident memory so far (VmHWM), in bytes.
+fn peak_rss(pid: u32) -> u64 {
+    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).expect("procfs");
+    status
+        .lines()
+        .find_map(|l| l.strip_prefix("VmHWM:"))
+        .and_then(|v| v.split_whitespace().next())
+        .and_then(|v| v.parse::<u64>().ok())
+        .expect("VmHWM")
+        * 1024
+}
+
+/// Waits (bounded) until `metric` reaches `at_least`; its last value.
+async fn metric_reaches(server: &Sluiced, metric: &str, at_least: f64) -> f64 {
+    let admin = server.admin_addr.expect("--admin-port");
+    let start = std::time::Instant::now();
+    loop {
+        let scrape = tokio::task::spawn_blocking(move || {
+            sluice_tests::support::http_get(admin, "/metrics").1
+        })
+        .await
+        .unwrap();
+        let v = sluice_tests::support::metric_sample(&scrape, metric);
+        if v >= at_least || start.elapsed() > std::time::Duration::from_secs(20) {
+            return v;
+        }
+        tokio::time::sleep(std::time::Duration::from_millis(50)).await;
+    }
+}
+
+/// The rate limit port's memory is bounded whoever sends: 24 connections
+/// x 256 calls, each sending 60,000 bytes of a 65,000-byte message that
+/// never completes (370 MB if held), first without the token, then with
+/// it. Without it nothing is buffered (refused on the headers); with it
+/// at most --rls-buffer-bytes-max (16 MiB here) is held, the calls past
+/// it end RESOURCE_EXHAUSTED, and the rest end at
+/// --rls-request-timeout-ms, giving their bytes back. The peak RSS stays
+/// under SECURITY.md's formula: 2 x budget (a message's buffer grows by
+/// doubling) + connections x connection window + 64 MiB of the process's
+/// own. With the budget set out of reach (1 TiB) the same attack took
+/// +454 MiB and this test failed.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn half_sent_calls_hold_at_most_the_rate_limit_buffer_budget() {
+    let rules = rls_rules();
+    let budget: u64 = 16 << 20;
+    let server = Sluiced::start(&[
+        "--shards",
+        "1",
+        "--auth-token",
+        TOKEN,
+        "--rls-port",
+        "0",
+        "--rls-config",
+        &rules,
+        "--admin-port",
+        "0",
+        "--rls-buffer-bytes-max",
+        &budget.to_string(),
+        "--rls-request-timeout-ms",
+        "2000",
+    ]);
+    let addr = server.rls_addr.unwrap();
+    let (connections, streams) = (24, 256);
+    let before = peak_rss(server.pid());
+
+    let held = half_sent_calls(addr, connections, streams, None).await;
+    let refused = metric_reaches(
+        &server,
+        "sluice_rls_unauthenticated_total",
+        (connections * streams) as f64,
+    )
+    .await;
+    drop(held);
+    let without_token = peak_rss(server.pid()).saturating_sub(before);
+    eprintln!(
+        "attack: {connections} connections x {streams} half-sent 65,000-byte calls without the token: {refused} refused on the headers, peak RSS +{} MiB",
+        without_token >> 20
+    );
+    assert_eq!(refused, (connections * streams) as f64);
+
+    let held = half_sent_calls(addr, connections, streams, Some(TOKEN)).await;
+    let over = metric_reaches(&server, "sluice_rls_buffer_refused_total", 1.0).await;
+    let peak = peak_rss(server.pid()).saturating_sub(before);
+    let formula = 2 * budget + connections as u64 * (1 << 20) + (64 << 20);
+    eprintln!(
+        "attack: the same with the token: {over} calls refused at the 16 MiB budget, peak RSS +{} MiB (formula: {} MiB)",
+        peak >> 20,
+        formula >> 20
+    );
+    assert!(over >= 1.0, "the budget was never reached");
+    assert!(
+        peak < formula,
+        "peak RSS +{} MiB past the formula's {} MiB",
+        peak >> 20,
+        formula >> 20
+    );
+    // The calls that were held end at the request timeout and give their
+    // bytes back, the connections still open.
+    let admin = server.admin_addr.unwrap();
+    let start = std::time::Instant::now();
+    let buffered = loop {
+        let s = tokio::task::spawn_blocking(move || {
+            sluice_tests::support::http_get(admin, "/metrics").1
+        })
+        .await
+        .unwrap();
+        let b = sluice_tests::support::metric_sample(&s, "sluice_rls_buffered_bytes");
+        if b == 0.0 || start.elapsed() > std::time::Duration::from_secs(20) {
+            break b;
+        }
+        tokio::time::sleep(std::time::Duration::from_millis(100)).await;
+    };
+    assert_eq!(buffered, 0.0, "bytes still held after the request timeout");
+    drop(held);
+    // And the port still answers.
+    let said = tokio::task::spawn_blocking(move || rls_check(&server, &["auth", TOKEN]))
+        .await
+        .unwrap()
+        .unwrap();
+    assert!(said.contains("auth: ok"));
+}
+
+/// The port's connections are capped (--rls-connections-max) and one that
+/// makes no call with the token within --auth-timeout-ms is closed, as on
+/// the binary port.
+#[tokio::test]
+async fn rate_limit_connections_are_capped_and_must_authenticate_in_time() {
+    use tokio::io::AsyncReadExt;
+    let rules = rls_rules();
+    let server = Sluiced::start(&[
+        "--shards",
+        "1",
+        "--auth-token",
+        TOKEN,
+        "--rls-port",
+        "0",
+        "--rls-config",
+        &rules,
+        "--admin-port",
+        "0",
+        "--rls-connections-max",
+        "4",
+        "--auth-timeout-ms",
+        "300",
+    ]);
+    let addr = server.rls_addr.unwrap();
+    let mut held = Vec::new();
+    for _ in 0..4 {
+        held.push(tokio::net::TcpStream::connect(addr).await.unwrap());
+    }
+    // The cap is reached once the four are accepted.
+    metric_reaches(&server, "sluice_rls_connections_open", 4.0).await;
+    let mut fifth = tokio::net::TcpStream::connect(addr).await.unwrap();
+    let mut buf = [0u8; 64];
+    let closed = tokio::time::timeout(std::time::Duration::from_secs(5), fifth.read(&mut buf))
+        .await
+        .expect("the fifth connection is closed at once");
+    assert!(matches!(closed, Ok(0) | Err(_)), "{closed:?}");
+    let refused = metric_reaches(&server, "sluice_rls_connections_refused_total", 1.0).await;
+    assert_eq!(refused, 1.0);
+    // The four silent ones are closed after --auth-timeout-ms.
+    for mut s in held {
+        let end = tokio::time::timeout(std::time::Duration::from_secs(10), async {
+            loop {
+                match s.read(&mut buf).await {
+                    Ok(0) | Err(_) => break,
+                    Ok(_) => {} // the server's SETTINGS
+                }
+            }
+        })
+        .await;
+        assert!(end.is_ok(), "a silent connection stayed open");
+    }
+    let timed_out = metric_reaches(&server, "sluice_rls_connections_timed_out_total", 4.0).await;
+    assert_eq!(timed_out, 4.0);
+}

@@ -36,6 +36,7 @@
 //! `failure_mode_deny` says what its clients get then. Sync replication
 //! holds the reply until the follower has the state, as for any client.
 
+pub mod guard;
 pub mod rules;
 
 use std::borrow::Cow;
@@ -137,10 +138,17 @@ impl Rls {
 /// a single-threaded runtime accepting from the same socket (the kernel
 /// hands each connection to one of them, which serves it from then on, as
 /// the shards serve theirs), until the process ends.
-pub fn start(listener: std::net::TcpListener, rls: Arc<Rls>, threads: u16) -> std::io::Result<()> {
+pub fn start(
+    listener: std::net::TcpListener,
+    rls: Arc<Rls>,
+    stats: Arc<guard::RlsStats>,
+    threads: u16,
+) -> std::io::Result<()> {
+    let gate = guard::Gate::new(rls.node.clone(), stats);
     for i in 0..threads.max(1) {
         let listener = listener.try_clone()?;
         let rls = rls.clone();
+        let gate = gate.clone();
         let runtime = tokio::runtime::Builder::new_current_thread()
             .enable_all()
             .build()?;
@@ -149,7 +157,7 @@ pub fn start(listener: std::net::TcpListener, rls: Arc<Rls>, threads: u16) -> st
             .spawn(move || {
                 runtime.block_on(async move {
                     match tokio::net::TcpListener::from_std(listener) {
-                        Ok(listener) => serve(listener, rls).await,
+                        Ok(listener) => serve(listener, rls, gate).await,
                         Err(e) => {
                             tracing::error!(error = %e, "the rate limit service cannot listen")
                         }
@@ -160,13 +168,21 @@ pub fn start(listener: std::net::TcpListener, rls: Arc<Rls>, threads: u16) -> st
     Ok(())
 }
 
-async fn serve(listener: tokio::net::TcpListener, rls: Arc<Rls>) {
+/// Serves the port's connections on this thread, every HTTP/2 limit set
+/// (SECURITY.md's table gives the formula they make).
+async fn serve(listener: tokio::net::TcpListener, rls: Arc<Rls>, gate: Arc<guard::Gate>) {
+    let timeout = std::time::Duration::from_millis(rls.node.config.rls_request_timeout_ms);
     let service =
         RateLimitServiceServer::from_arc(rls).max_decoding_message_size(MESSAGE_BYTES_MAX);
     let served = tonic::transport::Server::builder()
         .max_concurrent_streams(STREAMS_PER_CONNECTION_MAX)
-        .add_service(service)
-        .serve_with_incoming(tonic::transport::server::TcpIncoming::from(listener))
+        .initial_stream_window_size(guard::STREAM_WINDOW_BYTES)
+        .initial_connection_window_size(guard::CONNECTION_WINDOW_BYTES)
+        .http2_max_header_list_size(guard::HEADER_LIST_BYTES_MAX)
+        .http2_max_pending_accept_reset_streams(Some(STREAMS_PER_CONNECTION_MAX as usize))
+        .timeout(timeout)
+        .add_service(guard::Guarded::new(service, gate.clone()))
+        .serve_with_incoming(guard::Incoming::new(listener, gate))
         .await;
     if let Err(e) = served {
         tracing::error!(error = %e, "the rate limit service stopped");
