@@ -28,6 +28,7 @@
 //! - [`identity`]: which requests share a bucket: the 128-bit bucket key of
 //!   `(routing key, limit kind, slot)`.
 
+pub mod auth;
 pub mod cell;
 pub mod clock;
 pub mod codec;

@@ -466,7 +466,49 @@ fn expected_frames() -> Vec<(&'static str, Vec<(u32, Msg)>)> {
             "failover_ok_reply",
             vec![(32, Rep(Reply::Failover(FAILOVER_OK)))],
         ),
+        (
+            "challenge_request",
+            vec![(
+                33,
+                Req(Request::Challenge {
+                    nonce: CLIENT_NONCE,
+                }),
+            )],
+        ),
+        (
+            "challenge_ok_reply",
+            vec![(
+                33,
+                Rep(Reply::Challenge {
+                    nonce: NODE_NONCE,
+                    proof: sluice_protocol::auth::node_proof(b"secret", &CLIENT_NONCE, &NODE_NONCE),
+                }),
+            )],
+        ),
     ]
+}
+
+/// The golden CHALLENGE's nonces.
+const CLIENT_NONCE: [u8; 16] = [0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15];
+const NODE_NONCE: [u8; 16] = [
+    16, 17, 18, 19, 20, 21, 22, 23, 24, 25, 26, 27, 28, 29, 30, 31,
+];
+
+/// The follower's proof PROTOCOL.md quotes is the one `auth` makes.
+#[test]
+fn golden_challenge_proofs_are_auths() {
+    let doc = doc();
+    let quoted = "d6 8e a8 0d 2f a6 da 05 e7 84 b7 17 2c f6 11 85 4f 6e\n14 64 1e 31 e4 03 f3 7c f8 b5 09 d3 d7 63";
+    assert!(
+        doc.contains(quoted),
+        "PROTOCOL.md no longer quotes the proof"
+    );
+    let want: String = sluice_protocol::auth::peer_proof(b"secret", &NODE_NONCE, &CLIENT_NONCE)
+        .iter()
+        .map(|b| format!("{b:02x}"))
+        .collect::<Vec<_>>()
+        .join(" ");
+    assert_eq!(quoted.replace('\n', " "), want);
 }
 
 fn encode_reply(w: &mut FrameWriter, buf: &mut BytesMut, request_id: u32, reply: &Reply) {
@@ -491,6 +533,9 @@ fn encode_reply(w: &mut FrameWriter, buf: &mut BytesMut, request_id: u32, reply:
         }
         Reply::Cell(v) => message::put_cell_ok(w, buf, request_id, v),
         Reply::Cluster(c) => message::put_cluster_ok(w, buf, request_id, c),
+        Reply::Challenge { nonce, proof } => {
+            message::put_challenge_ok(w, buf, request_id, nonce, proof)
+        }
         Reply::Error { code, text } => {
             let status = Status::from_code(*code).expect("golden errors use known codes");
             message::put_error(w, buf, request_id, status, text);

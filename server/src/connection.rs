@@ -23,6 +23,7 @@
 use std::rc::Rc;
 
 use bytes::BytesMut;
+use sluice_protocol::auth;
 use sluice_protocol::codec::{Frame, FrameDecoder, FrameWriter};
 use sluice_protocol::gcra::Verdict;
 use sluice_protocol::message::{
@@ -152,6 +153,8 @@ enum Local {
     Failover(replication::FailoverOk),
     Cell(sluice_protocol::cell::CellVerdict),
     Cluster(Box<message::ClusterOk>),
+    /// CHALLENGE_OK: this node's nonce and proof.
+    Challenge(Box<([u8; auth::NONCE_BYTES], [u8; auth::PROOF_BYTES])>),
     Stats {
         shard_count: u16,
         shard_first: u16,
@@ -227,6 +230,9 @@ struct Connection {
     share: ReplyShare,
     /// The client's address, for the failed-authentication budget.
     peer: Option<std::net::IpAddr>,
+    /// After a CHALLENGE: its nonce and this node's; HELLO must then carry
+    /// the client's proof, not the token (`sluice_protocol::auth`).
+    challenge: Option<Box<([u8; auth::NONCE_BYTES], [u8; auth::NONCE_BYTES])>>,
 }
 
 /// Serves one connection until it closes (or moves to another shard, or
@@ -262,6 +268,7 @@ pub async fn run(core: Rc<ShardCore>, adopt: Adopt) {
         migrate: None,
         guard,
         share: ReplyShare::new(core.clone()),
+        challenge: None,
     };
     if let Some(request_id) = hello_request_id {
         let hello = conn.hello_ok(Some(core.id));
@@ -441,8 +448,9 @@ impl Connection {
                 self.closing = true;
                 break;
             }
-            if !self.authed && h.op != message::op::HELLO {
-                // Before authentication: HELLO and nothing else.
+            if !self.authed && h.op != message::op::HELLO && h.op != message::op::CHALLENGE {
+                // Before authentication: HELLO (or CHALLENGE) and nothing
+                // else.
                 self.push(h.request_id, error(Status::AuthRequired.into()));
                 self.closing = true;
                 break;
@@ -484,6 +492,7 @@ impl Connection {
                 Ok(Request::Peek(t)) => self.decide(h.request_id, t, self.hashes[i], true, now_ns),
                 Ok(Request::Ping) => self.push(h.request_id, Local::Pong),
                 Ok(Request::Hello(hello)) => self.hello(h.request_id, hello, frame.len()),
+                Ok(Request::Challenge { nonce }) => self.challenge(h.request_id, *nonce),
                 Ok(Request::Decide(d)) => self.decide_many(h.request_id, d, now_ns),
                 Ok(Request::Release(op)) => self.lease(h.request_id, op, false, now_ns),
                 Ok(Request::Renew(op)) => self.lease(h.request_id, op, true, now_ns),
@@ -784,7 +793,14 @@ impl Connection {
                 );
                 return self.push(request_id, Local::Error(Status::AuthFailed, text));
             }
-            if !constant_time_eq(expected.as_bytes(), hello.token) {
+            let right = match self.challenge.as_deref() {
+                // After a CHALLENGE, the client's proof and nothing else.
+                Some((peer_nonce, node_nonce)) => {
+                    auth::verify_peer(expected.as_bytes(), node_nonce, peer_nonce, hello.token)
+                }
+                None => constant_time_eq(expected.as_bytes(), hello.token),
+            };
+            if !right {
                 if let Some(ip) = self.peer {
                     failures.failed(ip, now);
                 }
@@ -847,6 +863,48 @@ impl Connection {
         }
         self.authenticated();
         self.migrate = Some(Handoff::Move(Migration { shard, request_id }));
+    }
+
+    /// Answers CHALLENGE: this node's nonce and its proof that it knows the
+    /// token (PROTOCOL.md, "CHALLENGE").
+    fn challenge(&mut self, request_id: u32, peer_nonce: [u8; auth::NONCE_BYTES]) {
+        let Some(token) = &self.core.node.config.auth_token else {
+            self.closing = true;
+            let text = "authentication failed: this node has no token, so it cannot prove one (give both nodes the same --auth-token)";
+            return self.push(
+                request_id,
+                Local::Error(Status::AuthFailed, text.to_owned()),
+            );
+        };
+        if self.authed || self.challenge.is_some() {
+            self.closing = true;
+            let text = "CHALLENGE comes once, before HELLO".to_owned();
+            return self.push(request_id, Local::Error(Status::BadRequest, text));
+        }
+        let failures = &self.core.node.auth_failures;
+        if let Some(wait) = self
+            .peer
+            .and_then(|ip| failures.blocked(ip, std::time::Instant::now()))
+        {
+            self.closing = true;
+            let text = format!(
+                "authentication failed: too many failed authentications from this address; retry in {} ms",
+                wait.as_millis()
+            );
+            return self.push(request_id, Local::Error(Status::AuthFailed, text));
+        }
+        let node_nonce = match crate::challenge::random_nonce() {
+            Ok(n) => n,
+            Err(e) => {
+                tracing::error!(error = %e, "no nonce for a CHALLENGE: /dev/urandom failed");
+                self.closing = true;
+                let text = format!("no nonce: {e}");
+                return self.push(request_id, Local::Error(Status::Internal, text));
+            }
+        };
+        let proof = auth::node_proof(token.as_bytes(), &peer_nonce, &node_nonce);
+        self.challenge = Some(Box::new((peer_nonce, node_nonce)));
+        self.push(request_id, Local::Challenge(Box::new((node_nonce, proof))));
     }
 
     /// A forwarding node's HELLO with another layout: refused, counted,
@@ -1127,6 +1185,7 @@ fn encode_local(w: &mut FrameWriter, buf: &mut BytesMut, request_id: u32, reply:
     match reply {
         Local::Pong => message::put_pong(w, buf, request_id),
         Local::HelloOk(h) => message::put_hello_ok(w, buf, request_id, h),
+        Local::Challenge(c) => message::put_challenge_ok(w, buf, request_id, &c.0, &c.1),
         Local::Error(status, text) => message::put_error(w, buf, request_id, *status, text),
         Local::Decide(m) => message::put_decide_ok(w, buf, request_id, m.verdicts(), m.priority),
         Local::Lease { renew, ok } => message::put_lease_ok(w, buf, request_id, *renew, ok),

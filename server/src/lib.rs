@@ -27,6 +27,7 @@
 pub mod admin;
 pub mod affinity;
 pub mod auth_failures;
+pub mod challenge;
 pub mod config;
 pub mod connection;
 mod coordinator;

@@ -607,3 +607,247 @@ async fn rate_limit_connections_are_capped_and_must_authenticate_in_time() {
     let timed_out = metric_reaches(&server, "sluice_rls_connections_timed_out_total", 4.0).await;
     assert_eq!(timed_out, 4.0);
 }
+
+// ---- The replication link: mutual trust ----
+
+/// The ROLE of the node at `addr`, asked with `TOKEN`.
+async fn role_with_token(
+    addr: std::net::SocketAddr,
+) -> Result<sluice_protocol::replication::RoleOk, sluice_client::Error> {
+    let config = sluice_client::ClientConfig {
+        deadline: std::time::Duration::from_secs(10),
+        connect_timeout: std::time::Duration::from_secs(10),
+        shard_aware: false,
+        auth_token: Some(TOKEN.to_owned()),
+        ..sluice_client::ClientConfig::default()
+    };
+    sluice_client::Client::connect_with(addr, config)
+        .await?
+        .role()
+        .await
+}
+
+/// A follower and its primary, both with the token, prove it to each
+/// other and replicate (and the follower promotes itself when the primary
+/// dies, as without a token).
+#[tokio::test]
+async fn a_follower_and_its_primary_with_the_token_replicate() {
+    let primary = Sluiced::start(&["--shards", "2", "--auth-token", TOKEN]);
+    let of = primary.addr.to_string();
+    let follower = Sluiced::start(&["--shards", "2", "--auth-token", TOKEN, "--replica-of", &of]);
+    let start = std::time::Instant::now();
+    loop {
+        let r = role_with_token(follower.addr).await.unwrap();
+        if r.state == sluice_protocol::replication::ReplState::Streaming {
+            break;
+        }
+        assert!(
+            start.elapsed() < std::time::Duration::from_secs(20),
+            "never streamed: {r:?}"
+        );
+        tokio::time::sleep(std::time::Duration::from_millis(20)).await;
+    }
+}
+
+/// What an impostor at a follower's --replica-of address received, and
+/// how many connections it saw.
+#[derive(Default)]
+struct Seen {
+    bytes: Vec<u8>,
+    connections: usize,
+}
+
+/// A node that is not the follower's primary: it listens, and answers
+/// each connection's first frame with `answer(first frame's bytes)`
+/// (nothing when `None`), recording all it receives.
+async fn impostor(
+    answer: impl Fn(&[u8]) -> Option<Vec<u8>> + Send + Sync + 'static,
+) -> (std::net::SocketAddr, std::sync::Arc<std::sync::Mutex<Seen>>) {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    let seen = std::sync::Arc::new(std::sync::Mutex::new(Seen::default()));
+    let answer = std::sync::Arc::new(answer);
+    let s = seen.clone();
+    tokio::spawn(async move {
+        while let Ok((mut stream, _)) = listener.accept().await {
+            s.lock().unwrap().connections += 1;
+            let (s, answer) = (s.clone(), answer.clone());
+            tokio::spawn(async move {
+                let mut buf = vec![0u8; 4096];
+                let mut first = true;
+                while let Ok(n) = stream.read(&mut buf).await {
+                    if n == 0 {
+                        break;
+                    }
+                    s.lock().unwrap().bytes.extend_from_slice(&buf[..n]);
+                    if std::mem::take(&mut first) {
+                        if let Some(reply) = answer(&buf[..n]) {
+                            let _ = stream.write_all(&reply).await;
+                        }
+                    }
+                }
+            });
+        }
+    });
+    (addr, seen)
+}
+
+/// One reply frame of `reply`, for request `request_id`.
+fn reply_frame(
+    request_id: u32,
+    put: impl FnOnce(&mut sluice_protocol::FrameWriter, &mut bytes::BytesMut, u32),
+) -> Vec<u8> {
+    let mut w = sluice_protocol::FrameWriter::new();
+    let mut buf = bytes::BytesMut::new();
+    put(&mut w, &mut buf, request_id);
+    w.finish(&mut buf);
+    buf.to_vec()
+}
+
+/// The request id and nonce of a CHALLENGE frame.
+fn challenge_of(frame: &[u8]) -> Option<(u32, [u8; 16])> {
+    // length (4), op, flags, payload length (2), request id (4), nonce.
+    (frame.len() >= 28 && frame[4] == sluice_protocol::message::op::CHALLENGE).then(|| {
+        (
+            u32::from_le_bytes(frame[8..12].try_into().unwrap()),
+            frame[12..28].try_into().unwrap(),
+        )
+    })
+}
+
+/// Whether `bytes` are whole CHALLENGE frames (28 bytes each) and nothing
+/// else.
+fn only_challenges(bytes: &[u8]) -> bool {
+    bytes.len() % 28 == 0 && bytes.chunks(28).all(|c| challenge_of(c).is_some())
+}
+
+/// A follower whose --replica-of address is answered by a node that does
+/// not know the token (a wrong proof, or AUTH_FAILED) sends it nothing
+/// but its CHALLENGE: never its token, never a HELLO, never a SUBSCRIBE,
+/// and stays an unsynced follower. (Before the challenge, its first HELLO
+/// carried the token in clear: this test failed on that code.)
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_follower_sends_nothing_to_a_primary_that_does_not_prove_the_token() {
+    let wrong_proof = |frame: &[u8]| {
+        let (id, _) = challenge_of(frame)?;
+        Some(reply_frame(id, |w, b, id| {
+            sluice_protocol::message::put_challenge_ok(w, b, id, &[9; 16], &[7; 32])
+        }))
+    };
+    let refuses = |frame: &[u8]| {
+        let (id, _) = challenge_of(frame)?;
+        Some(reply_frame(id, |w, b, id| {
+            sluice_protocol::message::put_error(w, b, id, Status::AuthFailed, "no token here")
+        }))
+    };
+    for (name, (addr, seen)) in [
+        ("a wrong proof", impostor(wrong_proof).await),
+        ("AUTH_FAILED", impostor(refuses).await),
+    ] {
+        let of = addr.to_string();
+        let follower =
+            Sluiced::start(&["--shards", "2", "--auth-token", TOKEN, "--replica-of", &of]);
+        // Until the impostor has been tried a few times, or has been sent
+        // something else.
+        let start = std::time::Instant::now();
+        loop {
+            let (n, other) = {
+                let got = seen.lock().unwrap();
+                (got.connections, !only_challenges(&got.bytes))
+            };
+            if n >= 3 || other {
+                break;
+            }
+            assert!(start.elapsed() < std::time::Duration::from_secs(20));
+            tokio::time::sleep(std::time::Duration::from_millis(20)).await;
+        }
+        let r = role_with_token(follower.addr).await.unwrap();
+        assert_eq!(
+            r.role,
+            sluice_protocol::replication::Role::Follower,
+            "{name}"
+        );
+        assert_ne!(
+            r.state,
+            sluice_protocol::replication::ReplState::Streaming,
+            "{name}"
+        );
+        let got = seen.lock().unwrap();
+        let text = String::from_utf8_lossy(&got.bytes);
+        assert!(!text.contains(TOKEN), "{name}: the token was sent");
+        assert!(
+            only_challenges(&got.bytes),
+            "{name}: more than CHALLENGEs were sent: {:02x?}",
+            &got.bytes[..got.bytes.len().min(96)]
+        );
+        eprintln!(
+            "attack: an impostor primary ({name}): {} connections, {} bytes received, only CHALLENGEs, no token",
+            got.connections,
+            got.bytes.len()
+        );
+    }
+}
+
+/// Even from a node that proves the token (a compromised or buggy one),
+/// a follower takes only what a node can be: a HELLO_OK claiming 65,535
+/// shards, or an epoch of 2^64 - 1, is refused before any flow opens
+/// (it once opened 17,752 connections and stopped answering PING), and the
+/// follower keeps answering.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_follower_bounds_what_a_primary_claims() {
+    for (name, shards, epoch) in [
+        ("65,535 shards", 65_535u16, 1u64),
+        ("epoch 2^64 - 1", 2, u64::MAX),
+    ] {
+        let answer = move |frame: &[u8]| {
+            let (id, peer) = challenge_of(frame)?;
+            let node = [3u8; 16];
+            let proof = sluice_protocol::auth::node_proof(TOKEN.as_bytes(), &peer, &node);
+            let mut reply = reply_frame(id, |w, b, id| {
+                sluice_protocol::message::put_challenge_ok(w, b, id, &node, &proof)
+            });
+            // The HELLO_OK is sent at once too: the follower reads it after
+            // its HELLO (request id 2).
+            reply.extend(reply_frame(2, |w, b, id| {
+                sluice_protocol::message::put_hello_ok(
+                    w,
+                    b,
+                    id,
+                    &sluice_protocol::HelloOk {
+                        version: sluice_protocol::PROTOCOL_VERSION,
+                        shard_count: shards,
+                        shard: None,
+                        routing: sluice_protocol::routing::ROUTING_XXH3_128_MULSHIFT,
+                        node_id: 7,
+                        epoch,
+                    },
+                )
+            }));
+            Some(reply)
+        };
+        let (addr, seen) = impostor(answer).await;
+        let of = addr.to_string();
+        let follower =
+            Sluiced::start(&["--shards", "2", "--auth-token", TOKEN, "--replica-of", &of]);
+        let start = std::time::Instant::now();
+        while seen.lock().unwrap().connections < 3 {
+            assert!(start.elapsed() < std::time::Duration::from_secs(20));
+            tokio::time::sleep(std::time::Duration::from_millis(20)).await;
+        }
+        let r = role_with_token(follower.addr).await.unwrap();
+        assert!(r.epoch < 1 << 32, "{name}: the epoch was adopted: {r:?}");
+        let connections = seen.lock().unwrap().connections;
+        let elapsed = start.elapsed();
+        eprintln!(
+            "attack: a primary that proves the token and claims {name}: refused, {connections} connections in {} ms, no flow opened",
+            elapsed.as_millis()
+        );
+        // One connection per attempt (every RECONNECT_MS), never a flow
+        // per claimed shard.
+        assert!(
+            connections < 200,
+            "{name}: {connections} connections opened"
+        );
+    }
+}

@@ -25,6 +25,20 @@ pub fn put_hello_ok(w: &mut FrameWriter, buf: &mut BytesMut, request_id: u32, h:
     });
 }
 
+/// Appends a CHALLENGE_OK: the node's nonce and proof.
+pub fn put_challenge_ok(
+    w: &mut FrameWriter,
+    buf: &mut BytesMut,
+    request_id: u32,
+    nonce: &[u8; crate::auth::NONCE_BYTES],
+    proof: &[u8; crate::auth::PROOF_BYTES],
+) {
+    w.message(buf, op::CHALLENGE_OK, request_id, |b| {
+        b.put_slice(nonce);
+        b.put_slice(proof);
+    });
+}
+
 /// Appends a PONG.
 pub fn put_pong(w: &mut FrameWriter, buf: &mut BytesMut, request_id: u32) {
     w.message(buf, op::PONG, request_id, |_| {});

@@ -35,8 +35,8 @@ pub use consts::{
     TIER_BYTES_MAX, TOKEN_BYTES_MAX, VERDICT_RECORD_BYTES,
 };
 pub use encode::{
-    put_cell_ok, put_decide_ok, put_error, put_hello_ok, put_lease_ok, put_pong, put_reload_ok,
-    put_stats, put_verdict,
+    put_cell_ok, put_challenge_ok, put_decide_ok, put_error, put_hello_ok, put_lease_ok, put_pong,
+    put_reload_ok, put_stats, put_verdict,
 };
 pub use error::{Detail, LayoutError, RequestError};
 pub use reply::{DecideOk, HelloOk, LeaseOk, LimitVerdict, Reply, ShardStats, StatsOk};

@@ -14,6 +14,8 @@ pub const STATS: u8 = 0x09;
 pub const CELL: u8 = 0x0d;
 /// The cluster as the node sees it (layout, groups, a key's owner).
 pub const CLUSTER: u8 = 0x0e;
+/// A proof, before HELLO, that the node knows the token (`auth`).
+pub const CHALLENGE: u8 = 0x0f;
 /// Set on every reply op.
 pub const REPLY: u8 = 0x80;
 pub const HELLO_OK: u8 = HELLO | REPLY;
@@ -27,4 +29,5 @@ pub const RELOAD_OK: u8 = RELOAD | REPLY;
 pub const STATS_OK: u8 = STATS | REPLY;
 pub const CELL_OK: u8 = CELL | REPLY;
 pub const CLUSTER_OK: u8 = CLUSTER | REPLY;
+pub const CHALLENGE_OK: u8 = CHALLENGE | REPLY;
 pub const ERROR: u8 = 0xff;

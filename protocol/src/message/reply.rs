@@ -178,6 +178,11 @@ pub enum Reply {
     Cell(crate::cell::CellVerdict),
     /// CLUSTER_OK.
     Cluster(super::cluster::ClusterOk),
+    /// CHALLENGE_OK: the node's nonce and its proof ([`crate::auth`]).
+    Challenge {
+        nonce: [u8; crate::auth::NONCE_BYTES],
+        proof: [u8; crate::auth::PROOF_BYTES],
+    },
     /// An error: the code (which a newer server may send unknown to us) and
     /// the human text.
     Error {
@@ -220,6 +225,13 @@ impl Reply {
             }),
             op::STATS_OK => parse_stats_ok(p).map(Reply::Stats),
             op::CLUSTER_OK => super::cluster::parse_cluster_ok(p).map(Reply::Cluster),
+            op::CHALLENGE_OK if p.len() == crate::auth::NONCE_BYTES + crate::auth::PROOF_BYTES => {
+                let (nonce, proof) = p.split_at(crate::auth::NONCE_BYTES);
+                Some(Reply::Challenge {
+                    nonce: nonce.try_into().ok()?,
+                    proof: proof.try_into().ok()?,
+                })
+            }
             op::CELL_OK if p.len() == CELL_OK_BYTES && p[1..8] == [0; 7] && p[0] <= 1 => {
                 Some(Reply::Cell(crate::cell::CellVerdict {
                     limited: p[0] == 1,

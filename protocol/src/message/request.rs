@@ -403,6 +403,11 @@ pub enum Request<'a> {
     Cluster {
         key: &'a [u8],
     },
+    /// CHALLENGE: before HELLO, asks the node to prove it knows the token
+    /// ([`crate::auth`]); the peer's nonce.
+    Challenge {
+        nonce: [u8; crate::auth::NONCE_BYTES],
+    },
 }
 
 impl<'a> Request<'a> {
@@ -428,6 +433,10 @@ impl<'a> Request<'a> {
             op::CLUSTER => super::cluster::parse_cluster(payload)
                 .map(|key| Request::Cluster { key })
                 .ok_or_else(|| Status::BadRequest.into()),
+            op::CHALLENGE => payload
+                .try_into()
+                .map(|nonce| Request::Challenge { nonce })
+                .map_err(|_| LayoutError::Length.into()),
             crate::replication::op::ROLE if payload.is_empty() => Ok(Request::Role),
             crate::replication::op::PROMOTE if payload.is_empty() => Ok(Request::Promote),
             crate::replication::op::FAILOVER if payload.is_empty() => Ok(Request::Failover),
@@ -482,6 +491,9 @@ impl<'a> Request<'a> {
             Request::Cluster { key } => w.message(buf, op::CLUSTER, request_id, |b| {
                 super::cluster::put_cluster(b, key)
             }),
+            Request::Challenge { nonce } => {
+                w.message(buf, op::CHALLENGE, request_id, |b| b.put_slice(nonce))
+            }
             Request::Ping => w.message(buf, op::PING, request_id, |_| {}),
             Request::Throttle(t) => {
                 w.message(buf, op::THROTTLE, request_id, |b| put_throttle(b, t))
@@ -1008,6 +1020,7 @@ mod tests {
             }),
             Request::Cluster { key: b"user:42" },
             Request::Cluster { key: b"" },
+            Request::Challenge { nonce: [7; 16] },
             Request::Throttle(Throttle {
                 key: b"user:42",
                 policy,

@@ -17,6 +17,7 @@ use std::time::Duration;
 
 use crate::inbox::{self, oneshot, OnceSender};
 use bytes::BytesMut;
+use sluice_protocol::auth;
 use sluice_protocol::codec::{FrameDecoder, FrameWriter};
 use sluice_protocol::message::{Hello, Reply, Request};
 use sluice_protocol::replication::{
@@ -91,6 +92,8 @@ enum FollowError {
     Refused(String),
     #[error("the primary's stream is corrupt: {0}")]
     Corrupt(String),
+    #[error("not trusted, not followed: {0}")]
+    Untrusted(String),
 }
 
 /// The coordinator: follows the primary until this node is promoted.
@@ -265,49 +268,143 @@ async fn attempt(core: &Rc<ShardCore>, primary: &str, generation: u64) -> Result
 }
 
 /// Connects and says HELLO (binding `shard` if given); returns the stream,
-/// HELLO_OK and any bytes read past it.
+/// HELLO_OK and any bytes read past it. With a token, the node must first
+/// prove it knows it (CHALLENGE), and the HELLO carries this node's proof,
+/// never the token: a node at `primary` that does not know the token gets
+/// nothing from us (PROTOCOL.md, "CHALLENGE").
 async fn connect(
+    core: &ShardCore,
+    primary: &str,
+    shard: Option<u16>,
+) -> Result<(TcpStream, sluice_protocol::HelloOk, BytesMut), FollowError> {
+    // A node that accepts and never answers must not hold the follower:
+    // the handshake has what a client has to authenticate.
+    let limit = Duration::from_millis(core.node.config.auth_timeout_ms);
+    tokio::time::timeout(limit, handshake(core, primary, shard))
+        .await
+        .map_err(|_| {
+            FollowError::Refused(format!(
+                "{primary} did not finish the handshake within --auth-timeout-ms ({} ms)",
+                limit.as_millis()
+            ))
+        })?
+}
+
+async fn handshake(
     core: &ShardCore,
     primary: &str,
     shard: Option<u16>,
 ) -> Result<(TcpStream, sluice_protocol::HelloOk, BytesMut), FollowError> {
     let mut stream = TcpStream::connect(primary).await?;
     stream.set_nodelay(true)?;
-    let token = core.node.config.auth_token.clone().unwrap_or_default();
+    let mut decoder = FrameDecoder::new(core.node.config.frame_bytes_max);
+    let mut rbuf = BytesMut::with_capacity(4096);
+    let mut w = FrameWriter::new();
+    let mut buf = BytesMut::new();
+    let token = core.node.config.auth_token.as_deref().unwrap_or_default();
+    let proof;
+    let hello_token = if token.is_empty() {
+        &[][..]
+    } else {
+        let ours = crate::challenge::random_nonce()?;
+        Request::Challenge { nonce: ours }.encode(&mut w, &mut buf, 1);
+        w.finish(&mut buf);
+        stream.write_all(&buf).await?;
+        buf.clear();
+        let theirs = match read_reply(&mut stream, &mut decoder, &mut rbuf).await? {
+            Reply::Challenge { nonce, proof }
+                if auth::verify_node(token.as_bytes(), &ours, &nonce, &proof) =>
+            {
+                nonce
+            }
+            Reply::Challenge { .. } => {
+                return Err(FollowError::Untrusted(format!(
+                    "{primary} answered CHALLENGE with a wrong proof: it does not know the token"
+                )))
+            }
+            Reply::Error { code, text } => {
+                return Err(FollowError::Untrusted(format!(
+                    "{primary} did not prove it knows the token: {text} ({code})"
+                )))
+            }
+            other => {
+                return Err(FollowError::Corrupt(format!(
+                    "{primary} answered CHALLENGE with {other:?}"
+                )))
+            }
+        };
+        proof = auth::peer_proof(token.as_bytes(), &theirs, &ours);
+        &proof[..]
+    };
     let hello = Request::Hello(Hello {
         version_min: PROTOCOL_VERSION,
         version_max: PROTOCOL_VERSION,
         shard,
-        token: token.as_bytes(),
+        token: hello_token,
         // A primary older than what we know learns that it is stale.
         epoch: core.node.repl.epoch(),
         layout: 0,
     });
-    let mut w = FrameWriter::new();
-    let mut buf = BytesMut::new();
-    hello.encode(&mut w, &mut buf, 1);
+    hello.encode(&mut w, &mut buf, 2);
     w.finish(&mut buf);
     stream.write_all(&buf).await?;
-    let mut decoder = FrameDecoder::new(core.node.config.frame_bytes_max);
-    let mut rbuf = BytesMut::with_capacity(4096);
+    match read_reply(&mut stream, &mut decoder, &mut rbuf).await? {
+        Reply::HelloOk(ok) => {
+            check_hello_ok(core, primary, &ok)?;
+            Ok((stream, ok, rbuf))
+        }
+        Reply::Error { code, text } => Err(FollowError::Refused(format!("{text} ({code})"))),
+        _ => Err(FollowError::Corrupt("no HELLO_OK".into())),
+    }
+}
+
+/// Most shards a primary may claim: what a node may run.
+const PRIMARY_SHARDS_MAX: u16 = crate::config::SHARDS_MAX;
+
+/// What a follower accepts of a HELLO_OK: a shard count a node can have
+/// (it opens one flow per shard) and an epoch that is credible.
+fn check_hello_ok(
+    core: &ShardCore,
+    primary: &str,
+    ok: &sluice_protocol::HelloOk,
+) -> Result<(), FollowError> {
+    if ok.shard_count == 0 || ok.shard_count > PRIMARY_SHARDS_MAX {
+        return Err(FollowError::Untrusted(format!(
+            "{primary} claims {} shards; a node has 1 to {PRIMARY_SHARDS_MAX}",
+            ok.shard_count
+        )));
+    }
+    if !core.node.repl.epoch_credible(ok.epoch) {
+        core.node.repl.log_incredible_epoch(ok.epoch);
+        return Err(FollowError::Untrusted(format!(
+            "{primary} claims epoch {}, beyond this node's {} by more than 2^32",
+            ok.epoch,
+            core.node.repl.epoch()
+        )));
+    }
+    Ok(())
+}
+
+/// Reads the first message of the next frame as a reply.
+async fn read_reply(
+    stream: &mut TcpStream,
+    decoder: &mut FrameDecoder,
+    rbuf: &mut BytesMut,
+) -> Result<Reply, FollowError> {
     loop {
         if let Some(frame) = decoder
-            .decode(&mut rbuf)
+            .decode(rbuf)
             .map_err(|e| FollowError::Corrupt(e.to_string()))?
         {
             let (h, p) = frame
                 .messages()
                 .next()
                 .ok_or_else(|| FollowError::Corrupt("empty frame".into()))?;
-            return match Reply::parse(h, p) {
-                Some(Reply::HelloOk(ok)) => Ok((stream, ok, rbuf)),
-                Some(Reply::Error { code, text }) => {
-                    Err(FollowError::Refused(format!("{text} ({code})")))
-                }
-                _ => Err(FollowError::Corrupt("no HELLO_OK".into())),
-            };
+            return Reply::parse(h, p).ok_or_else(|| {
+                FollowError::Corrupt(format!("a reply of op {:#x} out of shape", h.op))
+            });
         }
-        if stream.read_buf(&mut rbuf).await? == 0 {
+        if stream.read_buf(rbuf).await? == 0 {
             return Err(FollowError::Refused("closed during HELLO".into()));
         }
     }
@@ -383,6 +480,14 @@ async fn flow(core: &Rc<ShardCore>, start: &StartFlow) -> Result<(), FollowError
                     .parse_buckets(p, |key, b| buckets.push((key, b)), |r| records.push(r))
                     .map_err(|e| FollowError::Corrupt(e.to_string()))?;
                 let repl = &core.node.repl;
+                if !repl.epoch_credible(sh.epoch) {
+                    repl.log_incredible_epoch(sh.epoch);
+                    return Err(FollowError::Untrusted(format!(
+                        "a SYNC at epoch {}, beyond this node's {} by more than 2^32",
+                        sh.epoch,
+                        repl.epoch()
+                    )));
+                }
                 if sh.flags & SYNC_TAKEOVER == 0 {
                     // (A handover's epoch is the one this node takes.)
                     repl.observe_epoch(sh.epoch);
@@ -463,7 +568,10 @@ async fn flow(core: &Rc<ShardCore>, start: &StartFlow) -> Result<(), FollowError
 /// buckets spread evenly over this node's shards (by hash).
 fn reserve(core: &ShardCore, generation: u64, sizes: [u64; 5]) {
     let count = u64::from(core.node.shard_count);
-    let share = sizes.map(|n| n.div_ceil(count));
+    // No more than a shard may hold (--keys-max), whatever the primary
+    // claims: SIZES is a hint, the records are what count.
+    let cap = core.node.config.keys_max as u64;
+    let share = sizes.map(|n| n.div_ceil(count).min(cap));
     for (i, tx) in core.node.shards.iter().enumerate() {
         if i == usize::from(core.id) {
             core.table.borrow_mut().reserve(share);
