@@ -7,6 +7,9 @@ set -euo pipefail
 need=()
 command -v protoc >/dev/null 2>&1 || need+=(protobuf-compiler)
 command -v etcd >/dev/null 2>&1 || need+=(etcd-server)
+# openssl makes the self-signed certificate of the TLS tests
+# (tests/tests/security.rs).
+command -v openssl >/dev/null 2>&1 || need+=(openssl)
 # promtool (Debian's prometheus package, without its recommended extras),
 # which checks a real scrape of the admin port's /metrics
 # (tests/tests/admin.rs).

@@ -231,6 +231,16 @@ pub struct Config {
     #[arg(long, value_name = "N")]
     pub rls_threads: Option<u16>,
 
+    /// With --rls-port: serve it over TLS with this certificate chain
+    /// (PEM; with --rls-tls-key), so that the token and the descriptors do
+    /// not cross the network in clear. Read and checked at start.
+    #[arg(long, value_name = "PEM")]
+    pub rls_tls_cert: Option<PathBuf>,
+
+    /// With --rls-tls-cert: its private key (PEM: PKCS#8, PKCS#1 or SEC1).
+    #[arg(long, value_name = "PEM")]
+    pub rls_tls_key: Option<PathBuf>,
+
     /// With --auth-token: let the rate limit service answer calls that do
     /// not carry the token (`authorization: Bearer TOKEN` metadata), for
     /// an Envoy that cannot send it and a port only a network policy
@@ -519,6 +529,8 @@ struct FileConfig {
     rls_headers: Option<RlsHeaders>,
     rls_threads: Option<u16>,
     rls_allow_unauthenticated: Option<bool>,
+    rls_tls_cert: Option<PathBuf>,
+    rls_tls_key: Option<PathBuf>,
     rls_connections_max: Option<usize>,
     rls_request_timeout_ms: Option<u64>,
     rls_buffer_bytes_max: Option<usize>,
@@ -756,6 +768,16 @@ impl Config {
                     config.rls_config = Some(v);
                 }
             }
+            if let Some(v) = file.rls_tls_cert.clone() {
+                if from_file("rls_tls_cert") {
+                    config.rls_tls_cert = Some(v);
+                }
+            }
+            if let Some(v) = file.rls_tls_key.clone() {
+                if from_file("rls_tls_key") {
+                    config.rls_tls_key = Some(v);
+                }
+            }
             if let Some(v) = file.replica_of.clone() {
                 if from_file("replica_of") {
                     config.replica_of = Some(v);
@@ -909,6 +931,27 @@ impl Config {
             check("rls-threads", n, 1, SHARDS_MAX)?;
         }
         check("rls-connections-max", self.rls_connections_max, 1, 100_000)?;
+        match (&self.rls_tls_cert, &self.rls_tls_key) {
+            (Some(_), None) | (None, Some(_)) => {
+                return Err(ConfigError {
+                    field: "rls-tls-cert",
+                    range: "given with --rls-tls-key (both or neither)".to_owned(),
+                    got: self
+                        .rls_tls_cert
+                        .as_ref()
+                        .or(self.rls_tls_key.as_ref())
+                        .map_or(String::new(), |p| p.display().to_string()),
+                });
+            }
+            (Some(c), Some(_)) if self.rls_port.is_none() => {
+                return Err(ConfigError {
+                    field: "rls-tls-cert",
+                    range: "given with --rls-port".to_owned(),
+                    got: c.display().to_string(),
+                });
+            }
+            _ => {}
+        }
         check(
             "rls-request-timeout-ms",
             self.rls_request_timeout_ms,

@@ -49,6 +49,8 @@ pub enum StartError {
     Thread(std::io::Error),
     #[error("--rls-config {0}")]
     Rls(String),
+    #[error("{0}")]
+    RlsTls(String),
     #[error("--cluster: {0}")]
     Cluster(String),
     #[error("snapshot {path}: {reason}; fix or remove the file, or start with --snapshot-ignore-corrupt to start empty (the next snapshot replaces it)")]
@@ -116,6 +118,12 @@ impl Server {
             (Some(port), Some(path)) => Some((
                 listen(SocketAddr::new(config.bind, port))?,
                 crate::rls::rules::Rules::load(path).map_err(|e| StartError::Rls(e.to_string()))?,
+                match (&config.rls_tls_cert, &config.rls_tls_key) {
+                    (Some(cert), Some(key)) => {
+                        Some(crate::rls::load_tls(cert, key).map_err(StartError::RlsTls)?)
+                    }
+                    _ => None,
+                },
             )),
             _ => None,
         };
@@ -206,8 +214,8 @@ impl Server {
             rls: Default::default(),
         });
         #[cfg(feature = "rls")]
-        let rls = rls_start.map(|(listener, rules)| {
-            let rls = crate::rls::Rls::new(node.clone(), clock, rules);
+        let rls = rls_start.map(|(listener, rules, tls)| {
+            let rls = crate::rls::Rls::new(node.clone(), clock, rules, tls);
             (listener, Arc::new(rls))
         });
         #[cfg(feature = "rls")]

@@ -19,6 +19,8 @@ Usage: envoy_rls_check.py PORT MODE [ARGS]
   auth TOKEN       calls without the token, or with a wrong one, are
                    UNAUTHENTICATED and spend nothing; with it they count
   open             a call without a token is answered
+  tls CA TOKEN     over TLS (CA: the server's certificate, for localhost)
+                   a call with the token is answered; in clear, none is
 """
 
 import sys
@@ -415,6 +417,21 @@ elif mode == "auth":
     r = stub.ShouldRateLimit(override, timeout=10, metadata=good)
     expect(r, OK, (OK, 1_000_000, None))
     print("auth: ok")
+elif mode == "tls":
+    ca, token = sys.argv[3], sys.argv[4]
+    creds = grpc.ssl_channel_credentials(root_certificates=open(ca, "rb").read())
+    secure = rls_pb2_grpc.RateLimitServiceStub(grpc.secure_channel(f"localhost:{port}", creds))
+    request = rls_pb2.RateLimitRequest(
+        domain="messaging", descriptors=[descriptor([("to_number", "2068888888")])]
+    )
+    r = secure.ShouldRateLimit(request, timeout=10, metadata=[("authorization", f"Bearer {token}")])
+    expect(r, OK, (OK, 100, None))
+    try:
+        stub.ShouldRateLimit(request, timeout=5, metadata=[("authorization", f"Bearer {token}")])
+        raise AssertionError("answered in clear")
+    except grpc.RpcError as e:
+        assert e.code() == grpc.StatusCode.UNAVAILABLE, e
+    print("tls: ok")
 elif mode == "open":
     expect(ask("messaging", [("to_number", "2069999999")]), OK, (OK, 100, None))
     print("open: ok")

@@ -719,7 +719,8 @@ fn challenge_of(frame: &[u8]) -> Option<(u32, [u8; 16])> {
 /// Whether `bytes` are whole CHALLENGE frames (28 bytes each) and nothing
 /// else.
 fn only_challenges(bytes: &[u8]) -> bool {
-    bytes.len() % 28 == 0 && bytes.chunks(28).all(|c| challenge_of(c).is_some())
+    let frames = bytes.chunks_exact(28);
+    frames.remainder().is_empty() && frames.clone().all(|c| challenge_of(c).is_some())
 }
 
 /// A follower whose --replica-of address is answered by a node that does
@@ -850,4 +851,87 @@ async fn a_follower_bounds_what_a_primary_claims() {
             "{name}: {connections} connections opened"
         );
     }
+}
+
+/// A self-signed certificate for localhost and 127.0.0.1 and its key
+/// (openssl), in a fresh directory; their paths.
+fn self_signed(name: &str) -> (std::path::PathBuf, std::path::PathBuf) {
+    let dir = std::env::temp_dir().join(format!("sluice-tls-{name}-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let (cert, key) = (dir.join("cert.pem"), dir.join("key.pem"));
+    let out = Command::new("openssl")
+        .args([
+            "req",
+            "-x509",
+            "-newkey",
+            "ec",
+            "-pkeyopt",
+            "ec_paramgen_curve:prime256v1",
+        ])
+        .args(["-nodes", "-days", "2", "-subj", "/CN=localhost"])
+        .args(["-addext", "subjectAltName=DNS:localhost,IP:127.0.0.1"])
+        .arg("-keyout")
+        .arg(&key)
+        .arg("-out")
+        .arg(&cert)
+        .output()
+        .expect("openssl runs (scripts/deps.sh installs it)");
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    (cert, key)
+}
+
+/// --rls-tls-cert and --rls-tls-key: the rate limit port speaks TLS (a
+/// gRPC client that trusts the certificate gets answers, the token
+/// included, and one in clear gets none), and a start with a key that is
+/// not one, or one of the two flags alone, is refused with the reason.
+#[test]
+fn the_rate_limit_port_speaks_tls() {
+    let (cert, key) = self_signed("rls");
+    let rules = rls_rules();
+    let (c, k) = (cert.display().to_string(), key.display().to_string());
+    let server = Sluiced::start(&[
+        "--shards",
+        "1",
+        "--auth-token",
+        TOKEN,
+        "--rls-port",
+        "0",
+        "--rls-config",
+        &rules,
+        "--rls-tls-cert",
+        &c,
+        "--rls-tls-key",
+        &k,
+    ]);
+    let said = rls_check(&server, &["tls", &c, TOKEN]).unwrap();
+    assert!(said.contains("tls: ok"), "{said}");
+    drop(server);
+
+    let (code, said) = run_failing(&[
+        "--rls-port",
+        "0",
+        "--rls-config",
+        &rules,
+        "--rls-tls-cert",
+        &c,
+        "--rls-tls-key",
+        &c,
+    ]);
+    assert_eq!(code, Some(2), "{said}");
+    assert!(said.contains("--rls-tls-key"), "{said}");
+    let (code, said) = run_failing(&[
+        "--rls-port",
+        "0",
+        "--rls-config",
+        &rules,
+        "--rls-tls-cert",
+        &c,
+    ]);
+    assert_eq!(code, Some(2), "{said}");
+    assert!(said.contains("both or neither"), "{said}");
+    let _ = std::fs::remove_dir_all(cert.parent().unwrap());
 }

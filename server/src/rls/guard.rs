@@ -97,7 +97,12 @@ impl Gate {
         };
         // Every call's token is checked, even on a connection that has
         // authenticated before.
-        let peer = request.extensions().get::<Peer>();
+        let extensions = request.extensions();
+        let peer = extensions.get::<Peer>().or_else(|| {
+            extensions
+                .get::<tonic::transport::server::TlsConnectInfo<Peer>>()
+                .map(|t| t.get_ref())
+        });
         let failures = &self.node.auth_failures;
         let now = Instant::now();
         let ip = peer.and_then(|p| p.remote).map(|a| a.ip());

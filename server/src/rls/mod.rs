@@ -81,12 +81,19 @@ pub struct Rls {
     clock: MonotonicClock,
     rules: RwLock<Arc<Rules>>,
     headers: RlsHeaders,
+    /// The port's TLS (`--rls-tls-cert`), checked at start.
+    tls: Option<tonic::transport::ServerTlsConfig>,
 }
 
 impl Rls {
     /// The service of `node`, with the rules `--rls-config` named (loaded
     /// by the caller, before the node started).
-    pub fn new(node: Arc<Node>, clock: MonotonicClock, rules: Rules) -> Rls {
+    pub fn new(
+        node: Arc<Node>,
+        clock: MonotonicClock,
+        rules: Rules,
+        tls: Option<tonic::transport::ServerTlsConfig>,
+    ) -> Rls {
         tracing::info!(
             domains = rules.domains(),
             files = rules.files(),
@@ -98,6 +105,7 @@ impl Rls {
             clock,
             rules: RwLock::new(Arc::new(rules)),
             headers,
+            tls,
         }
     }
 
@@ -132,6 +140,38 @@ impl Rls {
     fn rules(&self) -> Arc<Rules> {
         self.rules.read().unwrap_or_else(|e| e.into_inner()).clone()
     }
+}
+
+/// The TLS of `--rls-tls-cert` and `--rls-tls-key`, read and checked (a
+/// certificate and key rustls accepts), or why not.
+pub fn load_tls(
+    cert: &std::path::Path,
+    key: &std::path::Path,
+) -> Result<tonic::transport::ServerTlsConfig, String> {
+    let read = |flag: &str, p: &std::path::Path| {
+        std::fs::read(p).map_err(|e| format!("--{flag} {}: {e}", p.display()))
+    };
+    let identity = tonic::transport::Identity::from_pem(
+        read("rls-tls-cert", cert)?,
+        read("rls-tls-key", key)?,
+    );
+    let tls = tonic::transport::ServerTlsConfig::new().identity(identity);
+    tonic::transport::Server::builder()
+        .tls_config(tls.clone())
+        .map_err(|e| {
+            let mut text = format!(
+                "--rls-tls-cert {} / --rls-tls-key {}: {e}",
+                cert.display(),
+                key.display()
+            );
+            let mut source = std::error::Error::source(&e);
+            while let Some(s) = source {
+                text.push_str(&format!(": {s}"));
+                source = s.source();
+            }
+            text
+        })?;
+    Ok(tls)
 }
 
 /// Serves the rate limit service on `listener` from `threads` threads, each
@@ -172,9 +212,19 @@ pub fn start(
 /// (SECURITY.md's table gives the formula they make).
 async fn serve(listener: tokio::net::TcpListener, rls: Arc<Rls>, gate: Arc<guard::Gate>) {
     let timeout = std::time::Duration::from_millis(rls.node.config.rls_request_timeout_ms);
+    let mut builder = tonic::transport::Server::builder();
+    if let Some(tls) = rls.tls.clone() {
+        builder = match builder.tls_config(tls) {
+            Ok(b) => b,
+            Err(e) => {
+                // Checked at start: not expected.
+                return tracing::error!(error = %e, "the rate limit service's TLS");
+            }
+        };
+    }
     let service =
         RateLimitServiceServer::from_arc(rls).max_decoding_message_size(MESSAGE_BYTES_MAX);
-    let served = tonic::transport::Server::builder()
+    let served = builder
         .max_concurrent_streams(STREAMS_PER_CONNECTION_MAX)
         .initial_stream_window_size(guard::STREAM_WINDOW_BYTES)
         .initial_connection_window_size(guard::CONNECTION_WINDOW_BYTES)
