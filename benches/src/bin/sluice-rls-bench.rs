@@ -6,6 +6,11 @@
 //! object: calls per second, latency percentiles in microseconds, and the
 //! count of OK, OVER_LIMIT and failed calls.
 //!
+//! With `--groups A,B,... --owned-by A`, the values are the first
+//! `--keys` whose descriptor key the group A owns in the ring of those
+//! groups (benches/entry.sh: calls only through a key's owner, or only
+//! through another node).
+//!
 //! `sluice-rls-bench --addr 127.0.0.1:8081 --domain bench --streams 50`
 
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -28,6 +33,8 @@ struct Args {
     connections: usize,
     seconds: f64,
     requests: u64,
+    groups: Vec<String>,
+    owned_by: Option<String>,
 }
 
 fn args() -> Args {
@@ -40,6 +47,8 @@ fn args() -> Args {
         connections: 4,
         seconds: 10.0,
         requests: u64::MAX,
+        groups: Vec::new(),
+        owned_by: None,
     };
     let mut it = std::env::args().skip(1);
     while let Some(flag) = it.next() {
@@ -58,13 +67,35 @@ fn args() -> Args {
             }
             "--seconds" => a.seconds = value().parse().unwrap_or_else(|_| usage("--seconds S")),
             "--requests" => a.requests = value().parse().unwrap_or_else(|_| usage("--requests N")),
+            "--groups" => a.groups = value().split(',').map(str::to_owned).collect(),
+            "--owned-by" => a.owned_by = Some(value()),
             _ => usage(&format!("unknown flag {flag}")),
         }
     }
     if a.streams == 0 || a.connections == 0 || a.keys == 0 {
         usage("--streams, --connections and --keys are at least 1");
     }
+    if a.owned_by.is_some() != !a.groups.is_empty() {
+        usage("--owned-by and --groups go together");
+    }
     a
+}
+
+/// The descriptor values the load draws from: `10.N` for N below `--keys`,
+/// or the first `--keys` such values whose key `--owned-by` owns.
+fn values(a: &Args) -> Vec<String> {
+    let Some(group) = &a.owned_by else {
+        return (0..a.keys).map(|i| format!("10.{i}")).collect();
+    };
+    let ring = sluice_protocol::ring::Ring::new(a.groups.iter().map(String::as_str));
+    (0..)
+        .map(|i| format!("10.{i}"))
+        .filter(|v| {
+            let key = sluice_server::rls::descriptor_key(&a.domain, [(a.key.as_str(), v.as_str())]);
+            ring.owner(sluice_protocol::routing::key_hash(&key)) == group
+        })
+        .take(a.keys as usize)
+        .collect()
 }
 
 fn usage(why: &str) -> ! {
@@ -97,13 +128,14 @@ async fn run(a: Arc<Args>) {
             });
         channels.push(channel);
     }
+    let values = Arc::new(values(&a));
     let issued = Arc::new(AtomicU64::new(0));
     let start = Instant::now();
     let until = start + Duration::from_secs_f64(a.seconds);
     let mut tasks = Vec::new();
     for s in 0..a.streams {
         let mut client = RateLimitServiceClient::new(channels[s % channels.len()].clone());
-        let (a, issued) = (a.clone(), issued.clone());
+        let (a, issued, values) = (a.clone(), issued.clone(), values.clone());
         tasks.push(tokio::spawn(async move {
             let mut hist = Histogram::<u64>::new_with_bounds(1, 60_000_000, 3).expect("bounds");
             let (mut ok, mut over, mut failed) = (0u64, 0u64, 0u64);
@@ -119,7 +151,7 @@ async fn run(a: Arc<Args>) {
                     descriptors: vec![RateLimitDescriptor {
                         entries: vec![Entry {
                             key: a.key.clone(),
-                            value: format!("10.{}", x % a.keys),
+                            value: values[(x % values.len() as u64) as usize].clone(),
                         }],
                         ..Default::default()
                     }],
