@@ -467,6 +467,14 @@ pub struct Config {
     #[arg(long, value_name = "MS", default_value_t = FORWARD_DEADLINE_MS_DEFAULT)]
     pub forward_deadline_ms: u64,
 
+    /// With --cluster: how long forwarded requests to a group's primary
+    /// may wait before the node looks for a newer primary of that group
+    /// in the background (a stalled primary: SIGSTOP, a paused VM), and
+    /// sends new requests to it once one answers; 0: never (then a stalled
+    /// owner costs --forward-deadline-ms).
+    #[arg(long, value_name = "MS", default_value_t = sluice_client::STALL_AFTER_MS_DEFAULT)]
+    pub forward_stall_after_ms: u64,
+
     /// With --coordinator: the cluster's name (the second part of every
     /// key), so that several clusters can share one etcd.
     #[arg(long, value_name = "NAME", default_value = CLUSTER_NAME_DEFAULT)]
@@ -566,6 +574,7 @@ struct FileConfig {
     cluster: Option<PathBuf>,
     forward_failure: Option<ForwardFailure>,
     forward_deadline_ms: Option<u64>,
+    forward_stall_after_ms: Option<u64>,
     cluster_name: Option<String>,
     leader_ttl_s: Option<u64>,
     #[serde(default)]
@@ -741,7 +750,8 @@ impl Config {
                 rls_request_timeout_ms,
                 rls_buffer_bytes_max,
                 forward_failure,
-                forward_deadline_ms
+                forward_deadline_ms,
+                forward_stall_after_ms
             );
             if let Some(v) = file.cluster.clone() {
                 if from_file("cluster") {
@@ -990,6 +1000,12 @@ impl Config {
                 });
             }
             check("forward-deadline-ms", self.forward_deadline_ms, 1, 60_000)?;
+            check(
+                "forward-stall-after-ms",
+                self.forward_stall_after_ms,
+                0,
+                60_000,
+            )?;
         }
         if let Some(c) = &self.coordinator {
             let bad = |range: &str| ConfigError {

@@ -283,6 +283,8 @@ impl Forwarder {
             },
             failure,
             send_layout: true,
+            stall_after: (config.forward_stall_after_ms > 0)
+                .then(|| Duration::from_millis(config.forward_stall_after_ms)),
             ..ClusterConfig::default()
         };
         let runtime = spawn_runtime()?;

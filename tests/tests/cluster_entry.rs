@@ -494,11 +494,15 @@ async fn the_python_client_through_any_node_is_exact() {
     }
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_stopped_owner_costs_forwarded_calls_the_stall_threshold_not_the_deadline() {
+/// SIGSTOP of b's primary under calls forwarded by a's primary, b's
+/// follower promoted at once: how long after the stop the first forwarded
+/// call is answered by the new primary, with the entry point started with
+/// `extra` (and a 3 s forward deadline), calls sent for `window`.
+async fn first_forwarded_answer_after_a_stop(extra: &[&str], window: Duration) -> Duration {
     // A forward deadline far above the stall threshold (250 ms, the
     // cluster client's default), so that the two are told apart.
-    let cluster = TwoGroups::start_with(true, &["--forward-deadline-ms", "3000"]).await;
+    let args = [&["--forward-deadline-ms", "3000"][..], extra].concat();
+    let cluster = TwoGroups::start_with(true, &args).await;
     let policy = Policy::new(1, 3_600_000_000_000, 50_000).unwrap();
     let key = cluster.keys_of("b", "stall", 1).remove(0);
     let config = ClientConfig {
@@ -521,7 +525,7 @@ async fn a_stopped_owner_costs_forwarded_calls_the_stall_threshold_not_the_deadl
     let start = std::time::Instant::now();
     let mut stopped = None;
     let mut tick = tokio::time::interval(Duration::from_millis(5));
-    while start.elapsed() < Duration::from_millis(2_000) {
+    while start.elapsed() < window {
         tick.tick().await;
         if stopped.is_none() && start.elapsed() >= Duration::from_millis(300) {
             cluster.nodes[2].signal("STOP");
@@ -557,9 +561,16 @@ async fn a_stopped_owner_costs_forwarded_calls_the_stall_threshold_not_the_deadl
     }
     let first = first.expect("the promoted follower answered forwarded calls") - stopped;
     eprintln!(
-        "first forwarded answer from b's new primary {} ms after SIGSTOP",
+        "first forwarded answer from b's new primary {} ms after SIGSTOP ({extra:?})",
         first.as_millis()
     );
+    cluster.nodes[2].signal("CONT");
+    first
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_stopped_owner_costs_forwarded_calls_the_stall_threshold_not_the_deadline() {
+    let first = first_forwarded_answer_after_a_stop(&[], Duration::from_millis(2_000)).await;
     // The stall threshold, the promote command, a search: well under
     // the 3 s forward deadline that would bound it without the watch.
     assert!(
@@ -567,5 +578,22 @@ async fn a_stopped_owner_costs_forwarded_calls_the_stall_threshold_not_the_deadl
         "{} ms",
         first.as_millis()
     );
-    cluster.nodes[2].signal("CONT");
+}
+
+/// The same with the entry point's stall watch off
+/// (`--forward-stall-after-ms 0`): the calls queued on the stopped node
+/// wait out the forward deadline before the new primary is looked for.
+/// The test above fails this way without the watch.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn without_the_stall_watch_a_stopped_owner_costs_forwarded_calls_the_deadline() {
+    let first = first_forwarded_answer_after_a_stop(
+        &["--forward-stall-after-ms", "0"],
+        Duration::from_millis(4_500),
+    )
+    .await;
+    assert!(
+        first >= Duration::from_millis(2_000),
+        "{} ms: answered before the deadline without the watch",
+        first.as_millis()
+    );
 }
