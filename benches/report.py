@@ -558,6 +558,11 @@ rls = os.path.join(os.path.dirname(os.path.abspath(__file__)), "rls.md")
 if os.path.exists(rls):
     with open(rls) as f:
         w(f.read())
+# Every node an entry point's section, from its own script (benches/entry.sh).
+entry = os.path.join(os.path.dirname(os.path.abspath(__file__)), "entry.md")
+if os.path.exists(entry):
+    with open(entry) as f:
+        w(f.read())
 notes = os.path.join(os.path.dirname(os.path.abspath(__file__)), "notes.md")
 if os.path.exists(notes):
     with open(notes) as f:
