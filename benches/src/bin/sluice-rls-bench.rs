@@ -75,7 +75,7 @@ fn args() -> Args {
     if a.streams == 0 || a.connections == 0 || a.keys == 0 {
         usage("--streams, --connections and --keys are at least 1");
     }
-    if a.owned_by.is_some() != !a.groups.is_empty() {
+    if a.owned_by.is_some() == a.groups.is_empty() {
         usage("--owned-by and --groups go together");
     }
     a
