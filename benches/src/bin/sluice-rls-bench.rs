@@ -4,7 +4,8 @@
 //! one descriptor `(--descriptor-key, a value drawn from --keys)` in
 //! `--domain`, as an Envoy in front of many clients does. Prints one JSON
 //! object: calls per second, latency percentiles in microseconds, and the
-//! count of OK, OVER_LIMIT and failed calls.
+//! count of OK, OVER_LIMIT and failed calls. `--descriptors N` asks about N
+//! descriptors in each call (consecutive values of the draw).
 //!
 //! With `--groups A,B,... --owned-by A`, the values are the first
 //! `--keys` whose descriptor key the group A owns in the ring of those
@@ -35,6 +36,7 @@ struct Args {
     requests: u64,
     groups: Vec<String>,
     owned_by: Option<String>,
+    descriptors: usize,
 }
 
 fn args() -> Args {
@@ -49,6 +51,7 @@ fn args() -> Args {
         requests: u64::MAX,
         groups: Vec::new(),
         owned_by: None,
+        descriptors: 1,
     };
     let mut it = std::env::args().skip(1);
     while let Some(flag) = it.next() {
@@ -69,6 +72,13 @@ fn args() -> Args {
             "--requests" => a.requests = value().parse().unwrap_or_else(|_| usage("--requests N")),
             "--groups" => a.groups = value().split(',').map(str::to_owned).collect(),
             "--owned-by" => a.owned_by = Some(value()),
+            "--descriptors" => {
+                a.descriptors = value()
+                    .parse()
+                    .ok()
+                    .filter(|&n| n > 0)
+                    .unwrap_or_else(|| usage("--descriptors N, at least 1"))
+            }
             _ => usage(&format!("unknown flag {flag}")),
         }
     }
@@ -100,7 +110,7 @@ fn values(a: &Args) -> Vec<String> {
 
 fn usage(why: &str) -> ! {
     eprintln!(
-        "sluice-rls-bench: {why}\nusage: sluice-rls-bench [--addr HOST:PORT] [--domain D] [--descriptor-key K] [--keys N] [--streams N] [--connections N] [--seconds S] [--requests N]"
+        "sluice-rls-bench: {why}\nusage: sluice-rls-bench [--addr HOST:PORT] [--domain D] [--descriptor-key K] [--keys N] [--streams N] [--connections N] [--seconds S] [--requests N] [--descriptors N] [--groups A,B --owned-by A]"
     );
     std::process::exit(2)
 }
@@ -146,15 +156,19 @@ async fn run(a: Arc<Args>) {
                 x ^= x << 13;
                 x ^= x >> 7;
                 x ^= x << 17;
-                let request = RateLimitRequest {
-                    domain: a.domain.clone(),
-                    descriptors: vec![RateLimitDescriptor {
+                // --descriptors of them: consecutive values from the draw.
+                let descriptors = (0..a.descriptors as u64)
+                    .map(|d| RateLimitDescriptor {
                         entries: vec![Entry {
                             key: a.key.clone(),
-                            value: values[(x % values.len() as u64) as usize].clone(),
+                            value: values[((x + d) % values.len() as u64) as usize].clone(),
                         }],
                         ..Default::default()
-                    }],
+                    })
+                    .collect();
+                let request = RateLimitRequest {
+                    domain: a.domain.clone(),
+                    descriptors,
                     hits_addend: 1,
                 };
                 let sent = Instant::now();
