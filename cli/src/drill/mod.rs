@@ -435,6 +435,8 @@ async fn drill(args: &DrillArgs, global: &Global) -> Result<Outcome, DrillError>
                 log_dir,
                 // With etcd every node is an entry point already.
                 entry_points: args.entry != EntryArg::Client && !args.etcd,
+                resp: false,
+                rls_rules: None,
             };
             Harness::Local(tokio::task::block_in_place(|| {
                 tokio::runtime::Handle::current().block_on(LocalCluster::start(options))
