@@ -45,7 +45,7 @@ pub fn binary(name: &str) -> PathBuf {
             "sluice-benches",
             "--bins",
             "--features",
-            "sluice-server/etcd,sluice-server/rls",
+            "sluice-server/etcd,sluice-server/rls,sluice-cli/rls",
         ]);
         profile_dir()
     });

@@ -7,6 +7,8 @@
 //!   exits 1: the drill can fail.
 //! - `--cluster FILE --fault-cmd CMD` drives a pair someone else started,
 //!   injecting each fault with the operator's command.
+//! - Through the nodes' entry points (`--entry v1`, `resp`, `rls`),
+//!   followers included, kill rounds keep the sync promise too.
 
 use std::process::{Command, Output};
 
@@ -101,6 +103,47 @@ fn a_sync_drill_with_every_fault_over_admits_nothing() {
 /// report says which entry was used.
 #[test]
 fn a_drill_through_entry_points_keeps_the_sync_promise_under_kill() {
+    entry_drill(
+        "v1",
+        &[
+            "concurrency",
+            "fixed-window",
+            "sliding-counter",
+            "sliding-log",
+            "token-bucket",
+        ],
+    );
+}
+
+/// `--entry resp`: the load as redis-cell's CL.THROTTLE through random
+/// nodes' RESP listeners (token-bucket keys only), under kill -9: the
+/// sync promise kept, no denial a correct limiter would admit.
+#[test]
+fn a_drill_through_resp_entry_points_keeps_the_sync_promise_under_kill() {
+    entry_drill("resp", &["token-bucket"]);
+}
+
+/// `--entry rls`: the load as Envoy's ShouldRateLimit through random
+/// nodes' rate limit services, with the rule file the drill writes (every
+/// kind a rule can say), under kill -9: the sync promise kept, no denial a
+/// correct limiter would admit.
+#[test]
+fn a_drill_through_rls_entry_points_keeps_the_sync_promise_under_kill() {
+    entry_drill(
+        "rls",
+        &[
+            "fixed-window",
+            "sliding-counter",
+            "sliding-log",
+            "token-bucket",
+        ],
+    );
+}
+
+/// A 2-group sync drill of 3 kill rounds through `entry`, whose keys are
+/// of the limit `kinds` (each of which admitted something): 0 units over,
+/// 0 under, more than 1,000 store verdicts, exit 0.
+fn entry_drill(entry: &str, kinds: &[&str]) {
     let (code, json, out) = drill(
         &[],
         &[
@@ -116,15 +159,55 @@ fn a_drill_through_entry_points_keeps_the_sync_promise_under_kill() {
             "--rate",
             "1000",
             "--entry",
-            "v1",
+            entry,
         ],
     );
-    assert_eq!(json["setup"]["entry"], "v1", "{json}");
+    assert_eq!(json["setup"]["entry"], entry, "{json}");
+    let by_kind = json["by_kind"].as_object().expect("by_kind");
+    let mut seen: Vec<&str> = by_kind.keys().map(String::as_str).collect();
+    seen.sort_unstable();
+    assert_eq!(seen, kinds, "{json}");
+    for (kind, t) in by_kind {
+        assert!(units(t, "admitted_units") > 0, "{kind}: {t}");
+    }
+    assert_eq!(json["rounds"].as_array().map(Vec::len), Some(3), "{json}");
     assert_eq!(units(&json, "over_admitted_units"), 0, "{json}");
     assert_eq!(units(&json, "under_admitted_units"), 0, "{json}");
     assert!(units(&json, "store_decisions") > 1_000, "{json}");
     assert_eq!(json["promise_kept"], true, "{json}");
     assert_eq!(code, 0, "stderr: {}", String::from_utf8_lossy(&out.stderr));
+}
+
+/// The entry points are the local cluster's, and a cut link's proxies hide
+/// the nodes' own addresses from the cluster file: `--entry` other than
+/// `client` without --local, or with link faults, is refused (exit 2)
+/// before anything starts, naming the entry.
+#[test]
+fn entry_points_are_refused_where_the_drill_cannot_run_them() {
+    for entry in ["v1", "resp", "rls"] {
+        for (args, says) in [
+            (
+                &["--fault-cmd", "true", "--entry", entry][..],
+                "needs --local",
+            ),
+            (
+                &["--local", "--fault", "mixed", "--entry", entry][..],
+                "drills kill and pause faults",
+            ),
+        ] {
+            let out = Command::new(binary("sluice"))
+                .arg("drill")
+                .args(args)
+                .output()
+                .expect("sluice runs");
+            let stderr = String::from_utf8_lossy(&out.stderr);
+            assert_eq!(out.status.code(), Some(2), "{args:?}: {stderr}");
+            assert!(
+                stderr.contains(&format!("--entry {entry} {says}")),
+                "{args:?}: {stderr}"
+            );
+        }
+    }
 }
 
 #[test]

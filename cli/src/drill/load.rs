@@ -1,7 +1,8 @@
 //! The drill's load: keys of every limit kind, a few hot ones pushed far
-//! over their limits and many cold ones well under them, spent through the
-//! cluster client by many concurrent callers at a set rate; and the record
-//! of every verdict they got.
+//! over their limits and many cold ones well under them, spent by many
+//! concurrent callers at a set rate through the cluster client or through
+//! the nodes' entry points (protocol v1, RESP's CL.THROTTLE or Envoy's
+//! rate limit service); and the record of every verdict they got.
 
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -10,8 +11,12 @@ use std::time::Duration;
 
 use sluice_client::{inline_limits, Cluster, Limits, Source};
 use sluice_protocol::clock::{Clock, MonotonicClock};
+use sluice_protocol::limit::Kind;
 use sluice_protocol::Limit;
 use tokio::task::JoinSet;
+
+use super::resp::{self, CellArgs};
+use super::EntryArg;
 
 /// The limit of each kind the drill's keys use, in order: token bucket,
 /// fixed window, sliding log, sliding counter, concurrency. Hot keys see
@@ -23,6 +28,51 @@ pub const POLICIES: [&str; 5] = [
     "sliding-counter:20/2s",
     "concurrency:4,lease=1s",
 ];
+
+/// The limits with `--entry resp`: CL.THROTTLE says only a token bucket
+/// (`CL.THROTTLE key 19 10 1 1`: redis-cell's bucket holds `max_burst +
+/// 1`, and its interval, 1 s / 10, is whole nanoseconds, so its GCRA is
+/// exactly this one; see [`CellArgs::of`]).
+pub const RESP_POLICIES: [&str; 1] = ["token-bucket:10/s,burst=20"];
+
+/// The limits with `--entry rls`: what a rule file's `rate_limit` says
+/// (`requests_per_unit` per one unit; a token bucket's burst is its count;
+/// no concurrency), each kind it has ([`super::rls::rate_limit`]).
+pub const RLS_POLICIES: [&str; 4] = [
+    "token-bucket:20/s,burst=20",
+    "fixed-window:20/1s",
+    "sliding-log:20/1s",
+    "sliding-counter:20/1s",
+];
+
+/// The policies the load through `entry` uses.
+pub fn policies(entry: EntryArg) -> &'static [&'static str] {
+    match entry {
+        EntryArg::Client | EntryArg::V1 => &POLICIES,
+        EntryArg::Resp => &RESP_POLICIES,
+        EntryArg::Rls => &RLS_POLICIES,
+    }
+}
+
+/// The limit kinds of `entry`'s load: each kind's short name (in key
+/// names and, with `--entry rls`, the rule's descriptor key) and its
+/// limit.
+pub fn kinds(entry: EntryArg) -> Vec<(&'static str, Limit)> {
+    policies(entry)
+        .iter()
+        .map(|p| {
+            let limit: Limit = p.parse().expect("the drill's policies parse");
+            let short = match limit.kind() {
+                Kind::TokenBucket => "tb",
+                Kind::FixedWindow => "fw",
+                Kind::SlidingLog => "sl",
+                Kind::SlidingCounter => "sc",
+                Kind::Concurrency => "cc",
+            };
+            (short, limit)
+        })
+        .collect()
+}
 
 /// The most calls one caller has in flight (calls to a stopped node wait
 /// for their deadline); at the cap, the caller skips its turn.
@@ -45,10 +95,14 @@ pub struct LoadOptions {
     pub prefix: String,
     /// Seeds the callers' key choices.
     pub seed: u64,
-    /// Empty: spend through the cluster client (each key to its owner).
-    /// Else the nodes' addresses: each call goes, over protocol v1, to one
-    /// of them chosen at random (followers included), whose entry point
-    /// forwards it to the key's owner (`sluiced --cluster`).
+    /// How the calls reach the cluster: the cluster client (each key to
+    /// its owner), or the entry points of `entry_nodes`.
+    pub entry: EntryArg,
+    /// Without [`EntryArg::Client`]: each node's address for `entry`'s
+    /// protocol (its v1, RESP or rate limit port), by node index. Each
+    /// call goes to one of them chosen at random (followers included),
+    /// whose entry point forwards it to the key's owner (`sluiced
+    /// --cluster`).
     pub entry_nodes: Vec<String>,
 }
 
@@ -68,27 +122,37 @@ pub struct DrillKey {
 pub struct Plan {
     /// Hot keys first (`hot_keys` per kind), then cold ones.
     pub keys: Vec<DrillKey>,
-    /// The parsed policies, by kind.
+    /// The policies, by kind, as written ([`policies`]).
+    pub policies: &'static [&'static str],
+    /// The parsed policies, by kind: what the judge holds the verdicts to.
     pub limits: Vec<Limit>,
+    /// Each kind's short name ([`kinds`]): in key names, and with
+    /// `--entry rls` the descriptor's key.
+    pub shorts: Vec<&'static str>,
+    /// Each limit as the clients send it inline (cluster client, v1).
     sets: Vec<Limits<'static>>,
+    /// Each limit as CL.THROTTLE's arguments, where it is one (RESP).
+    cells: Vec<Option<CellArgs>>,
     hot: usize,
 }
 
 impl Plan {
     /// The keys of `options`.
     pub fn new(options: &LoadOptions) -> Plan {
-        let limits: Vec<Limit> = POLICIES
-            .iter()
-            .map(|p| p.parse().expect("the drill's policies parse"))
-            .collect();
+        let kinds = kinds(options.entry);
+        let limits: Vec<Limit> = kinds.iter().map(|k| k.1).collect();
         let sets = limits
             .iter()
             .map(|l| inline_limits(std::slice::from_ref(l)).expect("one limit"))
             .collect();
-        let short = ["tb", "fw", "sl", "sc", "cc"];
+        let cells: Vec<Option<CellArgs>> = limits.iter().map(CellArgs::of).collect();
+        assert!(
+            options.entry != EntryArg::Resp || cells.iter().all(Option::is_some),
+            "RESP_POLICIES are CL.THROTTLE's exactly"
+        );
         let mut keys = Vec::new();
         for (hot, n) in [(true, options.hot_keys), (false, options.cold_keys)] {
-            for (kind, short) in short.iter().enumerate() {
+            for (kind, (short, _)) in kinds.iter().enumerate() {
                 for i in 0..n {
                     let heat = if hot { "hot" } else { "cold" };
                     keys.push(DrillKey {
@@ -101,9 +165,12 @@ impl Plan {
         }
         Plan {
             keys,
+            policies: policies(options.entry),
+            hot: options.hot_keys * limits.len(),
+            shorts: kinds.iter().map(|k| k.0).collect(),
             limits,
             sets,
-            hot: options.hot_keys * POLICIES.len(),
+            cells,
         }
     }
 
@@ -183,7 +250,7 @@ pub async fn run(
     stop: Arc<AtomicBool>,
 ) -> Vec<Record> {
     let clock = MonotonicClock::new();
-    let entries = Arc::new(connect_entries(&options.entry_nodes).await);
+    let entries = Arc::new(connect_entries(options.entry, &options.entry_nodes).await);
     let callers = options.callers.max(1);
     let period = Duration::from_secs_f64(callers as f64 / options.rate.max(1.0));
     let mut set = JoinSet::new();
@@ -227,7 +294,7 @@ pub async fn run(
                     let e = (xorshift(&mut rng) % entries.len() as u64) as usize;
                     let entry = entries[e].clone();
                     inflight.spawn(async move {
-                        call_entry(&cluster, &plan, k, entry, &groups, clock).await
+                        call_entry(&cluster, &plan, k, &entry, &groups, clock).await
                     });
                 }
             }
@@ -303,12 +370,41 @@ async fn call(
     }
 }
 
-/// An entry node: its index in the node list, and a protocol v1 client
-/// (not cluster-aware: the node forwards what it does not own).
-type Entry = (u16, sluice_client::Client);
+/// An entry node: its index in the node list, and a client of the
+/// entry's protocol (none cluster-aware: the node forwards what it does not
+/// own).
+#[derive(Debug)]
+pub struct Entry {
+    node: u16,
+    door: Door,
+}
 
-/// A client to each entry node (all up at the start of the load).
-async fn connect_entries(addrs: &[String]) -> Vec<Entry> {
+/// A client of one node's entry point.
+#[derive(Debug)]
+enum Door {
+    /// Protocol v1.
+    V1(sluice_client::Client),
+    /// RESP: CL.THROTTLE.
+    Resp(resp::Pool),
+    /// Envoy's rate limit service.
+    #[cfg(feature = "rls")]
+    Rls(super::rls::Client),
+}
+
+/// What a call through an entry point came to.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Answer {
+    /// A verdict: allowed (`true`) or denied.
+    Verdict(bool),
+    /// No verdict. `maybe_applied`: sent and not answered (a deadline, a
+    /// lost connection), or answered that its outcome is unknown.
+    Failed { maybe_applied: bool },
+}
+
+/// A client to each entry node, for `entry`'s protocol (a v1 node down at
+/// the start is left out; RESP and rate limit clients connect on their
+/// first call). Empty for [`EntryArg::Client`].
+async fn connect_entries(entry: EntryArg, addrs: &[String]) -> Vec<Arc<Entry>> {
     let config = sluice_client::ClientConfig {
         deadline: Duration::from_secs(1),
         connect_timeout: Duration::from_secs(1),
@@ -316,12 +412,80 @@ async fn connect_entries(addrs: &[String]) -> Vec<Entry> {
     };
     let mut out = Vec::new();
     for (i, addr) in addrs.iter().enumerate() {
-        match sluice_client::Client::connect_with(addr.as_str(), config.clone()).await {
-            Ok(c) => out.push((i as u16, c)),
+        let door = match entry {
+            EntryArg::Client => break,
+            EntryArg::V1 => {
+                match sluice_client::Client::connect_with(addr.as_str(), config.clone()).await {
+                    Ok(c) => Ok(Door::V1(c)),
+                    Err(e) => Err(e.to_string()),
+                }
+            }
+            EntryArg::Resp => addr
+                .parse()
+                .map(|a| Door::Resp(resp::Pool::new(a)))
+                .map_err(|e| format!("{e}")),
+            #[cfg(feature = "rls")]
+            EntryArg::Rls => super::rls::Client::new(addr).map(Door::Rls),
+            #[cfg(not(feature = "rls"))]
+            EntryArg::Rls => Err("this sluice was built without the `rls` feature".into()),
+        };
+        match door {
+            Ok(door) => out.push(Arc::new(Entry {
+                node: i as u16,
+                door,
+            })),
             Err(e) => eprintln!("drill: entry node {addr}: {e}"),
         }
     }
     out
+}
+
+impl Entry {
+    /// Key `k`'s call through this entry.
+    async fn ask(&self, plan: &Plan, k: usize) -> Answer {
+        let key = &plan.keys[k];
+        match &self.door {
+            Door::V1(client) => {
+                let got = client
+                    .decide(
+                        key.name.as_bytes(),
+                        plan.sets[key.kind],
+                        sluice_client::Mode::Spend,
+                        1,
+                    )
+                    .await;
+                match got {
+                    Ok(d) => Answer::Verdict(d.allowed),
+                    // Sent and not answered, here or between the entry and
+                    // the owner: it may have been applied.
+                    Err(e) => Answer::Failed {
+                        maybe_applied: matches!(
+                            e,
+                            sluice_client::Error::Timeout(_) | sluice_client::Error::Disconnected
+                        ) || e.status()
+                            == Some(sluice_protocol::Status::OutcomeUnknown),
+                    },
+                }
+            }
+            Door::Resp(pool) => {
+                let cell = plan.cells[key.kind].as_ref().expect("a RESP plan's limits");
+                pool.throttle(key.name.as_bytes(), cell).await
+            }
+            #[cfg(feature = "rls")]
+            Door::Rls(client) => client.ask(plan.shorts[key.kind], &key.name).await,
+        }
+    }
+
+    /// The key the cluster routes key `k`'s call by: the key itself, or
+    /// for the rate limit service the key its descriptor is kept under.
+    fn routed(&self, plan: &Plan, k: usize) -> String {
+        let key = &plan.keys[k];
+        match &self.door {
+            #[cfg(feature = "rls")]
+            Door::Rls(_) => super::rls::stored_key(plan.shorts[key.kind], &key.name),
+            _ => key.name.clone(),
+        }
+    }
 }
 
 /// One call through an entry node and its record. The node that decided
@@ -334,48 +498,34 @@ async fn call_entry(
     cluster: &Cluster,
     plan: &Plan,
     k: usize,
-    (node, client): Entry,
+    entry: &Entry,
     groups: &HashMap<String, u16>,
     clock: MonotonicClock,
 ) -> Record {
-    use sluice_protocol::Status;
-    let key = &plan.keys[k];
     let send_ns = clock.now_ns();
-    let got = client
-        .decide(
-            key.name.as_bytes(),
-            plan.sets[key.kind],
-            sluice_client::Mode::Spend,
-            1,
-        )
-        .await;
+    let answer = entry.ask(plan, k).await;
     let recv_ns = clock.now_ns();
     let group = groups
-        .get(&cluster.route(key.name.as_bytes()).0)
+        .get(&cluster.route(entry.routed(plan, k).as_bytes()).0)
         .copied()
         .unwrap_or(u16::MAX);
     let mut r = Record {
         send_ns,
         recv_ns,
         key: k as u32,
-        node,
+        node: entry.node,
         group,
         epoch: u64::MAX,
         origin: Origin::Store,
         allowed: false,
         unknown: false,
     };
-    match got {
-        Ok(d) => r.allowed = d.allowed,
-        Err(e) => {
+    match answer {
+        Answer::Verdict(allowed) => r.allowed = allowed,
+        Answer::Failed { maybe_applied } => {
             r.origin = Origin::Error;
             r.epoch = 0;
-            // Sent and not answered, here or between the entry and the
-            // owner: it may have been applied.
-            r.unknown = matches!(
-                e,
-                sluice_client::Error::Timeout(_) | sluice_client::Error::Disconnected
-            ) || e.status() == Some(Status::OutcomeUnknown);
+            r.unknown = maybe_applied;
         }
     }
     r

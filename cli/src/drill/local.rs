@@ -16,6 +16,12 @@
 //! node off severs the three proxies that lead into and out of it. The
 //! drill's own control calls (ROLE, FAILOVER) go straight to the nodes: a
 //! cut link never blinds the drill.
+//!
+//! Through entry points (`--entry`), every node also has `--cluster` and
+//! `--group`, and for RESP or Envoy's rate limit service a port of that
+//! protocol too, each reserved like the main one so that a restarted node
+//! comes back where the load looks for it; a node has started once it has
+//! printed the listening line of each.
 
 use std::io::{BufRead, BufReader, Write};
 use std::net::SocketAddr;
@@ -58,6 +64,12 @@ pub struct LocalOptions {
     /// Every node an entry point: started with `--cluster` (the file the
     /// drill writes, `LOG_DIR/cluster.toml`) and `--group`.
     pub entry_points: bool,
+    /// Every node also serves RESP (`--resp-port`), for `--entry resp`.
+    pub resp: bool,
+    /// Every node also serves Envoy's rate limit service (`--rls-port`)
+    /// with these rules (envoyproxy/ratelimit YAML, written to
+    /// `LOG_DIR/rls.yaml` and named by `--rls-config`), for `--entry rls`.
+    pub rls_rules: Option<String>,
 }
 
 /// One node of a local group.
@@ -67,6 +79,11 @@ struct LocalNode {
     name: String,
     /// Where it listens (fixed, so that it comes back at the same place).
     listen: SocketAddr,
+    /// Its RESP listener, with [`LocalOptions::resp`] (fixed too: a
+    /// killed node comes back where the load's connections look for it).
+    resp: Option<SocketAddr>,
+    /// Its rate limit service, with [`LocalOptions::rls_rules`] (fixed).
+    rls: Option<SocketAddr>,
     /// Its process, while running.
     child: Option<Child>,
     /// Stopped with SIGSTOP.
@@ -140,6 +157,16 @@ impl LocalCluster {
             let mut nodes = Vec::new();
             for side in ["a", "b"] {
                 let listen = free_port()?;
+                let resp = if cluster.options.resp {
+                    Some(free_port()?)
+                } else {
+                    None
+                };
+                let rls = if cluster.options.rls_rules.is_some() {
+                    Some(free_port()?)
+                } else {
+                    None
+                };
                 let etcd_link = match &cluster.etcd {
                     Some(e) => Some(
                         Proxy::start(e.addr)
@@ -151,6 +178,8 @@ impl LocalCluster {
                 nodes.push(LocalNode {
                     name: format!("g{g}-{side}"),
                     listen,
+                    resp,
+                    rls,
                     child: None,
                     paused: false,
                     etcd_link,
@@ -183,6 +212,11 @@ impl LocalCluster {
             std::fs::write(&path, toml)
                 .map_err(|e| DrillError(format!("{}: {e}", path.display())))?;
         }
+        if let Some(rules) = &cluster.options.rls_rules {
+            let path = cluster.rls_file();
+            std::fs::write(&path, rules)
+                .map_err(|e| DrillError(format!("{}: {e}", path.display())))?;
+        }
         for g in 0..cluster.groups.len() {
             cluster.spawn(g, 0, false)?;
             cluster.spawn(g, 1, !cluster.options.no_replication)?;
@@ -193,6 +227,11 @@ impl LocalCluster {
     /// The cluster file the nodes read with `entry_points`.
     fn cluster_file(&self) -> PathBuf {
         self.options.log_dir.join("cluster.toml")
+    }
+
+    /// The rules file the nodes read with `rls_rules`.
+    fn rls_file(&self) -> PathBuf {
+        self.options.log_dir.join("rls.yaml")
     }
 
     /// The cluster file the drill's clients use.
@@ -218,6 +257,17 @@ impl LocalCluster {
         g.links
             .as_ref()
             .map_or(g.nodes[i].listen, |l| l.client[i].addr)
+    }
+
+    /// Where node `i` of group `g` serves RESP, with `resp`.
+    pub fn resp_addr(&self, g: usize, i: usize) -> Option<SocketAddr> {
+        self.groups[g].nodes[i].resp
+    }
+
+    /// Where node `i` of group `g` serves the rate limit service, with
+    /// `rls_rules`.
+    pub fn rls_addr(&self, g: usize, i: usize) -> Option<SocketAddr> {
+        self.groups[g].nodes[i].rls
     }
 
     /// Whether node `i` of group `g` runs (it was not killed, or was
@@ -252,15 +302,25 @@ impl LocalCluster {
                 ))
             })?;
         let stdout = child.stdout.take().expect("piped stdout");
+        // The lines it prints as it starts: where each listener is.
+        let expected: Vec<(&str, SocketAddr)> = [
+            ("sluiced listening on", Some(node.listen)),
+            ("sluiced resp listening on", node.resp),
+            ("sluiced rls listening on", node.rls),
+        ]
+        .into_iter()
+        .filter_map(|(prefix, addr)| Some((prefix, addr?)))
+        .collect();
         let (tx, rx) = std::sync::mpsc::channel();
         let name = node.name.clone();
         let log_copy = log_path.clone();
+        let announced = expected.len();
         std::thread::spawn(move || {
-            // Hand over the first line, and keep draining (into the log)
-            // so that the node never blocks on a full pipe.
+            // Hand over the listening lines, and keep draining (into the
+            // log) so that the node never blocks on a full pipe.
             let mut lines = BufReader::new(stdout).lines().map_while(Result::ok);
-            if let Some(first) = lines.next() {
-                let _ = tx.send(first);
+            for line in lines.by_ref().take(announced) {
+                let _ = tx.send(line);
             }
             let mut log = std::fs::OpenOptions::new().append(true).open(log_copy).ok();
             for line in lines {
@@ -269,17 +329,14 @@ impl LocalCluster {
                 }
             }
         });
-        match rx.recv_timeout(START_TIMEOUT) {
-            Ok(line) if line.starts_with("sluiced listening on") => {}
-            other => {
-                let _ = child.kill();
-                let _ = child.wait();
-                return Err(DrillError(format!(
-                    "{} did not start ({other:?}); see {}",
-                    node.name,
-                    log_path.display()
-                )));
-            }
+        if let Err(got) = announcements(&rx, &expected) {
+            let _ = child.kill();
+            let _ = child.wait();
+            return Err(DrillError(format!(
+                "{} did not start ({got}); see {}",
+                node.name,
+                log_path.display()
+            )));
         }
         node.child = Some(child);
         node.paused = false;
@@ -310,6 +367,19 @@ impl LocalCluster {
         .iter()
         .map(|s| s.to_string())
         .collect();
+        // The other entries, on ports of their own that a restarted node
+        // gets back.
+        if let Some(resp) = node.resp {
+            args.extend(["--resp-port".to_owned(), resp.port().to_string()]);
+        }
+        if let Some(rls) = node.rls {
+            args.extend([
+                "--rls-port".to_owned(),
+                rls.port().to_string(),
+                "--rls-config".to_owned(),
+                self.rls_file().display().to_string(),
+            ]);
+        }
         if o.no_replication {
             return args;
         }
@@ -439,6 +509,30 @@ impl Drop for LocalCluster {
             }
         }
     }
+}
+
+/// Waits for a starting node's listening lines, in `expected`'s order,
+/// each naming the address it was given (the main line also says the
+/// shards after the address); `Err` says what came instead.
+fn announcements(
+    lines: &std::sync::mpsc::Receiver<String>,
+    expected: &[(&str, SocketAddr)],
+) -> Result<(), String> {
+    let deadline = std::time::Instant::now() + START_TIMEOUT;
+    for &(prefix, addr) in expected {
+        let left = deadline.saturating_duration_since(std::time::Instant::now());
+        let line = lines
+            .recv_timeout(left)
+            .map_err(|e| format!("waiting for `{prefix} ...`: {e}"))?;
+        let named = line
+            .strip_prefix(prefix)
+            .and_then(|rest| rest.split_whitespace().next())
+            .and_then(|a| a.parse::<SocketAddr>().ok());
+        if named != Some(addr) {
+            return Err(format!("{line:?}, not `{prefix} {addr}`"));
+        }
+    }
+    Ok(())
 }
 
 /// Starts etcd (on PATH) on free loopback ports, its data in `dir/etcd`,

@@ -23,6 +23,9 @@
 //! - [`proxy`]: the TCP proxy that a cut link severs.
 //! - [`report`]: rounds and totals, the summary, JSON, report.md and the
 //!   picture.
+//! - [`resp`]: `--entry resp`, the load as CL.THROTTLE over RESP.
+//! - [`rls`]: `--entry rls`, the load as Envoy's ShouldRateLimit, and the
+//!   rule file it needs.
 
 pub mod audit;
 pub mod load;
@@ -30,6 +33,8 @@ pub mod local;
 pub mod ports;
 pub mod proxy;
 pub mod report;
+pub mod resp;
+pub mod rls;
 
 use std::collections::HashMap;
 use std::path::PathBuf;
@@ -260,10 +265,13 @@ pub struct DrillArgs {
     #[arg(long)]
     pub json: bool,
     /// How the load reaches the cluster: `client`, the cluster client
-    /// (each key to its owner); `v1`, protocol v1 through a node chosen at
-    /// random for each call, followers included (every node an entry
-    /// point, `sluiced --cluster`; with --local only, and with kill or
-    /// pause faults).
+    /// (each key to its owner); or through a node chosen at random for
+    /// each call, followers included (every node an entry point, `sluiced
+    /// --cluster`): `v1`, protocol v1 DECIDE; `resp`, redis-cell's
+    /// CL.THROTTLE over RESP (token-bucket keys only); `rls`, Envoy's
+    /// ShouldRateLimit with a rule file the drill writes (no concurrency
+    /// keys; needs a sluice and sluiced built with the `rls` feature).
+    /// Not `client`: with --local only, and with kill or pause faults.
     #[arg(long, value_enum, default_value = "client")]
     pub entry: EntryArg,
 }
@@ -275,14 +283,20 @@ pub enum EntryArg {
     Client,
     /// Protocol v1 through random nodes' entry points.
     V1,
+    /// CL.THROTTLE over RESP through random nodes' RESP listeners.
+    Resp,
+    /// ShouldRateLimit through random nodes' rate limit services.
+    Rls,
 }
 
 impl EntryArg {
-    /// `client` or `v1`, as the report names it.
+    /// `client`, `v1`, `resp` or `rls`, as the report names it.
     pub fn name(self) -> &'static str {
         match self {
             EntryArg::Client => "client",
             EntryArg::V1 => "v1",
+            EntryArg::Resp => "resp",
+            EntryArg::Rls => "rls",
         }
     }
 }
@@ -403,16 +417,22 @@ async fn drill(args: &DrillArgs, global: &Global) -> Result<Outcome, DrillError>
             "the etcd faults need --etcd (or --fault-cmd)".into(),
         ));
     }
+    let entry = args.entry.name();
     if args.entry != EntryArg::Client && !args.local {
-        return Err(DrillError("--entry v1 needs --local".into()));
+        return Err(DrillError(format!("--entry {entry} needs --local")));
+    }
+    if args.entry == EntryArg::Rls && !cfg!(feature = "rls") {
+        return Err(DrillError(
+            "--entry rls: this sluice was built without its gRPC client (cargo build -p sluice-cli --features rls)".into(),
+        ));
     }
     let mut harness = match (&global.cluster, &args.fault_cmd, args.local) {
         (None, None, true) => {
             let links = matches!(args.fault, FaultArg::Partition | FaultArg::Mixed);
             if links && args.entry != EntryArg::Client {
-                return Err(DrillError(
-                    "--entry v1 drills kill and pause faults (a cut link's proxies hide the nodes' own addresses from the cluster file)".into(),
-                ));
+                return Err(DrillError(format!(
+                    "--entry {entry} drills kill and pause faults (a cut link's proxies hide the nodes' own addresses from the cluster file)"
+                )));
             }
             if args.etcd && args.sabotage.is_some() {
                 return Err(DrillError(
@@ -435,6 +455,13 @@ async fn drill(args: &DrillArgs, global: &Global) -> Result<Outcome, DrillError>
                 log_dir,
                 // With etcd every node is an entry point already.
                 entry_points: args.entry != EntryArg::Client && !args.etcd,
+                resp: args.entry == EntryArg::Resp,
+                rls_rules: match args.entry {
+                    EntryArg::Rls => {
+                        Some(rls::rules(&load::kinds(EntryArg::Rls)).map_err(DrillError)?)
+                    }
+                    _ => None,
+                },
             };
             Harness::Local(tokio::task::block_in_place(|| {
                 tokio::runtime::Handle::current().block_on(LocalCluster::start(options))
@@ -518,6 +545,7 @@ async fn drill(args: &DrillArgs, global: &Global) -> Result<Outcome, DrillError>
         hot_share: args.hot_share.clamp(0.0, 1.0),
         prefix: format!("drill{run_id}"),
         seed: args.seed,
+        entry: args.entry,
         entry_nodes: Vec::new(),
     };
     let plan = Arc::new(Plan::new(&load_options));
@@ -533,9 +561,24 @@ async fn drill(args: &DrillArgs, global: &Global) -> Result<Outcome, DrillError>
         }
     }
     let mut load_options = load_options;
-    if args.entry == EntryArg::V1 {
-        load_options.entry_nodes = node_names.clone();
-    }
+    load_options.entry_nodes = match (&harness, args.entry) {
+        (_, EntryArg::Client) => Vec::new(),
+        (_, EntryArg::V1) => node_names.clone(),
+        (Harness::Local(c), EntryArg::Resp | EntryArg::Rls) => {
+            let mut addrs = Vec::new();
+            for g in 0..groups {
+                for i in 0..harness.members(g).len() {
+                    let addr = match args.entry {
+                        EntryArg::Resp => c.resp_addr(g, i),
+                        _ => c.rls_addr(g, i),
+                    };
+                    addrs.push(addr.expect("started with the entry's port").to_string());
+                }
+            }
+            addrs
+        }
+        (Harness::External { .. }, _) => unreachable!("--entry needs --local, checked above"),
+    };
     let node_index: HashMap<String, u16> = node_names
         .iter()
         .enumerate()
@@ -661,7 +704,7 @@ async fn drill(args: &DrillArgs, global: &Global) -> Result<Outcome, DrillError>
         callers: args.callers,
         keys: plan.keys.len(),
         hot_keys: plan.keys.iter().filter(|k| k.hot).count(),
-        policies: load::POLICIES.iter().map(|p| p.to_string()).collect(),
+        policies: plan.policies.iter().map(|p| p.to_string()).collect(),
         failure: format!("{:?}", args.failure).to_lowercase(),
         sabotage: args.sabotage.map(|_| "no-replication".to_owned()),
         failovers_seen: stats.failovers_total.load(Ordering::Relaxed),

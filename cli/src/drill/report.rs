@@ -81,8 +81,9 @@ pub struct Setup {
     pub failovers_seen: u64,
     /// Where the local nodes' logs are.
     pub node_logs: Option<String>,
-    /// How the load reached the cluster: `client` (the cluster client) or
-    /// `v1` (random nodes' entry points).
+    /// How the load reached the cluster: `client` (the cluster client), or
+    /// through random nodes' entry points: `v1`, `resp` (CL.THROTTLE) or
+    /// `rls` (Envoy's ShouldRateLimit).
     pub entry: String,
     /// The followers' `--promote-after-ms` (a local cluster's; `None`
     /// when the drill does not know it): drawn beside each round's
