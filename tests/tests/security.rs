@@ -893,44 +893,31 @@ fn the_rate_limit_port_speaks_tls() {
     let (cert, key) = self_signed("rls");
     let rules = rls_rules();
     let (c, k) = (cert.display().to_string(), key.display().to_string());
-    let server = Sluiced::start(&[
-        "--shards",
-        "1",
-        "--auth-token",
-        TOKEN,
+    let port = [
         "--rls-port",
         "0",
         "--rls-config",
         &rules,
         "--rls-tls-cert",
         &c,
-        "--rls-tls-key",
-        &k,
-    ]);
+    ];
+    let server = Sluiced::start(
+        &[
+            &["--shards", "1", "--auth-token", TOKEN][..],
+            &port,
+            &["--rls-tls-key", &k],
+        ]
+        .concat(),
+    );
     let said = rls_check(&server, &["tls", &c, TOKEN]).unwrap();
     assert!(said.contains("tls: ok"), "{said}");
     drop(server);
 
-    let (code, said) = run_failing(&[
-        "--rls-port",
-        "0",
-        "--rls-config",
-        &rules,
-        "--rls-tls-cert",
-        &c,
-        "--rls-tls-key",
-        &c,
-    ]);
+    // A certificate where the key should be.
+    let (code, said) = run_failing(&[&port[..], &["--rls-tls-key", &c]].concat());
     assert_eq!(code, Some(2), "{said}");
     assert!(said.contains("--rls-tls-key"), "{said}");
-    let (code, said) = run_failing(&[
-        "--rls-port",
-        "0",
-        "--rls-config",
-        &rules,
-        "--rls-tls-cert",
-        &c,
-    ]);
+    let (code, said) = run_failing(&port);
     assert_eq!(code, Some(2), "{said}");
     assert!(said.contains("both or neither"), "{said}");
     let _ = std::fs::remove_dir_all(cert.parent().unwrap());
