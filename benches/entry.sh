@@ -33,28 +33,12 @@ RUN_S=${SECONDS_PER_RUN:-8}
 ROUNDS=${ROUNDS:-3}
 BASE=${BASE_PORT:-7760}
 OUT=${OUT:-$ROOT/benches/entry.md}
-WORK=$(mktemp -d /tmp/sluice-entry.XXXXXX)
-PIDS=()
-cleanup() {
-  for p in "${PIDS[@]}"; do kill "$p" 2>/dev/null || true; done
-  wait 2>/dev/null || true
-  rm -rf "$WORK"
-}
-trap cleanup EXIT
-
-echo "== build (release, feature rls)"
-cargo build --release --quiet -p sluice-server -p sluice-benches \
-  --features sluice-server/rls,sluice-benches/rls --bins
+# shellcheck source=benches/common.sh
+. "$ROOT/benches/common.sh"
 SLUICED=$ROOT/target/release/sluiced
 RESP_BENCH=$ROOT/target/release/sluice-resp-bench
 RLS_BENCH=$ROOT/target/release/sluice-rls-bench
 
-cat >"$WORK/bench.yaml" <<'YAML'
-domain: bench
-descriptors:
-  - key: remote_address
-    rate_limit: { unit: second, requests_per_unit: 1000 }
-YAML
 A=127.0.0.1:$BASE
 B=127.0.0.1:$((BASE + 1))
 cat >"$WORK/cluster.toml" <<TOML
@@ -67,10 +51,6 @@ name = "b"
 primary = "$B"
 TOML
 
-wait_line() { # file, text
-  for _ in $(seq 1 200); do grep -q "$2" "$1" 2>/dev/null && return 0; sleep 0.05; done
-  echo "no '$2' in $1:"; cat "$1"; exit 1
-}
 # node NAME GROUP PORT: starts it, its RESP port PORT+2, RLS PORT+4, admin PORT+6
 node() {
   "$SLUICED" --bind 127.0.0.1 --port "$3" --shards 1 --cluster "$WORK/cluster.toml" --group "$2" \
@@ -83,8 +63,6 @@ node a a "$BASE"
 node b b "$((BASE + 1))"
 PID_A=${PIDS[0]}
 PID_B=${PIDS[1]}
-cpu_ticks() { awk '{print $14 + $15}' "/proc/$1/stat"; }
-TCK=$(getconf CLK_TCK)
 forwarded() { # admin port: forwarded requests so far
   curl -s "http://127.0.0.1:$1/metrics" | awk '/^sluice_forwarded_requests_total/ {s += $2} END {print s + 0}'
 }

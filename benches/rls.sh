@@ -41,30 +41,14 @@ RLS_PORT=${RLS_PORT:-7796}
 REDIS_PORT=${REDIS_PORT:-7797}
 FLOOR_PORT=${FLOOR_PORT:-7798}
 OUT=${OUT:-$ROOT/benches/rls.md}
-WORK=$(mktemp -d /tmp/sluice-rls.XXXXXX)
-PIDS=()
-cleanup() {
-  for p in "${PIDS[@]}"; do kill "$p" 2>/dev/null || true; done
-  wait 2>/dev/null || true
-  rm -rf "$WORK"
-}
-trap cleanup EXIT
-
-echo "== build (release, feature rls)"
-cargo build --release --quiet -p sluice-server -p sluice-benches \
-  --features sluice-server/rls,sluice-benches/rls --bins
+# shellcheck source=benches/common.sh
+. "$ROOT/benches/common.sh"
 SLUICED=$ROOT/target/release/sluiced
 FLOOR=$ROOT/target/release/sluice-rls-floor
 BENCH=$ROOT/target/release/sluice-rls-bench
 command -v redis-server >/dev/null || { echo "redis-server is needed (apt-get install redis-server)"; exit 1; }
 command -v h2load >/dev/null || { echo "h2load is needed (apt-get install nghttp2-client)"; exit 1; }
 
-cat >"$WORK/bench.yaml" <<'YAML'
-domain: bench
-descriptors:
-  - key: remote_address
-    rate_limit: { unit: second, requests_per_unit: 1000 }
-YAML
 # h2load's body: one length-prefixed RateLimitRequest (domain "bench", one
 # descriptor (remote_address, "hot"), hits_addend 1), encoded by hand.
 python3 - "$WORK/body.bin" <<'PY'
@@ -80,12 +64,6 @@ request = field(1, 2, b"bench") + field(2, 2, descriptor) + field(3, 0, bytes([1
 open(sys.argv[1], "wb").write(b"\0" + len(request).to_bytes(4, "big") + request)
 PY
 
-wait_line() { # file, text
-  for _ in $(seq 1 200); do grep -q "$2" "$1" 2>/dev/null && return 0; sleep 0.05; done
-  echo "no '$2' in $1:"; cat "$1"; exit 1
-}
-cpu_ticks() { awk '{print $14 + $15}' "/proc/$1/stat"; }
-TCK=$(getconf CLK_TCK)
 : >"$WORK/runs.jsonl"
 
 # run SERVER PID PORT THREADS ROUND SCENARIO GENERATOR

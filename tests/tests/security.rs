@@ -304,6 +304,23 @@ fn rls_rules() -> String {
         .to_string()
 }
 
+/// A node serving the rate limit port with `TOKEN`, its admin port on,
+/// and `extra`.
+fn rls_node(extra: &[&str]) -> Sluiced {
+    let rules = rls_rules();
+    let common = [
+        "--auth-token",
+        TOKEN,
+        "--rls-port",
+        "0",
+        "--rls-config",
+        &rules,
+        "--admin-port",
+        "0",
+    ];
+    Sluiced::start(&[&common[..], extra].concat())
+}
+
 /// Runs tests/rls/envoy_rls_check.py against `server` in `mode`; `Err`
 /// with its output when it fails.
 fn rls_check(server: &Sluiced, args: &[&str]) -> Result<String, String> {
@@ -344,20 +361,7 @@ fn scrape(server: &Sluiced) -> String {
 /// the same check then fails (it is what the port did before).
 #[test]
 fn the_rate_limit_port_requires_the_token() {
-    let rules = rls_rules();
-    let common = [
-        "--shards",
-        "2",
-        "--auth-token",
-        TOKEN,
-        "--rls-port",
-        "0",
-        "--rls-config",
-        &rules,
-        "--admin-port",
-        "0",
-    ];
-    let server = Sluiced::start(&common);
+    let server = rls_node(&["--shards", "2"]);
     let said = rls_check(&server, &["auth", TOKEN]).unwrap();
     assert!(said.contains("auth: ok"), "{said}");
     let metrics = scrape(&server);
@@ -370,7 +374,7 @@ fn the_rate_limit_port_requires_the_token() {
     assert!(rls_check(&server, &["open"]).is_err());
     drop(server);
 
-    let open = Sluiced::start(&[&common[..], &["--rls-allow-unauthenticated"]].concat());
+    let open = rls_node(&["--shards", "2", "--rls-allow-unauthenticated"]);
     let said = rls_check(&open, &["open"]).unwrap();
     assert!(said.contains("open: ok"), "{said}");
     let broken = rls_check(&open, &["auth", TOKEN]).unwrap_err();
@@ -474,19 +478,10 @@ async fn metric_reaches(server: &Sluiced, metric: &str, at_least: f64) -> f64 {
 /// +454 MiB and this test failed.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn half_sent_calls_hold_at_most_the_rate_limit_buffer_budget() {
-    let rules = rls_rules();
     let budget: u64 = 16 << 20;
-    let server = Sluiced::start(&[
+    let server = rls_node(&[
         "--shards",
         "1",
-        "--auth-token",
-        TOKEN,
-        "--rls-port",
-        "0",
-        "--rls-config",
-        &rules,
-        "--admin-port",
-        "0",
         "--rls-buffer-bytes-max",
         &budget.to_string(),
         "--rls-request-timeout-ms",
@@ -559,18 +554,9 @@ async fn half_sent_calls_hold_at_most_the_rate_limit_buffer_budget() {
 #[tokio::test]
 async fn rate_limit_connections_are_capped_and_must_authenticate_in_time() {
     use tokio::io::AsyncReadExt;
-    let rules = rls_rules();
-    let server = Sluiced::start(&[
+    let server = rls_node(&[
         "--shards",
         "1",
-        "--auth-token",
-        TOKEN,
-        "--rls-port",
-        "0",
-        "--rls-config",
-        &rules,
-        "--admin-port",
-        "0",
         "--rls-connections-max",
         "4",
         "--auth-timeout-ms",
