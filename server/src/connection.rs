@@ -782,17 +782,14 @@ impl Connection {
             let text = format!("this server speaks version {PROTOCOL_VERSION}");
             return self.push(request_id, Local::Error(Status::UnsupportedVersion, text));
         }
-        if let Some(expected) = &self.core.node.config.auth_token {
-            let failures = &self.core.node.auth_failures;
+        // (A handle of our own: the refusals below borrow the connection.)
+        let core = self.core.clone();
+        if let Some(expected) = &core.node.config.auth_token {
             let now = std::time::Instant::now();
-            if let Some(wait) = self.peer.and_then(|ip| failures.blocked(ip, now)) {
-                self.closing = true;
-                let text = format!(
-                    "authentication failed: too many failed authentications from this address; retry in {} ms",
-                    wait.as_millis()
-                );
-                return self.push(request_id, Local::Error(Status::AuthFailed, text));
+            if self.refused_as_blocked(request_id, now) {
+                return;
             }
+            let failures = &self.core.node.auth_failures;
             let right = match self.challenge.as_deref() {
                 // After a CHALLENGE, the client's proof and nothing else.
                 Some((peer_nonce, node_nonce)) => {
@@ -865,10 +862,27 @@ impl Connection {
         self.migrate = Some(Handoff::Move(Migration { shard, request_id }));
     }
 
+    /// Refuses (AUTH_FAILED, and the connection ends) an attempt from an
+    /// address blocked after failed authentications; whether it did.
+    fn refused_as_blocked(&mut self, request_id: u32, now: std::time::Instant) -> bool {
+        let failures = &self.core.node.auth_failures;
+        let Some(wait) = self.peer.and_then(|ip| failures.blocked(ip, now)) else {
+            return false;
+        };
+        self.closing = true;
+        let text = format!(
+            "authentication failed: too many failed authentications from this address; retry in {} ms",
+            wait.as_millis()
+        );
+        self.push(request_id, Local::Error(Status::AuthFailed, text));
+        true
+    }
+
     /// Answers CHALLENGE: this node's nonce and its proof that it knows the
     /// token (PROTOCOL.md, "CHALLENGE").
     fn challenge(&mut self, request_id: u32, peer_nonce: [u8; auth::NONCE_BYTES]) {
-        let Some(token) = &self.core.node.config.auth_token else {
+        let core = self.core.clone();
+        let Some(token) = &core.node.config.auth_token else {
             self.closing = true;
             let text = "authentication failed: this node has no token, so it cannot prove one (give both nodes the same --auth-token)";
             return self.push(
@@ -881,17 +895,8 @@ impl Connection {
             let text = "CHALLENGE comes once, before HELLO".to_owned();
             return self.push(request_id, Local::Error(Status::BadRequest, text));
         }
-        let failures = &self.core.node.auth_failures;
-        if let Some(wait) = self
-            .peer
-            .and_then(|ip| failures.blocked(ip, std::time::Instant::now()))
-        {
-            self.closing = true;
-            let text = format!(
-                "authentication failed: too many failed authentications from this address; retry in {} ms",
-                wait.as_millis()
-            );
-            return self.push(request_id, Local::Error(Status::AuthFailed, text));
+        if self.refused_as_blocked(request_id, std::time::Instant::now()) {
+            return;
         }
         let node_nonce = match crate::challenge::random_nonce() {
             Ok(n) => n,
