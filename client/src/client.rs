@@ -12,7 +12,7 @@ use sluice_protocol::replication::RoleOk;
 use sluice_protocol::routing::{key_hash, shard_of, ROUTING_XXH3_128_MULSHIFT};
 use sluice_protocol::{Limit, Policy, Priority, Reserved, Verdict};
 
-use crate::connection::{Call, Conn, OwnedLimits, OwnedTarget};
+use crate::connection::{Batch, Call, Conn, Op, OwnedLimits, OwnedTarget};
 use crate::error::Error;
 
 /// Default deadline of a call.
@@ -166,12 +166,12 @@ impl Client {
             .check_cost(cost)
             .map_err(|e| Error::Invalid(e.to_string()))?;
         let slot = self.slot_of(key);
-        let call = Call::Throttle {
+        let call = Call::Op(Op::Throttle {
             key: key.into(),
             policy,
             cost,
             peek,
-        };
+        });
         match self.call(slot, call).await? {
             Reply::Throttle(v) if !peek => Ok(v),
             Reply::Peek(v) if peek => Ok(v),
@@ -205,11 +205,11 @@ impl Client {
         quantity: u64,
     ) -> Result<sluice_protocol::cell::CellVerdict, Error> {
         check_key(key)?;
-        let call = Call::Cell {
+        let call = Call::Op(Op::Cell {
             key: key.into(),
             policy,
             quantity,
-        };
+        });
         match self.call(self.slot_of(key), call).await? {
             Reply::Cell(v) => Ok(v),
             other => Err(unexpected(&other)),
@@ -245,13 +245,13 @@ impl Client {
         priority: Priority,
     ) -> Result<DecideOk, Error> {
         check_decide(key, &limits, mode, cost)?;
-        let call = Call::Decide {
+        let call = Call::Op(Op::Decide {
             mode,
             key: key.into(),
             limits: OwnedLimits::new(&limits),
             cost,
             priority,
-        };
+        });
         match self.call(self.slot_of(key), call).await? {
             Reply::Decide(ok) => Ok(ok),
             other => Err(unexpected(&other)),
@@ -325,12 +325,12 @@ impl Client {
         renew: bool,
     ) -> Result<LeaseOk, Error> {
         check_lease(key, &target, lease_id)?;
-        let call = Call::Lease {
+        let call = Call::Op(Op::Lease {
             renew,
             key: key.into(),
             target: OwnedTarget::new(&target),
             lease_id,
-        };
+        });
         match self.call(self.slot_of(key), call).await? {
             Reply::Release(ok) if !renew => Ok(ok),
             Reply::Renew(ok) if renew => Ok(ok),
@@ -425,6 +425,39 @@ impl Client {
             usize::from(shard_of(key_hash(key), self.inner.hello.shard_count))
         } else {
             0
+        }
+    }
+
+    /// Sends every op of `batch`, each on its shard's connection (one
+    /// message per connection: its writer puts it in one frame),
+    /// reconnecting a connection that died first; an op that cannot be
+    /// sent is answered in the batch (a failed reconnect's error: not
+    /// applied). Its replies come into `batch`.
+    pub(crate) async fn send_batch(&self, batch: &Arc<Batch>) {
+        let slots = self.inner.slots.len();
+        let mut items: Vec<Vec<u32>> = (0..slots).map(|_| Vec::new()).collect();
+        for (i, op) in batch.ops.iter().enumerate() {
+            items[self.slot_of(op.key())].push(i as u32);
+        }
+        let deadline = self.inner.config.deadline;
+        for (slot, items) in self.inner.slots.iter().zip(items) {
+            if items.is_empty() {
+                continue;
+            }
+            let mut conn = slot.current();
+            if conn.is_closed() {
+                let reconnect = tokio::time::timeout(deadline, self.reconnect(slot, &conn)).await;
+                match reconnect.map_err(|_| Error::Timeout(deadline)) {
+                    Ok(Ok(fresh)) => conn = fresh,
+                    Ok(Err(e)) | Err(e) => {
+                        for i in items {
+                            batch.complete(i, Err(e.copy()));
+                        }
+                        continue;
+                    }
+                }
+            }
+            conn.send_batch(batch, items);
         }
     }
 
@@ -523,7 +556,7 @@ pub fn inline_limits(limits: &[Limit]) -> Result<Limits<'static>, Error> {
     })
 }
 
-fn check_key(key: &[u8]) -> Result<(), Error> {
+pub(crate) fn check_key(key: &[u8]) -> Result<(), Error> {
     if key.is_empty() || key.len() > KEY_BYTES_MAX {
         return Err(Error::Invalid(format!(
             "a key must be 1..={KEY_BYTES_MAX} bytes"
@@ -543,7 +576,12 @@ fn check_tier(name: &str) -> Result<(), Error> {
 
 /// What the server would refuse in a DECIDE without looking at its state,
 /// in the server's order (key, limits, cost).
-fn check_decide(key: &[u8], limits: &Limits<'_>, mode: Mode, cost: u64) -> Result<(), Error> {
+pub(crate) fn check_decide(
+    key: &[u8],
+    limits: &Limits<'_>,
+    mode: Mode,
+    cost: u64,
+) -> Result<(), Error> {
     if mode == Mode::Reset && cost != 0 {
         return Err(Error::Invalid("a reset takes cost 0".into()));
     }
@@ -560,7 +598,11 @@ fn check_decide(key: &[u8], limits: &Limits<'_>, mode: Mode, cost: u64) -> Resul
 
 /// What the server would refuse in a RELEASE or RENEW without looking at
 /// its state.
-fn check_lease(key: &[u8], target: &LeaseTarget<'_>, lease_id: u64) -> Result<(), Error> {
+pub(crate) fn check_lease(
+    key: &[u8],
+    target: &LeaseTarget<'_>,
+    lease_id: u64,
+) -> Result<(), Error> {
     if lease_id == 0 {
         return Err(Error::Invalid("lease id 0 names no lease".into()));
     }
@@ -584,7 +626,7 @@ fn check_lease(key: &[u8], target: &LeaseTarget<'_>, lease_id: u64) -> Result<()
     Ok(())
 }
 
-fn unexpected(reply: &Reply) -> Error {
+pub(crate) fn unexpected(reply: &Reply) -> Error {
     Error::Protocol(format!("unexpected reply {reply:?}"))
 }
 

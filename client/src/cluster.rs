@@ -65,6 +65,9 @@ use sluice_protocol::{Clock, MonotonicClock, Policy, Priority, Status};
 
 use crate::{Client, ClientConfig, Error};
 
+mod batch;
+pub use batch::{Answer, Answered};
+
 /// Default shortest time between two searches for a group's primary.
 pub const SEARCH_INTERVAL_MS_DEFAULT: u64 = 50;
 /// Default time a call to a group's primary may wait before the group
@@ -611,10 +614,7 @@ impl Cluster {
             StoreCall::Failed(e) => return Err(e),
             StoreCall::Unavailable { group, unknown } => (group, unknown),
         };
-        if failure == FailurePolicy::Error {
-            return Err(unavailable(&group, unknown));
-        }
-        Ok(self.fallback(
+        self.decide_unavailable(
             &group,
             key,
             limits,
@@ -622,7 +622,26 @@ impl Cluster {
             cost,
             failure,
             unknown,
-        ))
+        )
+    }
+
+    /// A DECIDE's answer when its group could not answer: the failure
+    /// policy's (an error under [`FailurePolicy::Error`]).
+    #[allow(clippy::too_many_arguments)]
+    fn decide_unavailable(
+        &self,
+        group: &Group,
+        key: &[u8],
+        limits: Limits<'_>,
+        mode_priority: (Mode, Priority),
+        cost: u64,
+        failure: FailurePolicy,
+        unknown: bool,
+    ) -> Result<ClusterVerdict, Error> {
+        if failure == FailurePolicy::Error {
+            return Err(unavailable(group, unknown));
+        }
+        Ok(self.fallback(group, key, limits, mode_priority, cost, failure, unknown))
     }
 
     /// redis-cell's `CL.THROTTLE` of `key` through its group (what a node
@@ -646,12 +665,24 @@ impl Cluster {
             StoreCall::Failed(e) => return Err(e),
             StoreCall::Unavailable { group, unknown } => (group, unknown),
         };
+        self.cell_unavailable(&group, policy, failure, unknown)
+    }
+
+    /// A CELL's answer when its group could not answer: under open or
+    /// closed the policy's fixed answer, with nothing spent; else an
+    /// [`Error::Unavailable`] (redis-cell's arithmetic has no local share).
+    fn cell_unavailable(
+        &self,
+        group: &Group,
+        policy: sluice_protocol::cell::CellPolicy,
+        failure: FailurePolicy,
+        unknown: bool,
+    ) -> Result<(Source, sluice_protocol::cell::CellVerdict), Error> {
+        let stats = &self.inner.stats;
         let limited = match failure {
             FailurePolicy::Open => false,
             FailurePolicy::Closed => true,
-            FailurePolicy::Local | FailurePolicy::Error => {
-                return Err(unavailable(&group, unknown))
-            }
+            FailurePolicy::Local | FailurePolicy::Error => return Err(unavailable(group, unknown)),
         };
         let (source, counter) = if limited {
             (Source::Closed, &stats.closed_total)

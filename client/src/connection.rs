@@ -4,6 +4,7 @@
 
 use std::collections::HashMap;
 use std::net::SocketAddr;
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
@@ -29,6 +30,31 @@ pub const BATCH_MAX: usize = 4_096;
 #[derive(Debug)]
 pub(crate) enum Call {
     Ping,
+    /// A decision (THROTTLE, PEEK, DECIDE, RELEASE, RENEW, CELL).
+    Op(Op),
+    Reload,
+    /// One page of STATS, from `shard_first` on.
+    Stats {
+        shard_first: u16,
+    },
+    /// ROLE: the node's role and replication state.
+    Role,
+    /// PROMOTE: make the node (a follower) the primary.
+    Promote,
+    /// FAILOVER: planned handover from the node (a primary) to its follower.
+    Failover,
+    /// CLUSTER: the node's view of the cluster (and a key's owner).
+    Cluster {
+        key: Box<[u8]>,
+    },
+}
+
+/// One decision about one key, owned: a call of a batch
+/// ([`Cluster::batch`](crate::Cluster::batch)), which is how a node
+/// forwards the requests another group owns.
+#[derive(Clone, Debug)]
+pub enum Op {
+    /// THROTTLE (or PEEK, changing nothing): one inline token bucket.
     Throttle {
         key: Box<[u8]>,
         policy: Policy,
@@ -50,21 +76,6 @@ pub(crate) enum Call {
         target: OwnedTarget,
         lease_id: u64,
     },
-    Reload,
-    /// One page of STATS, from `shard_first` on.
-    Stats {
-        shard_first: u16,
-    },
-    /// ROLE: the node's role and replication state.
-    Role,
-    /// PROMOTE: make the node (a follower) the primary.
-    Promote,
-    /// FAILOVER: planned handover from the node (a primary) to its follower.
-    Failover,
-    /// CLUSTER: the node's view of the cluster (and a key's owner).
-    Cluster {
-        key: Box<[u8]>,
-    },
     /// CELL: redis-cell's CL.THROTTLE (a node forwarding for RESP).
     Cell {
         key: Box<[u8]>,
@@ -73,24 +84,111 @@ pub(crate) enum Call {
     },
 }
 
+impl Op {
+    /// The key decided.
+    pub fn key(&self) -> &[u8] {
+        match self {
+            Op::Throttle { key, .. }
+            | Op::Decide { key, .. }
+            | Op::Lease { key, .. }
+            | Op::Cell { key, .. } => key,
+        }
+    }
+
+    /// Whether the store may change something: such a call, once sent and
+    /// unanswered, is outcome-unknown and never resent.
+    pub fn spends(&self) -> bool {
+        match self {
+            Op::Throttle { peek, .. } => !peek,
+            Op::Decide { mode, .. } => *mode != Mode::Probe,
+            Op::Lease { .. } => true,
+            Op::Cell { quantity, .. } => *quantity > 0,
+        }
+    }
+
+    /// The request this op is.
+    fn request(&self) -> Request<'_> {
+        match self {
+            Op::Throttle {
+                key,
+                policy,
+                cost,
+                peek,
+            } => {
+                let t = Throttle {
+                    key,
+                    policy: *policy,
+                    cost: *cost,
+                };
+                if *peek {
+                    Request::Peek(t)
+                } else {
+                    Request::Throttle(t)
+                }
+            }
+            Op::Decide {
+                mode,
+                key,
+                limits,
+                cost,
+                priority,
+            } => Request::Decide(Decide {
+                mode: *mode,
+                key,
+                limits: limits.borrow(),
+                cost: *cost,
+                priority: *priority,
+            }),
+            Op::Lease {
+                renew,
+                key,
+                target,
+                lease_id,
+            } => {
+                let op = LeaseOp {
+                    key,
+                    target: target.borrow(),
+                    lease_id: *lease_id,
+                };
+                if *renew {
+                    Request::Renew(op)
+                } else {
+                    Request::Release(op)
+                }
+            }
+            Op::Cell {
+                key,
+                policy,
+                quantity,
+            } => Request::Cell(sluice_protocol::message::Cell {
+                key,
+                policy: *policy,
+                quantity: *quantity,
+            }),
+        }
+    }
+}
+
 /// [`Limits`] that outlive the caller's borrow until the writer encodes them.
-/// Inline limits are boxed so that every [`Call`] (THROTTLE's too) stays
+/// Inline limits are boxed so that every [`Op`] (THROTTLE's too) stays
 /// small on its way through the channel.
-#[derive(Debug)]
-pub(crate) enum OwnedLimits {
+#[derive(Clone, Debug)]
+pub enum OwnedLimits {
     Inline(Box<LimitSet>),
     Tier(Box<str>),
 }
 
 impl OwnedLimits {
-    pub(crate) fn new(limits: &Limits<'_>) -> OwnedLimits {
+    /// Owns `limits`.
+    pub fn new(limits: &Limits<'_>) -> OwnedLimits {
         match limits {
             Limits::Inline(set) => OwnedLimits::Inline(Box::new(*set)),
             Limits::Tier(name) => OwnedLimits::Tier((*name).into()),
         }
     }
 
-    fn borrow(&self) -> Limits<'_> {
+    /// Borrows them back.
+    pub fn borrow(&self) -> Limits<'_> {
         match self {
             OwnedLimits::Inline(set) => Limits::Inline(**set),
             OwnedLimits::Tier(name) => Limits::Tier(name),
@@ -99,14 +197,15 @@ impl OwnedLimits {
 }
 
 /// A [`LeaseTarget`] that outlives the caller's borrow.
-#[derive(Debug)]
-pub(crate) enum OwnedTarget {
+#[derive(Clone, Debug)]
+pub enum OwnedTarget {
     Inline { index: u8, limit: Concurrency },
     Tier { name: Box<str>, index: u8 },
 }
 
 impl OwnedTarget {
-    pub(crate) fn new(target: &LeaseTarget<'_>) -> OwnedTarget {
+    /// Owns `target`.
+    pub fn new(target: &LeaseTarget<'_>) -> OwnedTarget {
         match *target {
             LeaseTarget::Inline { index, limit } => OwnedTarget::Inline { index, limit },
             LeaseTarget::Tier { name, index } => OwnedTarget::Tier {
@@ -116,7 +215,8 @@ impl OwnedTarget {
         }
     }
 
-    fn borrow(&self) -> LeaseTarget<'_> {
+    /// Borrows it back.
+    pub fn borrow(&self) -> LeaseTarget<'_> {
         match self {
             OwnedTarget::Inline { index, limit } => LeaseTarget::Inline {
                 index: *index,
@@ -135,53 +235,7 @@ impl Call {
     fn encode(&self, w: &mut FrameWriter, buf: &mut BytesMut, request_id: u32) {
         let request = match self {
             Call::Ping => Request::Ping,
-            Call::Throttle {
-                key,
-                policy,
-                cost,
-                peek,
-            } => {
-                let t = Throttle {
-                    key,
-                    policy: *policy,
-                    cost: *cost,
-                };
-                if *peek {
-                    Request::Peek(t)
-                } else {
-                    Request::Throttle(t)
-                }
-            }
-            Call::Decide {
-                mode,
-                key,
-                limits,
-                cost,
-                priority,
-            } => Request::Decide(Decide {
-                mode: *mode,
-                key,
-                limits: limits.borrow(),
-                cost: *cost,
-                priority: *priority,
-            }),
-            Call::Lease {
-                renew,
-                key,
-                target,
-                lease_id,
-            } => {
-                let op = LeaseOp {
-                    key,
-                    target: target.borrow(),
-                    lease_id: *lease_id,
-                };
-                if *renew {
-                    Request::Renew(op)
-                } else {
-                    Request::Release(op)
-                }
-            }
+            Call::Op(op) => op.request(),
             Call::Reload => Request::Reload,
             Call::Stats { shard_first } => Request::Stats(Stats {
                 shard_first: *shard_first,
@@ -190,29 +244,96 @@ impl Call {
             Call::Promote => Request::Promote,
             Call::Failover => Request::Failover,
             Call::Cluster { key } => Request::Cluster { key },
-            Call::Cell {
-                key,
-                policy,
-                quantity,
-            } => Request::Cell(sluice_protocol::message::Cell {
-                key,
-                policy: *policy,
-                quantity: *quantity,
-            }),
         };
         request.encode(w, buf, request_id);
     }
 }
 
-/// A call on its way to the writer.
+/// Ops sent together, whose replies are gathered in place: one
+/// completion for the whole batch, not a channel and a timer per call.
 #[derive(Debug)]
-struct Queued {
-    call: Call,
-    reply: oneshot::Sender<Result<Reply, Error>>,
+pub(crate) struct Batch {
+    /// In the caller's order.
+    pub(crate) ops: Vec<Op>,
+    /// By op: its reply, once it came (or its connection failed).
+    replies: Mutex<Vec<Option<Result<Reply, Error>>>>,
+    /// Ops still without a reply.
+    left: AtomicUsize,
+    /// Woken when `left` reaches 0.
+    done: tokio::sync::Notify,
+}
+
+impl Batch {
+    pub(crate) fn new(ops: Vec<Op>) -> Arc<Batch> {
+        let n = ops.len();
+        Arc::new(Batch {
+            replies: Mutex::new((0..n).map(|_| None).collect()),
+            left: AtomicUsize::new(n),
+            done: tokio::sync::Notify::new(),
+            ops,
+        })
+    }
+
+    /// Op `index`'s reply (the first one given counts).
+    pub(crate) fn complete(&self, index: u32, reply: Result<Reply, Error>) {
+        let mut replies = self.replies.lock().unwrap_or_else(|e| e.into_inner());
+        // Taken already (the caller stopped waiting), or answered.
+        let Some(slot @ None) = replies.get_mut(index as usize) else {
+            return;
+        };
+        *slot = Some(reply);
+        drop(replies);
+        if self.left.fetch_sub(1, Ordering::AcqRel) == 1 {
+            self.done.notify_one();
+        }
+    }
+
+    /// Resolves once every op has its reply.
+    pub(crate) async fn finished(&self) {
+        while self.left.load(Ordering::Acquire) > 0 {
+            self.done.notified().await;
+        }
+    }
+
+    /// The replies so far, by op (`None`: none came).
+    pub(crate) fn take(&self) -> Vec<Option<Result<Reply, Error>>> {
+        // A reply that comes after this finds no slot and is dropped.
+        std::mem::take(&mut *self.replies.lock().unwrap_or_else(|e| e.into_inner()))
+    }
+}
+
+/// What the writer is given.
+#[derive(Debug)]
+enum Queued {
+    /// One call, answered on its channel.
+    One {
+        call: Call,
+        reply: oneshot::Sender<Result<Reply, Error>>,
+    },
+    /// Ops `items` of `batch`, answered in it.
+    Batch { batch: Arc<Batch>, items: Vec<u32> },
+}
+
+/// Who waits for a request id's reply.
+#[derive(Debug)]
+enum Waiter {
+    One(oneshot::Sender<Result<Reply, Error>>),
+    Batch(Arc<Batch>, u32),
+}
+
+impl Waiter {
+    fn answer(self, reply: Result<Reply, Error>) {
+        match self {
+            Waiter::One(tx) => {
+                let _ = tx.send(reply);
+            }
+            Waiter::Batch(batch, index) => batch.complete(index, reply),
+        }
+    }
 }
 
 /// Callers waiting for replies, by request id.
-type Pending = Arc<Mutex<HashMap<u32, oneshot::Sender<Result<Reply, Error>>>>>;
+type Pending = Arc<Mutex<HashMap<u32, Waiter>>>;
 
 /// A live connection's handle. Dropping every clone ends its tasks.
 #[derive(Debug)]
@@ -263,11 +384,25 @@ impl Conn {
         self.tx.is_closed()
     }
 
+    /// Sends ops `items` of `batch` (their replies go to the batch; a
+    /// closed connection answers them DISCONNECTED at once).
+    pub fn send_batch(&self, batch: &Arc<Batch>, items: Vec<u32>) {
+        let queued = Queued::Batch {
+            batch: batch.clone(),
+            items,
+        };
+        if let Err(mpsc::error::SendError(Queued::Batch { batch, items })) = self.tx.send(queued) {
+            for i in items {
+                batch.complete(i, Err(Error::Disconnected));
+            }
+        }
+    }
+
     /// Sends `call` and waits for its reply until `deadline`.
     pub async fn call(&self, call: Call, deadline: Duration) -> Result<Reply, Error> {
         let (reply, rx) = oneshot::channel();
         self.tx
-            .send(Queued { call, reply })
+            .send(Queued::One { call, reply })
             .map_err(|_| Error::Disconnected)?;
         match tokio::time::timeout(deadline, rx).await {
             Ok(Ok(result)) => result,
@@ -383,12 +518,27 @@ async fn write_loop(
         let mut w = FrameWriter::new();
         {
             let mut pending = pending.lock().unwrap_or_else(|e| e.into_inner());
-            for q in calls.drain(..) {
-                // Id 0 is reserved for connection-level errors.
+            // Id 0 is reserved for connection-level errors.
+            let mut next = || {
                 next_id = next_id.wrapping_add(1).max(1);
-                let request_id = next_id;
-                q.call.encode(&mut w, &mut buf, request_id);
-                pending.insert(request_id, q.reply);
+                next_id
+            };
+            for q in calls.drain(..) {
+                match q {
+                    Queued::One { call, reply } => {
+                        let request_id = next();
+                        call.encode(&mut w, &mut buf, request_id);
+                        pending.insert(request_id, Waiter::One(reply));
+                    }
+                    Queued::Batch { batch, items } => {
+                        for i in items {
+                            let request_id = next();
+                            let op = &batch.ops[i as usize];
+                            op.request().encode(&mut w, &mut buf, request_id);
+                            pending.insert(request_id, Waiter::Batch(batch.clone(), i));
+                        }
+                    }
+                }
             }
         }
         w.finish(&mut buf);
@@ -427,8 +577,8 @@ async fn read_loop(
                     }
                     continue;
                 }
-                if let Some(tx) = pending.remove(&h.request_id) {
-                    let _ = tx.send(match reply {
+                if let Some(waiter) = pending.remove(&h.request_id) {
+                    waiter.answer(match reply {
                         Reply::Error { code, text } => Err(Error::server(code, text)),
                         other => Ok(other),
                     });
@@ -453,7 +603,7 @@ fn fail_all(pending: &Pending, err: impl Fn() -> Error) {
         .unwrap_or_else(|e| e.into_inner())
         .drain()
         .collect();
-    for (_, tx) in drained {
-        let _ = tx.send(Err(err()));
+    for (_, waiter) in drained {
+        waiter.answer(Err(err()));
     }
 }

@@ -51,6 +51,39 @@ pub enum Error {
     },
 }
 
+impl Error {
+    /// The same error again (an `io::Error` cannot be cloned: its kind and
+    /// words are), for every call of a batch that met it.
+    pub(crate) fn copy(&self) -> Error {
+        match self {
+            Error::Timeout(d) => Error::Timeout(*d),
+            Error::Disconnected => Error::Disconnected,
+            Error::Connect { addr, source } => Error::Connect {
+                addr: addr.clone(),
+                source: std::io::Error::new(source.kind(), source.to_string()),
+            },
+            Error::Server { status, code, text } => Error::Server {
+                status: *status,
+                code: *code,
+                text: text.clone(),
+            },
+            Error::Protocol(t) => Error::Protocol(t.clone()),
+            Error::Invalid(t) => Error::Invalid(t.clone()),
+            Error::Unavailable {
+                group,
+                primary,
+                outcome_unknown,
+                last_error,
+            } => Error::Unavailable {
+                group: group.clone(),
+                primary: primary.clone(),
+                outcome_unknown: *outcome_unknown,
+                last_error: last_error.clone(),
+            },
+        }
+    }
+}
+
 /// A server error's words, each said once: the status's name and code,
 /// then the server's text when it adds anything (`unknown tier (15)`, not
 /// `unknown tier (15): unknown tier`).

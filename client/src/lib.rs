@@ -43,8 +43,10 @@ pub mod tower;
 
 pub use client::{inline_limits, inline_reserved, Client, ClientConfig};
 pub use cluster::{
-    Cluster, ClusterConfig, ClusterVerdict, FailurePolicy, Source, Topology, STALL_AFTER_MS_DEFAULT,
+    Answer, Cluster, ClusterConfig, ClusterVerdict, FailurePolicy, Source, Topology,
+    STALL_AFTER_MS_DEFAULT,
 };
+pub use connection::{Op, OwnedLimits, OwnedTarget};
 pub use error::{Action, Error};
 pub use sluice_protocol::message::{
     DecideOk, LeaseOk, LeaseTarget, LimitSet, LimitVerdict, Limits, Mode, ShardStats, StatsOk,

@@ -36,7 +36,7 @@ use tokio::net::TcpStream;
 use tokio_util::codec::Decoder;
 
 use crate::coordinator::{self, constant_time_eq, Handler, ReplyShare, READ_CHUNK_BYTES};
-use crate::forward::{RemoteLimits, RemoteOp, RemoteTarget};
+use crate::forward::{OwnedLimits, OwnedTarget, RemoteOp};
 use crate::pipeline::{Pipeline, Protocol};
 use crate::shard::{
     Adopt, BatchReply, ConnectionGuard, DecideOp, MultiVerdict, Op, Outcome, ShardCore, ShardMsg,
@@ -1114,7 +1114,7 @@ fn remote_op(request_id: u32, request: &Request<'_>, key: &[u8]) -> (Tag, Remote
         }
         Request::Decide(d) => RemoteOp::Decide {
             key,
-            limits: RemoteLimits::new(&d.limits),
+            limits: OwnedLimits::new(&d.limits),
             mode: d.mode,
             cost: d.cost,
             priority: d.priority,
@@ -1126,7 +1126,7 @@ fn remote_op(request_id: u32, request: &Request<'_>, key: &[u8]) -> (Tag, Remote
             tag.renew_ns = renew.then_some(0);
             RemoteOp::Lease {
                 key,
-                target: RemoteTarget::new(&l.target),
+                target: OwnedTarget::new(&l.target),
                 lease_id: l.lease_id,
                 renew,
             }

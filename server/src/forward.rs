@@ -32,17 +32,16 @@
 use std::collections::BTreeMap;
 use std::future::Future;
 use std::path::PathBuf;
-use std::pin::Pin;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, RwLock};
-use std::task::{Context, Poll};
 use std::time::{Duration, Instant};
 
-use sluice_client::{ClientConfig, Cluster, ClusterConfig, Error, FailurePolicy, Topology};
-use sluice_protocol::cell::CellPolicy;
-use sluice_protocol::message::{ClusterOk, DecideOk, GroupInfo, LimitSet, Limits, Mode};
+use sluice_client::cluster::Answered;
+use sluice_client::{Answer, ClientConfig, Cluster, ClusterConfig, Error, FailurePolicy, Topology};
+use sluice_protocol::message::{ClusterOk, DecideOk, GroupInfo};
 use sluice_protocol::ring::Ring;
-use sluice_protocol::{Limit, Policy, Priority, Status};
+use sluice_protocol::routing::key_hash;
+use sluice_protocol::Status;
 
 use crate::config::{Config, ForwardFailure};
 use crate::inbox::Sender;
@@ -53,104 +52,10 @@ use crate::shard::{BatchReply, MultiVerdict, Outcome};
 /// decides each key on the thread that owns it, with no hop.
 const FORWARD_CONNECT_TIMEOUT_MS: u64 = 1_000;
 
-/// A request to be decided by another node, owned until it is sent.
-#[derive(Debug)]
-pub enum RemoteOp {
-    /// Protocol v1 THROTTLE (or PEEK): one inline token bucket.
-    Throttle {
-        key: Box<[u8]>,
-        policy: Policy,
-        cost: u64,
-        peek: bool,
-    },
-    /// Protocol v1 DECIDE, as the client sent it (a tier is resolved by the
-    /// owner, from its own configuration).
-    Decide {
-        key: Box<[u8]>,
-        limits: RemoteLimits,
-        mode: Mode,
-        cost: u64,
-        priority: Priority,
-    },
-    /// RELEASE or RENEW of a concurrency lease.
-    Lease {
-        key: Box<[u8]>,
-        target: RemoteTarget,
-        lease_id: u64,
-        renew: bool,
-    },
-    /// A RESP client's CL.THROTTLE.
-    Cell {
-        key: Box<[u8]>,
-        policy: CellPolicy,
-        quantity: u64,
-    },
-}
-
-/// [`Limits`] owned.
-#[derive(Debug)]
-pub enum RemoteLimits {
-    Inline(Box<LimitSet>),
-    Tier(Box<str>),
-}
-
-impl RemoteLimits {
-    /// Owns `limits`.
-    pub fn new(limits: &Limits<'_>) -> RemoteLimits {
-        match limits {
-            Limits::Inline(set) => RemoteLimits::Inline(Box::new(*set)),
-            Limits::Tier(name) => RemoteLimits::Tier((*name).into()),
-        }
-    }
-
-    fn borrow(&self) -> Limits<'_> {
-        match self {
-            RemoteLimits::Inline(set) => Limits::Inline(**set),
-            RemoteLimits::Tier(name) => Limits::Tier(name),
-        }
-    }
-}
-
-/// A lease's limit, owned ([`sluice_protocol::message::LeaseTarget`]).
-#[derive(Debug)]
-pub enum RemoteTarget {
-    Inline {
-        index: u8,
-        limit: sluice_protocol::Concurrency,
-    },
-    Tier {
-        name: Box<str>,
-        index: u8,
-    },
-}
-
-impl RemoteTarget {
-    /// Owns `target`.
-    pub fn new(target: &sluice_protocol::message::LeaseTarget<'_>) -> RemoteTarget {
-        use sluice_protocol::message::LeaseTarget;
-        match *target {
-            LeaseTarget::Inline { index, limit } => RemoteTarget::Inline { index, limit },
-            LeaseTarget::Tier { name, index } => RemoteTarget::Tier {
-                name: name.into(),
-                index,
-            },
-        }
-    }
-
-    fn borrow(&self) -> sluice_protocol::message::LeaseTarget<'_> {
-        use sluice_protocol::message::LeaseTarget;
-        match self {
-            RemoteTarget::Inline { index, limit } => LeaseTarget::Inline {
-                index: *index,
-                limit: *limit,
-            },
-            RemoteTarget::Tier { name, index } => LeaseTarget::Tier {
-                name,
-                index: *index,
-            },
-        }
-    }
-}
+/// A request to be decided by another node, owned until it is sent: the
+/// cluster client's [`Op`](sluice_client::Op), sent in a batch.
+pub use sluice_client::Op as RemoteOp;
+pub use sluice_client::{OwnedLimits, OwnedTarget};
 
 /// One read's forwarded requests, answered as one [`BatchReply`].
 #[derive(Debug)]
@@ -398,17 +303,13 @@ impl Forwarder {
         let this = self.clone();
         self.runtime.spawn(async move {
             let RemoteBatch { reply_to, items } = batch;
-            let calls: Vec<_> = items
-                .into_iter()
-                .map(|(seq, op)| {
-                    let (this, view) = (this.clone(), view.clone());
-                    Box::pin(async move { (seq, this.execute(&view, op).await) })
-                        as Pin<Box<dyn Future<Output = (u64, Outcome)> + Send>>
-                })
-                .collect();
-            let outcomes = join_all(calls).await;
+            let (seqs, ops): (Vec<u64>, Vec<RemoteOp>) = items.into_iter().unzip();
+            let answers = this.forward(&view, ops).await;
+            let outcomes = seqs.into_iter().zip(answers.into_iter().map(outcome));
             // The connection may be gone: nothing waits for the answer then.
-            let _ = reply_to.send(BatchReply { outcomes });
+            let _ = reply_to.send(BatchReply {
+                outcomes: outcomes.collect(),
+            });
         });
     }
 
@@ -425,103 +326,50 @@ impl Forwarder {
             .expect("a forwarded call does not panic")
     }
 
-    /// One forwarded request, to its outcome.
-    async fn execute(&self, view: &View, op: RemoteOp) -> Outcome {
-        let key: &[u8] = match &op {
-            RemoteOp::Throttle { key, .. }
-            | RemoteOp::Decide { key, .. }
-            | RemoteOp::Lease { key, .. }
-            | RemoteOp::Cell { key, .. } => key,
-        };
-        let owner = view
-            .owner(sluice_protocol::routing::key_hash(key))
-            .to_owned();
+    /// Decides `ops` on their owners through the cluster client's batch
+    /// path (one frame and one deadline per owner connection), counted.
+    /// Call it on the forwarder thread.
+    pub async fn forward(&self, view: &View, ops: Vec<RemoteOp>) -> Vec<Answered> {
+        let groups: Vec<usize> = ops
+            .iter()
+            .map(|op| view.ring.group_of(key_hash(op.key())))
+            .collect();
         let start = Instant::now();
-        let outcome = match op {
-            RemoteOp::Throttle {
-                key,
-                policy,
-                cost,
-                peek,
-            } => {
-                let limits = Limits::Inline(
-                    LimitSet::new(&[Limit::TokenBucket(policy)]).expect("one limit fits"),
-                );
-                let mode = if peek { Mode::Probe } else { Mode::Spend };
-                self.decide(view, &key, limits, mode, cost, Priority::Normal)
-                    .await
-                    .map(|d| {
-                        Outcome::Verdict(d.verdicts.first().map(|v| v.verdict).unwrap_or_default())
-                    })
-            }
-            RemoteOp::Decide {
-                key,
-                limits,
-                mode,
-                cost,
-                priority,
-            } => self
-                .decide(view, &key, limits.borrow(), mode, cost, priority)
-                .await
-                .map(|d| Outcome::Multi(Box::new(multi(d)))),
-            RemoteOp::Lease {
-                key,
-                target,
-                lease_id,
-                renew,
-            } => self
-                .cluster
-                .lease(&key, target.borrow(), lease_id, renew, self.failure)
-                .await
-                .map(Outcome::LeaseOk),
-            RemoteOp::Cell {
-                key,
-                policy,
-                quantity,
-            } => self
-                .cluster
-                .cell(&key, policy, quantity, self.failure)
-                .await
-                .map(|(_, v)| Outcome::Cell(v)),
-        };
-        self.count(&owner, start.elapsed(), outcome.as_ref().err());
-        outcome.unwrap_or_else(|e| failed(&e))
+        let answers = self.cluster.batch(ops, self.failure).await;
+        self.count(view, &groups, start.elapsed(), &answers);
+        answers
     }
 
-    /// A DECIDE through the cluster client.
-    pub async fn decide(
-        &self,
-        view: &View,
-        key: &[u8],
-        limits: Limits<'_>,
-        mode: Mode,
-        cost: u64,
-        priority: Priority,
-    ) -> Result<DecideOk, Error> {
-        let _ = view;
-        self.cluster
-            .decide_as(key, limits, mode, cost, self.failure, priority)
-            .await
-            .map(|v| v.decision)
-    }
-
-    /// Counts one forwarded request to `group`.
-    pub fn count(&self, group: &str, rtt: Duration, error: Option<&Error>) {
+    /// Counts a batch's forwarded requests (to `groups`, ring indices of
+    /// `view`), which took `rtt`.
+    fn count(&self, view: &View, groups: &[usize], rtt: Duration, answers: &[Answered]) {
         let s = &self.stats;
-        s.groups
-            .lock()
-            .expect("not poisoned")
-            .entry(group.to_owned())
-            .or_default()
-            .forwarded += 1;
+        {
+            let mut counters = s.groups.lock().expect("not poisoned");
+            let mut i = 0;
+            while i < groups.len() {
+                // Runs of one group count under one lookup.
+                let g = groups[i];
+                let run = groups[i..].iter().take_while(|&&h| h == g).count();
+                let name = view.ring.name(g);
+                match counters.get_mut(name) {
+                    Some(c) => c.forwarded += run as u64,
+                    None => {
+                        let c = counters.entry(name.to_owned()).or_default();
+                        c.forwarded += run as u64;
+                    }
+                }
+                i += run;
+            }
+        }
+        let n = groups.len() as u64;
         let us = u64::try_from(rtt.as_micros()).unwrap_or(u64::MAX);
         let bucket = (64 - us.leading_zeros() as usize).min(RTT_BUCKETS - 1);
-        s.rtt[bucket].fetch_add(1, Ordering::Relaxed);
-        s.rtt_ns_sum.fetch_add(
-            u64::try_from(rtt.as_nanos()).unwrap_or(u64::MAX),
-            Ordering::Relaxed,
-        );
-        if let Some(e) = error {
+        s.rtt[bucket].fetch_add(n, Ordering::Relaxed);
+        let ns = u64::try_from(rtt.as_nanos()).unwrap_or(u64::MAX);
+        s.rtt_ns_sum
+            .fetch_add(ns.saturating_mul(n), Ordering::Relaxed);
+        for e in answers.iter().filter_map(|a| a.as_ref().err()) {
             let kind = match e {
                 Error::Unavailable {
                     outcome_unknown: false,
@@ -533,6 +381,17 @@ impl Forwarder {
             };
             s.errors[kind].fetch_add(1, Ordering::Relaxed);
         }
+    }
+}
+
+/// A forwarded request's answer as the outcome its connection answers.
+pub fn outcome(answer: Answered) -> Outcome {
+    match answer {
+        Ok(Answer::Verdict(_, v)) => Outcome::Verdict(v),
+        Ok(Answer::Decide(_, d)) => Outcome::Multi(Box::new(multi(d))),
+        Ok(Answer::Cell(_, v)) => Outcome::Cell(v),
+        Ok(Answer::Lease(ok)) => Outcome::LeaseOk(ok),
+        Err(e) => failed(&e),
     }
 }
 
@@ -560,7 +419,7 @@ pub fn cluster_ok(node: &crate::shard::Node, key: &[u8]) -> ClusterOk {
             .and_then(|i| u16::try_from(i).ok())
     };
     let owner = (!key.is_empty())
-        .then(|| index(view.owner(sluice_protocol::routing::key_hash(key))))
+        .then(|| index(view.owner(key_hash(key))))
         .flatten();
     ClusterOk {
         layout: view.hash,
@@ -695,26 +554,4 @@ fn spawn_runtime() -> Result<tokio::runtime::Handle, String> {
         .spawn(move || runtime.block_on(std::future::pending::<()>()))
         .map_err(|e| format!("cannot start the forwarder thread: {e}"))?;
     Ok(handle)
-}
-
-/// Polls every future to its end; the outputs in the input's order.
-pub async fn join_all<T>(mut futures: Vec<Pin<Box<dyn Future<Output = T> + Send>>>) -> Vec<T> {
-    let mut out: Vec<Option<T>> = futures.iter().map(|_| None).collect();
-    let mut left = futures.len();
-    std::future::poll_fn(move |cx: &mut Context<'_>| {
-        for (i, f) in futures.iter_mut().enumerate() {
-            if out[i].is_none() {
-                if let Poll::Ready(v) = f.as_mut().poll(cx) {
-                    out[i] = Some(v);
-                    left -= 1;
-                }
-            }
-        }
-        if left == 0 {
-            Poll::Ready(out.iter_mut().map(|o| o.take().expect("done")).collect())
-        } else {
-            Poll::Pending
-        }
-    })
-    .await
 }

@@ -11,7 +11,8 @@
 use std::time::{Duration, Instant};
 
 use sluice_client::{
-    inline_limits, ClientConfig, Cluster, ClusterConfig, Limits, Source, Topology,
+    inline_limits, Answer, ClientConfig, Cluster, ClusterConfig, FailurePolicy, Limits, Op, Source,
+    Topology,
 };
 use sluice_protocol::ring::Ring;
 use sluice_protocol::routing::key_hash;
@@ -281,6 +282,152 @@ async fn a_group_down_gets_local_verdicts_then_the_store_again() {
             "never back on the store"
         );
         tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}
+
+/// A batch of THROTTLEs over a key set, through `cluster`: the
+/// allowed count per key, and every op's source.
+async fn throttle_batch(
+    cluster: &Cluster,
+    keys: &[String],
+    failure: FailurePolicy,
+) -> Vec<Result<(Source, bool), sluice_client::Error>> {
+    let sluice_client::Limit::TokenBucket(policy) = specs(&["token-bucket:1/h,burst=3"])[0] else {
+        unreachable!("a token bucket")
+    };
+    let ops = keys
+        .iter()
+        .map(|k| Op::Throttle {
+            key: k.as_bytes().into(),
+            policy,
+            cost: 1,
+            peek: false,
+        })
+        .collect();
+    cluster
+        .batch(ops, failure)
+        .await
+        .into_iter()
+        .map(|a| match a? {
+            Answer::Verdict(source, v) => Ok((source, v.allowed)),
+            other => panic!("a THROTTLE answered {other:?}"),
+        })
+        .collect()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_batch_spans_groups_exactly_and_a_group_down_gets_the_policy_op_by_op() {
+    // Two shards on a: a group's ops go out on two connections.
+    let a = Sluiced::start(&["--shards", "2"]);
+    let mut b = Sluiced::start(&["--shards", "1"]);
+    let topo =
+        Topology::new()
+            .group("a", &a.addr.to_string(), None)
+            .group("b", &b.addr.to_string(), None);
+    let mut cfg = config();
+    cfg.local_share = (1, 3);
+    let cluster = Cluster::new(&topo, cfg).unwrap();
+    let ring = Ring::new(["a", "b"]);
+    let keys: Vec<String> = (0..40).map(|i| format!("batch:{i}")).collect();
+    // Four callers, five batches each, every key in every batch: exactly
+    // the burst (3) admitted per key, cluster-wide.
+    let mut set = JoinSet::new();
+    for _ in 0..4 {
+        let (cluster, keys) = (cluster.clone(), keys.clone());
+        set.spawn(async move {
+            let mut admitted = vec![0u64; keys.len()];
+            for _ in 0..5 {
+                let answers = throttle_batch(&cluster, &keys, FailurePolicy::Error).await;
+                for (n, a) in admitted.iter_mut().zip(answers) {
+                    let (source, allowed) = a.unwrap();
+                    assert_eq!(source, Source::Store);
+                    *n += u64::from(allowed);
+                }
+            }
+            admitted
+        });
+    }
+    let mut total = vec![0u64; keys.len()];
+    while let Some(r) = set.join_next().await {
+        for (t, a) in total.iter_mut().zip(r.unwrap()) {
+            *t += a;
+        }
+    }
+    assert!(total.iter().all(|&t| t == 3), "{total:?}");
+    // Each key was decided by its owner: each primary holds its share.
+    let owned_by = |g: &str| {
+        keys.iter()
+            .filter(|k| ring.owner(key_hash(k.as_bytes())) == g)
+            .count() as u64
+    };
+    for (node, name) in [(&a, "a"), (&b, "b")] {
+        let stats = repl::control(node.addr)
+            .await
+            .unwrap()
+            .stats()
+            .await
+            .unwrap();
+        let buckets: u64 = stats.shards.iter().map(|s| s.buckets).sum();
+        assert_eq!(buckets, owned_by(name), "group {name}");
+    }
+    // A bad op is refused in its place; the others are answered.
+    let mut ops: Vec<Op> = keys[..2]
+        .iter()
+        .map(|k| Op::Cell {
+            key: k.as_bytes().into(),
+            policy: sluice_protocol::cell::CellPolicy::new(5, 5, 60).unwrap(),
+            quantity: 0,
+        })
+        .collect();
+    ops.insert(
+        1,
+        Op::Cell {
+            key: vec![b'x'; 5_000].into(),
+            policy: sluice_protocol::cell::CellPolicy::new(5, 5, 60).unwrap(),
+            quantity: 1,
+        },
+    );
+    let answers = cluster.batch(ops, FailurePolicy::Error).await;
+    assert!(
+        matches!(answers[0], Ok(Answer::Cell(Source::Store, _))),
+        "{answers:?}"
+    );
+    assert!(
+        matches!(answers[1], Err(sluice_client::Error::Invalid(_))),
+        "{answers:?}"
+    );
+    assert!(
+        matches!(answers[2], Ok(Answer::Cell(Source::Store, _))),
+        "{answers:?}"
+    );
+    // Group b down: its ops get the policy, op by op; a's the store.
+    b.kill9();
+    let fresh: Vec<String> = (0..40).map(|i| format!("down:{i}")).collect();
+    for (k, a) in fresh
+        .iter()
+        .zip(throttle_batch(&cluster, &fresh, FailurePolicy::Error).await)
+    {
+        if ring.owner(key_hash(k.as_bytes())) == "a" {
+            assert_eq!(a.unwrap(), (Source::Store, true), "{k}");
+        } else {
+            let e = a.unwrap_err();
+            assert!(
+                matches!(e, sluice_client::Error::Unavailable { ref group, .. } if group == "b"),
+                "{k}: {e}"
+            );
+        }
+    }
+    // Under the local policy: a third of the burst (1) per key of b.
+    for round in 0..2 {
+        let answers = throttle_batch(&cluster, &fresh, FailurePolicy::Local).await;
+        for (k, a) in fresh.iter().zip(answers) {
+            let (source, allowed) = a.unwrap();
+            if ring.owner(key_hash(k.as_bytes())) == "b" {
+                assert_eq!((source, allowed), (Source::Local, round == 0), "{k}");
+            } else {
+                assert_eq!(source, Source::Store, "{k}");
+            }
+        }
     }
 }
 

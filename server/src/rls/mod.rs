@@ -52,12 +52,15 @@ use envoy_types::pb::envoy::service::ratelimit::v3::rate_limit_service_server::{
 };
 use envoy_types::pb::envoy::service::ratelimit::v3::{RateLimitRequest, RateLimitResponse};
 use envoy_types::pb::google::protobuf::Duration as ProtoDuration;
+use sluice_client::Answer;
 use sluice_protocol::identity::{bucket_key, Slot};
 use sluice_protocol::limit::Limit;
+use sluice_protocol::message::LimitSet;
 use sluice_protocol::routing::{key_hash, shard_of};
-use sluice_protocol::{Clock, MonotonicClock};
+use sluice_protocol::{Clock, MonotonicClock, Priority};
 
 use crate::config::RlsHeaders;
+use crate::forward::{OwnedLimits, RemoteOp};
 use crate::inbox;
 use crate::shard::{
     Batch, BatchReply, DecideOp, FwdItem, LimitRef, Mode, MultiVerdict, Node, Op, Outcome, ShardMsg,
@@ -616,40 +619,29 @@ impl Rls {
         remote: &[Pending],
     ) -> Result<Vec<Option<Box<MultiVerdict>>>, tonic::Status> {
         let forwarder = self.node.forward.clone().expect("remote needs --cluster");
-        let calls: Vec<(Arc<[u8]>, Limit, Mode, u64)> = remote
+        let ops: Vec<RemoteOp> = remote
             .iter()
             .map(|p| {
-                let key = p.remote.clone().expect("a remote item has its key");
-                (key, p.op.refs[0].limit, p.op.mode, p.op.cost)
+                let key = p.remote.as_deref().expect("a remote item has its key");
+                let set = LimitSet::new(&[p.op.refs[0].limit]).expect("one limit fits");
+                RemoteOp::Decide {
+                    mode: p.op.mode,
+                    key: key.into(),
+                    limits: OwnedLimits::Inline(Box::new(set)),
+                    cost: p.op.cost,
+                    priority: Priority::Normal,
+                }
             })
             .collect();
         let f = forwarder.clone();
-        let outcomes = forwarder
-            .run(async move {
-                let view = f.view();
-                let futures = calls.into_iter().map(|(key, limit, mode, cost)| {
-                    let (f, view) = (f.clone(), view.clone());
-                    Box::pin(async move {
-                        let set = sluice_protocol::message::LimitSet::new(&[limit])
-                            .expect("one limit fits");
-                        let limits = sluice_protocol::message::Limits::Inline(set);
-                        let owner = view.owner(key_hash(&key)).to_owned();
-                        let start = std::time::Instant::now();
-                        let r = f
-                            .decide(&view, &key, limits, mode, cost, Default::default())
-                            .await;
-                        f.count(&owner, start.elapsed(), r.as_ref().err());
-                        r
-                    })
-                        as std::pin::Pin<Box<dyn std::future::Future<Output = _> + Send>>
-                });
-                crate::forward::join_all(futures.collect()).await
-            })
+        let answers = forwarder
+            .run(async move { f.forward(&f.view(), ops).await })
             .await;
-        outcomes
+        answers
             .into_iter()
-            .map(|r: Result<_, sluice_client::Error>| match r {
-                Ok(d) => Ok(Some(Box::new(crate::forward::multi(d)))),
+            .map(|a| match a {
+                Ok(Answer::Decide(_, d)) => Ok(Some(Box::new(crate::forward::multi(d)))),
+                Ok(_) => Err(tonic::Status::internal("a DECIDE answered out of shape")),
                 Err(e) => Err(tonic::Status::unavailable(e.to_string())),
             })
             .collect()

@@ -1,0 +1,330 @@
+//! Many decisions at once ([`Cluster::batch`]): what a node that is an
+//! entry point forwards, a read's worth of other groups' requests at a
+//! time.
+//!
+//! A batch costs per group what one call costs: the ops of a group go to
+//! its primary as one message per shard connection (so one frame), wait
+//! under one deadline (and one stall timer), and their replies are
+//! gathered in place; no channel, timer, task or future per op. The rules
+//! are the single call's ([`Cluster::decide`], the module doc), applied
+//! per op: an op the primary surely did not apply (no connection,
+//! NOT_PRIMARY, SHUTTING_DOWN) is sent once more, after one search, to the
+//! primary found; a spend that was sent and got no answer is
+//! outcome-unknown and never resent; a group that cannot answer gets the
+//! failure policy's answer, op by op.
+
+use std::future::Future;
+use std::pin::Pin;
+use std::sync::atomic::Ordering;
+use std::sync::Arc;
+use std::task::{Context, Poll};
+use std::time::Instant;
+
+use sluice_protocol::cell::CellVerdict;
+use sluice_protocol::message::{DecideOk, LeaseOk, LimitSet, Limits, Mode, Reply};
+use sluice_protocol::routing::key_hash;
+use sluice_protocol::{Limit, Priority, Verdict};
+
+use super::{forget, not_applied, unavailable, Cluster, FailurePolicy, Group, Source};
+use crate::client::unexpected;
+use crate::connection::{Batch, Op};
+use crate::{Client, Error};
+
+/// An op's answer ([`Cluster::batch`]), by the op's kind.
+#[derive(Debug)]
+pub enum Answer {
+    /// THROTTLE or PEEK.
+    Verdict(Source, Verdict),
+    /// DECIDE.
+    Decide(Source, DecideOk),
+    /// CELL.
+    Cell(Source, CellVerdict),
+    /// RELEASE or RENEW.
+    Lease(LeaseOk),
+}
+
+/// An op's answer, or why it has none.
+pub type Answered = Result<Answer, Error>;
+
+impl Cluster {
+    /// Decides every op of `ops` through its key's group, the answers in
+    /// `ops`'s order; `failure` answers the ops of a group that cannot.
+    /// Groups are asked at once.
+    pub async fn batch(&self, ops: Vec<Op>, failure: FailurePolicy) -> Vec<Answered> {
+        let n = ops.len();
+        self.inner
+            .stats
+            .calls_total
+            .fetch_add(n as u64, Ordering::Relaxed);
+        for _ in 0..n {
+            crate::metrics::call();
+        }
+        let layout = self.layout();
+        let mut out: Vec<Option<Answered>> = (0..n).map(|_| None).collect();
+        // Ops by group, in order: (ring index, positions in `ops`).
+        let mut by_group: Vec<(usize, Vec<usize>)> = Vec::new();
+        for (i, op) in ops.iter().enumerate() {
+            if let Err(e) = check(op) {
+                out[i] = Some(Err(e));
+                continue;
+            }
+            let g = layout.ring.group_of(key_hash(op.key()));
+            match by_group.iter_mut().find(|(at, _)| *at == g) {
+                Some((_, items)) => items.push(i),
+                None => by_group.push((g, vec![i])),
+            }
+        }
+        if let [(g, items)] = by_group.as_slice() {
+            if items.len() == n {
+                let group = layout.groups[*g].clone();
+                return self.group_batch(&group, ops, failure).await;
+            }
+        }
+        let mut ops: Vec<Option<Op>> = ops.into_iter().map(Some).collect();
+        let mut calls: Vec<Pin<Box<dyn Future<Output = Vec<Answered>> + Send + '_>>> = Vec::new();
+        let mut positions = Vec::new();
+        for (g, items) in by_group {
+            let mine: Vec<Op> = items
+                .iter()
+                .map(|&i| ops[i].take().expect("each op in one group"))
+                .collect();
+            let group = layout.groups[g].clone();
+            calls.push(Box::pin(async move {
+                self.group_batch(&group, mine, failure).await
+            }));
+            positions.push(items);
+        }
+        for (answers, items) in join_all(calls).await.into_iter().zip(positions) {
+            for (answer, i) in answers.into_iter().zip(items) {
+                out[i] = Some(answer);
+            }
+        }
+        out.into_iter()
+            .map(|a| a.expect("every op answered"))
+            .collect()
+    }
+
+    /// [`Cluster::batch`] of ops that all belong to `group`.
+    async fn group_batch(
+        &self,
+        group: &Arc<Group>,
+        ops: Vec<Op>,
+        failure: FailurePolicy,
+    ) -> Vec<Answered> {
+        let mut out: Vec<Option<Answered>> = (0..ops.len()).map(|_| None).collect();
+        // Which of `out` each op of `batch` answers.
+        let mut at: Vec<usize> = (0..ops.len()).collect();
+        let mut batch = Batch::new(ops);
+        for attempt in 0..2 {
+            let Some((node, client)) = self.primary_of(group, attempt > 0).await else {
+                break;
+            };
+            self.send_and_wait(group, &node, &client, &batch).await;
+            let mut again = Vec::new();
+            let mut forgot = false;
+            for (pos, reply) in batch.take().into_iter().enumerate() {
+                let op = &batch.ops[pos];
+                let deadline = self.inner.config.client.deadline;
+                let e = match reply.unwrap_or(Err(Error::Timeout(deadline))) {
+                    Ok(reply) => {
+                        self.inner.stats.store_total.fetch_add(1, Ordering::Relaxed);
+                        crate::metrics::verdict(Source::Store);
+                        out[at[pos]] = Some(answer(op, reply));
+                        continue;
+                    }
+                    Err(e) => e,
+                };
+                crate::metrics::error(&e);
+                let unknown = matches!(e, Error::Timeout(_) | Error::Disconnected);
+                if !not_applied(&e) && !unknown {
+                    out[at[pos]] = Some(Err(e));
+                    continue;
+                }
+                if !forgot {
+                    group.note_error(&e);
+                    // Only if no newer primary replaced it meanwhile.
+                    forget(group, &node);
+                    forgot = true;
+                }
+                if unknown && op.spends() {
+                    crate::metrics::outcome_unknown();
+                    let stats = &self.inner.stats;
+                    stats.unknown_total.fetch_add(1, Ordering::Relaxed);
+                    out[at[pos]] = Some(self.op_unavailable(group, op, failure, true));
+                } else {
+                    again.push(pos);
+                }
+            }
+            let ops: Vec<Op> = again.iter().map(|&p| batch.ops[p].clone()).collect();
+            at = again.iter().map(|&p| at[p]).collect();
+            batch = Batch::new(ops);
+            if at.is_empty() {
+                break;
+            }
+        }
+        // Never sent, or refused twice: not applied.
+        for (pos, &i) in at.iter().enumerate() {
+            out[i] = Some(self.op_unavailable(group, &batch.ops[pos], failure, false));
+        }
+        out.into_iter()
+            .map(|a| a.expect("every op answered"))
+            .collect()
+    }
+
+    /// Sends `batch` to `client` (the group's primary at `node`) and waits
+    /// for its replies until the deadline; one that waits `stall_after`
+    /// (or times out) starts the group's stall watch, as a single call's
+    /// does. Ops with no reply then have none in [`Batch::take`].
+    async fn send_and_wait(
+        &self,
+        group: &Arc<Group>,
+        node: &Arc<str>,
+        client: &Client,
+        batch: &Arc<Batch>,
+    ) {
+        let began = Instant::now();
+        let deadline = self.inner.config.client.deadline;
+        client.send_batch(batch).await;
+        let finished = batch.finished();
+        tokio::pin!(finished);
+        let left = |now: Instant| deadline.saturating_sub(now.duration_since(began));
+        if let Some(after) = self.inner.config.stall_after {
+            let first = after.min(left(Instant::now()));
+            if tokio::time::timeout(first, &mut finished).await.is_ok() {
+                return;
+            }
+            self.suspect(group, node, client);
+        }
+        if tokio::time::timeout(left(Instant::now()), &mut finished)
+            .await
+            .is_err()
+        {
+            // A deadline shorter than `stall_after`: the timeout is the
+            // first sign of a stall (a no-op if the watch runs already).
+            self.suspect(group, node, client);
+        }
+    }
+
+    /// An op's answer when its group could not answer: the failure
+    /// policy's, as the single call of its kind gives it.
+    fn op_unavailable(
+        &self,
+        group: &Group,
+        op: &Op,
+        failure: FailurePolicy,
+        unknown: bool,
+    ) -> Answered {
+        match op {
+            Op::Throttle {
+                key,
+                policy,
+                cost,
+                peek,
+            } => {
+                let set = LimitSet::new(&[Limit::TokenBucket(*policy)]).expect("one limit fits");
+                let mode = if *peek { Mode::Probe } else { Mode::Spend };
+                let v = self.decide_unavailable(
+                    group,
+                    key,
+                    Limits::Inline(set),
+                    (mode, Priority::Normal),
+                    *cost,
+                    failure,
+                    unknown,
+                )?;
+                let verdict = v.decision.verdicts.first().map(|l| l.verdict);
+                Ok(Answer::Verdict(v.source, verdict.unwrap_or_default()))
+            }
+            Op::Decide {
+                mode,
+                key,
+                limits,
+                cost,
+                priority,
+            } => {
+                let v = self.decide_unavailable(
+                    group,
+                    key,
+                    limits.borrow(),
+                    (*mode, *priority),
+                    *cost,
+                    failure,
+                    unknown,
+                )?;
+                Ok(Answer::Decide(v.source, v.decision))
+            }
+            Op::Cell { policy, .. } => {
+                let (source, v) = self.cell_unavailable(group, *policy, failure, unknown)?;
+                Ok(Answer::Cell(source, v))
+            }
+            // A lease has no fixed or local answer.
+            Op::Lease { .. } => Err(unavailable(group, unknown)),
+        }
+    }
+}
+
+/// `op`'s arguments checked as the single call checks them.
+fn check(op: &Op) -> Result<(), Error> {
+    match op {
+        Op::Throttle {
+            key, policy, cost, ..
+        } => {
+            crate::client::check_key(key)?;
+            policy
+                .validate()
+                .and_then(|()| policy.check_cost(*cost))
+                .map_err(|e| Error::Invalid(e.to_string()))
+        }
+        Op::Decide {
+            mode,
+            key,
+            limits,
+            cost,
+            ..
+        } => crate::client::check_decide(key, &limits.borrow(), *mode, *cost),
+        Op::Lease {
+            key,
+            target,
+            lease_id,
+            ..
+        } => crate::client::check_lease(key, &target.borrow(), *lease_id),
+        Op::Cell { key, .. } => crate::client::check_key(key),
+    }
+}
+
+/// `reply` as `op`'s answer, if it is of `op`'s kind.
+fn answer(op: &Op, reply: Reply) -> Answered {
+    match (op, reply) {
+        (Op::Throttle { peek: false, .. }, Reply::Throttle(v))
+        | (Op::Throttle { peek: true, .. }, Reply::Peek(v)) => {
+            Ok(Answer::Verdict(Source::Store, v))
+        }
+        (Op::Decide { .. }, Reply::Decide(d)) => Ok(Answer::Decide(Source::Store, d)),
+        (Op::Cell { .. }, Reply::Cell(v)) => Ok(Answer::Cell(Source::Store, v)),
+        (Op::Lease { renew: false, .. }, Reply::Release(ok))
+        | (Op::Lease { renew: true, .. }, Reply::Renew(ok)) => Ok(Answer::Lease(ok)),
+        (_, other) => Err(unexpected(&other)),
+    }
+}
+
+/// Polls every future to its end; the outputs in the input's order.
+pub async fn join_all<T>(mut futures: Vec<Pin<Box<dyn Future<Output = T> + Send + '_>>>) -> Vec<T> {
+    let mut out: Vec<Option<T>> = futures.iter().map(|_| None).collect();
+    let mut left = futures.len();
+    std::future::poll_fn(move |cx: &mut Context<'_>| {
+        for (i, f) in futures.iter_mut().enumerate() {
+            if out[i].is_none() {
+                if let Poll::Ready(v) = f.as_mut().poll(cx) {
+                    out[i] = Some(v);
+                    left -= 1;
+                }
+            }
+        }
+        if left == 0 {
+            Poll::Ready(out.iter_mut().map(|o| o.take().expect("done")).collect())
+        } else {
+            Poll::Pending
+        }
+    })
+    .await
+}
