@@ -161,6 +161,8 @@ pub struct Forwarder {
     view: RwLock<Arc<View>>,
     /// The forwarder thread's runtime.
     runtime: tokio::runtime::Handle,
+    /// The forwarder thread (where the cluster client's connections live).
+    thread: std::thread::ThreadId,
     /// For the admin port.
     pub stats: ForwardStats,
 }
@@ -192,7 +194,7 @@ impl Forwarder {
                 .then(|| Duration::from_millis(config.forward_stall_after_ms)),
             ..ClusterConfig::default()
         };
-        let runtime = spawn_runtime()?;
+        let (runtime, thread) = spawn_runtime()?;
         let path = config.cluster.clone();
         let cluster = match (&path, &config.coordinator) {
             (Some(path), _) => {
@@ -222,6 +224,7 @@ impl Forwarder {
             cluster,
             view: RwLock::new(Arc::new(view)),
             runtime,
+            thread,
             stats: ForwardStats::default(),
         }))
     }
@@ -311,6 +314,21 @@ impl Forwarder {
                 outcomes: outcomes.collect(),
             });
         });
+    }
+
+    /// Whether the caller runs on the forwarder thread: then it may call
+    /// [`Forwarder::forward`] directly, with no hop to another thread.
+    pub fn on_thread(&self) -> bool {
+        std::thread::current().id() == self.thread
+    }
+
+    /// Runs `f` on the forwarder thread, in the background (the rate
+    /// limit service's first thread is this one: see `rls::start`).
+    pub fn spawn<F>(&self, f: F)
+    where
+        F: Future<Output = ()> + Send + 'static,
+    {
+        self.runtime.spawn(f);
     }
 
     /// Runs `f` on the forwarder thread (where the node's connections to
@@ -543,15 +561,15 @@ fn etcd_cluster(
 
 /// The forwarder thread: a current-thread runtime that runs until the
 /// process ends (its connections close with it).
-fn spawn_runtime() -> Result<tokio::runtime::Handle, String> {
+fn spawn_runtime() -> Result<(tokio::runtime::Handle, std::thread::ThreadId), String> {
     let runtime = tokio::runtime::Builder::new_current_thread()
         .enable_all()
         .build()
         .map_err(|e| format!("cannot start the forwarder's runtime: {e}"))?;
     let handle = runtime.handle().clone();
-    std::thread::Builder::new()
+    let thread = std::thread::Builder::new()
         .name("sluice-forward".into())
         .spawn(move || runtime.block_on(std::future::pending::<()>()))
         .map_err(|e| format!("cannot start the forwarder thread: {e}"))?;
-    Ok(handle)
+    Ok((handle, thread.thread().id()))
 }

@@ -192,23 +192,29 @@ pub fn start(
         let listener = listener.try_clone()?;
         let rls = rls.clone();
         let gate = gate.clone();
+        // An entry point's first thread is the forwarder's: the calls it
+        // serves go to other groups with no hop to another thread (and
+        // their replies come back on it).
+        if let (0, Some(forward)) = (i, rls.node.forward.clone()) {
+            forward.spawn(listen(listener, rls, gate));
+            continue;
+        }
         let runtime = tokio::runtime::Builder::new_current_thread()
             .enable_all()
             .build()?;
         std::thread::Builder::new()
             .name(format!("sluice-rls-{i}"))
-            .spawn(move || {
-                runtime.block_on(async move {
-                    match tokio::net::TcpListener::from_std(listener) {
-                        Ok(listener) => serve(listener, rls, gate).await,
-                        Err(e) => {
-                            tracing::error!(error = %e, "the rate limit service cannot listen")
-                        }
-                    }
-                })
-            })?;
+            .spawn(move || runtime.block_on(listen(listener, rls, gate)))?;
     }
     Ok(())
+}
+
+/// [`serve`] on `listener`, from the runtime this runs on.
+async fn listen(listener: std::net::TcpListener, rls: Arc<Rls>, gate: Arc<guard::Gate>) {
+    match tokio::net::TcpListener::from_std(listener) {
+        Ok(listener) => serve(listener, rls, gate).await,
+        Err(e) => tracing::error!(error = %e, "the rate limit service cannot listen"),
+    }
 }
 
 /// Serves the port's connections on this thread, every HTTP/2 limit set
@@ -633,10 +639,14 @@ impl Rls {
                 }
             })
             .collect();
-        let f = forwarder.clone();
-        let answers = forwarder
-            .run(async move { f.forward(&f.view(), ops).await })
-            .await;
+        let answers = if forwarder.on_thread() {
+            forwarder.forward(&forwarder.view(), ops).await
+        } else {
+            let f = forwarder.clone();
+            forwarder
+                .run(async move { f.forward(&f.view(), ops).await })
+                .await
+        };
         answers
             .into_iter()
             .map(|a| match a {
