@@ -829,6 +829,23 @@ impl Outcome {
         self.draw_rounds(&per_round)?;
         let (top, bottom) = timeline.split_vertically(400);
         let x_max = (self.bins.len() as f64 * self.bin_s).max(1.0);
+        self.draw_decisions(&top, x_max)?;
+        self.draw_admissions(&bottom, x_max)?;
+        root.present()?;
+        Ok(())
+    }
+
+    /// The top left panel: decisions per second by source, and errors, a
+    /// line at each fault with its letter.
+    fn draw_decisions<DB: plotters::prelude::DrawingBackend>(
+        &self,
+        area: &plotters::prelude::DrawingArea<DB, plotters::coord::Shift>,
+        x_max: f64,
+    ) -> Result<(), Box<dyn std::error::Error>>
+    where
+        DB::ErrorType: 'static,
+    {
+        use plotters::prelude::*;
         let per_s = |v: u64| v as f64 / self.bin_s;
         let y_top = self
             .bins
@@ -836,7 +853,7 @@ impl Outcome {
             .map(|b| per_s(b.store_allowed + b.store_denied + b.fallback + b.errors))
             .fold(1.0, f64::max)
             * 1.1;
-        let mut chart = ChartBuilder::on(&top)
+        let mut chart = ChartBuilder::on(area)
             .caption(
                 format!(
                     "sluice drill: {} mode, faults {} ({} rounds)",
@@ -892,14 +909,27 @@ impl Outcome {
             .border_style(BLACK)
             .position(SeriesLabelPosition::UpperRight)
             .draw()?;
+        Ok(())
+    }
 
+    /// The bottom left panel: units admitted over the limits and denied
+    /// under them, per bin, a line at each fault.
+    fn draw_admissions<DB: plotters::prelude::DrawingBackend>(
+        &self,
+        area: &plotters::prelude::DrawingArea<DB, plotters::coord::Shift>,
+        x_max: f64,
+    ) -> Result<(), Box<dyn std::error::Error>>
+    where
+        DB::ErrorType: 'static,
+    {
+        use plotters::prelude::*;
         let y_bot = self
             .bins
             .iter()
             .map(|b| b.over.max(b.under) as f64)
             .fold(1.0, f64::max)
             * 1.2;
-        let mut chart = ChartBuilder::on(&bottom)
+        let mut chart = ChartBuilder::on(area)
             .margin(10)
             .x_label_area_size(30)
             .y_label_area_size(60)
@@ -937,7 +967,6 @@ impl Outcome {
             .border_style(BLACK)
             .position(SeriesLabelPosition::UpperRight)
             .draw()?;
-        root.present()?;
         Ok(())
     }
 
