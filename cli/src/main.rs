@@ -617,19 +617,7 @@ async fn run(cli: Cli) -> Result<ExitCode, Error> {
     };
     let client = Client::connect_with(cli.addr.as_str(), config).await?;
     match cli.command {
-        Command::Ping => {
-            let rtt = client.ping().await?;
-            let h = client.hello();
-            outln!(
-                "PONG from {} in {:.3} ms (node {:016x}, {} shards, epoch {})",
-                cli.addr,
-                rtt.as_secs_f64() * 1e3,
-                h.node_id,
-                h.shard_count,
-                h.epoch
-            );
-            Ok(ExitCode::SUCCESS)
-        }
+        Command::Ping => ping(&client, &cli.addr).await,
         Command::Throttle(d) => decide(&client, d, false).await,
         Command::Peek(d) => decide(&client, d, true).await,
         Command::Refund(r) => {
@@ -647,82 +635,109 @@ async fn run(cli: Cli) -> Result<ExitCode, Error> {
         Command::Acquire(a) => acquire(&client, a).await,
         Command::Release(a) => lease(&client, a, false).await,
         Command::Renew(a) => lease(&client, a, true).await,
-        Command::Stats(a) => {
-            let stats = client.stats().await?;
-            // The node's replication too (as `sluice role` prints it).
-            let role = client.role().await?;
-            if a.json {
-                let mut v = report::stats_json(&stats);
-                v["replication"] = report::role_json(&role);
-                outln!("{v}");
-            } else {
-                outln!("{}", report::stats_text(&stats));
-                outln!("replication: {}", report::role_text(&role));
-            }
-            Ok(ExitCode::SUCCESS)
-        }
-        Command::Reload(a) => {
-            let tier_count = client.reload().await?;
-            if a.json {
-                outln!("{}", serde_json::json!({ "tier_count": tier_count }));
-            } else {
-                outln!("reloaded: {tier_count} tiers");
-            }
-            Ok(ExitCode::SUCCESS)
-        }
-        Command::Role(a) => {
-            let every = a.every_ms.map(Duration::from_millis);
-            let mut tick = every.map(|d| {
-                let mut t = tokio::time::interval(d);
-                t.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
-                t
-            });
-            let mut left = a
-                .count
-                .unwrap_or(if every.is_some() { u64::MAX } else { 1 });
-            while left > 0 {
-                if let Some(t) = tick.as_mut() {
-                    t.tick().await;
-                }
-                let role = client.role().await?;
-                if a.json {
-                    let mut v = report::role_json(&role);
-                    // The cluster the node knows (--cluster); null for a
-                    // lone node, or one too old to say.
-                    let cluster = match client.cluster(b"").await {
-                        Ok(c) if c.layout != 0 => report::cluster_json(&c),
-                        _ => serde_json::Value::Null,
-                    };
-                    v["cluster"] = cluster;
-                    outln!("{v}");
-                } else {
-                    outln!("{}", report::role_text(&role));
-                }
-                left -= 1;
-            }
-            Ok(ExitCode::SUCCESS)
-        }
+        Command::Stats(a) => stats(&client, a).await,
+        Command::Reload(a) => reload(&client, a).await,
+        Command::Role(a) => role(&client, a).await,
         Command::Promote => {
             let epoch = client.promote().await?;
             outln!("{}", report::promote_text(epoch));
             Ok(ExitCode::SUCCESS)
         }
-        Command::Failover(a) => {
-            let ok = client.failover().await?;
-            let unavailable_ms = ok.unavailable_us as f64 / 1_000.0;
-            if a.json {
-                let v = serde_json::json!({"epoch": ok.epoch, "unavailable_ms": unavailable_ms});
-                outln!("{v}");
-            } else {
-                outln!(
-                    "failover: epoch={} unavailable_ms={unavailable_ms:.3}",
-                    ok.epoch
-                );
-            }
-            Ok(ExitCode::SUCCESS)
-        }
+        Command::Failover(a) => failover(&client, a).await,
         Command::Bench(_) | Command::Route(_) | Command::Drill(_) => unreachable!("handled above"),
     }
+}
+
+/// `sluice ping`: one round trip, and what the node said in HELLO.
+async fn ping(client: &Client, addr: &str) -> Result<ExitCode, Error> {
+    let rtt = client.ping().await?;
+    let h = client.hello();
+    outln!(
+        "PONG from {} in {:.3} ms (node {:016x}, {} shards, epoch {})",
+        addr,
+        rtt.as_secs_f64() * 1e3,
+        h.node_id,
+        h.shard_count,
+        h.epoch
+    );
+    Ok(ExitCode::SUCCESS)
+}
+
+/// `sluice stats`: the node's counters, and its replication too (as
+/// `sluice role` prints it).
+async fn stats(client: &Client, a: JsonArg) -> Result<ExitCode, Error> {
+    let stats = client.stats().await?;
+    let role = client.role().await?;
+    if a.json {
+        let mut v = report::stats_json(&stats);
+        v["replication"] = report::role_json(&role);
+        outln!("{v}");
+    } else {
+        outln!("{}", report::stats_text(&stats));
+        outln!("replication: {}", report::role_text(&role));
+    }
+    Ok(ExitCode::SUCCESS)
+}
+
+/// `sluice reload`: the node re-reads its tiers.
+async fn reload(client: &Client, a: JsonArg) -> Result<ExitCode, Error> {
+    let tier_count = client.reload().await?;
+    if a.json {
+        outln!("{}", serde_json::json!({ "tier_count": tier_count }));
+    } else {
+        outln!("reloaded: {tier_count} tiers");
+    }
+    Ok(ExitCode::SUCCESS)
+}
+
+/// `sluice role`: once, or every `--every-ms` (`--count` times).
+async fn role(client: &Client, a: RoleArgs) -> Result<ExitCode, Error> {
+    let every = a.every_ms.map(Duration::from_millis);
+    let mut tick = every.map(|d| {
+        let mut t = tokio::time::interval(d);
+        t.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        t
+    });
+    let mut left = a
+        .count
+        .unwrap_or(if every.is_some() { u64::MAX } else { 1 });
+    while left > 0 {
+        if let Some(t) = tick.as_mut() {
+            t.tick().await;
+        }
+        let role = client.role().await?;
+        if a.json {
+            let mut v = report::role_json(&role);
+            // The cluster the node knows (--cluster); null for a
+            // lone node, or one too old to say.
+            let cluster = match client.cluster(b"").await {
+                Ok(c) if c.layout != 0 => report::cluster_json(&c),
+                _ => serde_json::Value::Null,
+            };
+            v["cluster"] = cluster;
+            outln!("{v}");
+        } else {
+            outln!("{}", report::role_text(&role));
+        }
+        left -= 1;
+    }
+    Ok(ExitCode::SUCCESS)
+}
+
+/// `sluice failover`: a planned handover to the follower.
+async fn failover(client: &Client, a: JsonArg) -> Result<ExitCode, Error> {
+    let ok = client.failover().await?;
+    let unavailable_ms = ok.unavailable_us as f64 / 1_000.0;
+    if a.json {
+        let v = serde_json::json!({"epoch": ok.epoch, "unavailable_ms": unavailable_ms});
+        outln!("{v}");
+    } else {
+        outln!(
+            "failover: epoch={} unavailable_ms={unavailable_ms:.3}",
+            ok.epoch
+        );
+    }
+    Ok(ExitCode::SUCCESS)
 }
 
 /// `sluice bench`; with `cluster` (each group's name and primary), the
@@ -738,43 +753,8 @@ async fn bench(
             "--cluster drives Sluice only (--target sluice)".into(),
         ));
     }
-    // Which key numbers each group owns, as the cluster client routes them.
-    let groups = cluster.map(|groups| {
-        let ring = sluice_protocol::ring::Ring::new(groups.iter().map(|(n, _)| n.as_str()));
-        let mut keys: Vec<Vec<u32>> = vec![Vec::new(); groups.len()];
-        let mut buf = [0u8; sluice_cli::bench::keys::KEY_BYTES_MAX];
-        for n in 0..b.keys {
-            let key = sluice_cli::bench::keys::format_key(&mut buf, n);
-            keys[ring.group_of(sluice_protocol::routing::key_hash(key))].push(n as u32);
-        }
-        groups
-            .iter()
-            .zip(keys)
-            .filter(|(_, k)| !k.is_empty())
-            .map(|((_, addr), k)| (*addr, std::sync::Arc::new(k)))
-            .collect::<Vec<_>>()
-    });
-    let burst = b.burst.unwrap_or(b.rate.count);
-    let policy = Policy::new(b.rate.count, b.rate.period_ns, burst)
-        .map_err(|e| Error::Invalid(e.to_string()))?;
-    let (count, period_ns) = (b.rate.count, b.rate.period_ns);
-    let window = Window {
-        limit: count,
-        window_ns: period_ns,
-    };
-    let limit = match b.kind {
-        LimitKind::TokenBucket => Limit::TokenBucket(policy),
-        LimitKind::FixedWindow => Limit::FixedWindow(window),
-        LimitKind::SlidingLog => Limit::SlidingLog(window),
-        LimitKind::SlidingCounter => Limit::SlidingCounter(window),
-        LimitKind::Concurrency => Limit::Concurrency(Concurrency {
-            limit: count,
-            lease_ns: period_ns,
-        }),
-    };
-    limit
-        .validate()
-        .map_err(|e| Error::Invalid(e.to_string()))?;
+    let groups = cluster.map(|groups| keys_by_group(&groups, b.keys));
+    let (policy, limit) = bench_limit(&b)?;
     if b.target != BenchTarget::Sluice && b.kind != LimitKind::TokenBucket {
         return Err(Error::Invalid(
             "Redis runs the token-bucket script only: use --kind token-bucket".into(),
@@ -833,17 +813,70 @@ async fn bench(
         BenchTarget::Both => {
             let s = sluice(addr).await?;
             let r = redis().await?;
-            let ratio = s.ops_per_s / r.ops_per_s;
-            let p99_ratio = s.latency_us.p99 / r.latency_us.p99;
-            if b.json {
-                let both = serde_json::json!({"sluice": s, "redis_lua": r, "ops_ratio": ratio, "p99_ratio": p99_ratio});
-                outln!("{both}");
-            } else {
-                outln!("{s}\n{r}\nSluice / Redis + Lua: {ratio:.1}x ops/s, p99 {p99_ratio:.2}x");
-            }
+            print_both(&s, &r, b.json);
         }
     }
     Ok(ExitCode::SUCCESS)
+}
+
+/// Which key numbers of `0..keys` each group owns, as the cluster client
+/// routes them, with the group's address (groups that own none left out).
+fn keys_by_group(
+    groups: &[(String, SocketAddr)],
+    keys: u64,
+) -> Vec<(SocketAddr, std::sync::Arc<Vec<u32>>)> {
+    let ring = sluice_protocol::ring::Ring::new(groups.iter().map(|(n, _)| n.as_str()));
+    let mut owned: Vec<Vec<u32>> = vec![Vec::new(); groups.len()];
+    let mut buf = [0u8; sluice_cli::bench::keys::KEY_BYTES_MAX];
+    for n in 0..keys {
+        let key = sluice_cli::bench::keys::format_key(&mut buf, n);
+        owned[ring.group_of(sluice_protocol::routing::key_hash(key))].push(n as u32);
+    }
+    groups
+        .iter()
+        .zip(owned)
+        .filter(|(_, k)| !k.is_empty())
+        .map(|((_, addr), k)| (*addr, std::sync::Arc::new(k)))
+        .collect()
+}
+
+/// The bench's policy (`--rate`, `--burst`) and the limit of `--kind`
+/// made of it, validated.
+fn bench_limit(b: &BenchArgs) -> Result<(Policy, Limit), Error> {
+    let burst = b.burst.unwrap_or(b.rate.count);
+    let policy = Policy::new(b.rate.count, b.rate.period_ns, burst)
+        .map_err(|e| Error::Invalid(e.to_string()))?;
+    let (count, period_ns) = (b.rate.count, b.rate.period_ns);
+    let window = Window {
+        limit: count,
+        window_ns: period_ns,
+    };
+    let limit = match b.kind {
+        LimitKind::TokenBucket => Limit::TokenBucket(policy),
+        LimitKind::FixedWindow => Limit::FixedWindow(window),
+        LimitKind::SlidingLog => Limit::SlidingLog(window),
+        LimitKind::SlidingCounter => Limit::SlidingCounter(window),
+        LimitKind::Concurrency => Limit::Concurrency(Concurrency {
+            limit: count,
+            lease_ns: period_ns,
+        }),
+    };
+    limit
+        .validate()
+        .map_err(|e| Error::Invalid(e.to_string()))?;
+    Ok((policy, limit))
+}
+
+/// `--target both`: each report, and Sluice's against Redis + Lua's.
+fn print_both(s: &sluice_cli::bench::Report, r: &sluice_cli::bench::Report, json: bool) {
+    let ratio = s.ops_per_s / r.ops_per_s;
+    let p99_ratio = s.latency_us.p99 / r.latency_us.p99;
+    if json {
+        let both = serde_json::json!({"sluice": s, "redis_lua": r, "ops_ratio": ratio, "p99_ratio": p99_ratio});
+        outln!("{both}");
+    } else {
+        outln!("{s}\n{r}\nSluice / Redis + Lua: {ratio:.1}x ops/s, p99 {p99_ratio:.2}x");
+    }
 }
 
 async fn resolve(addr: &str) -> Result<SocketAddr, Error> {

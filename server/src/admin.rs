@@ -336,8 +336,6 @@ fn time_histogram(
     }
 }
 
-/// An entry point's forwarding (`--cluster`): requests by destination
-/// group, their round trips, and errors by kind.
 /// The rate limit port's families.
 fn rls_metrics(out: &mut String, rls: &RlsStats) {
     use std::sync::atomic::Ordering::Relaxed;
@@ -385,6 +383,8 @@ fn rls_metrics(out: &mut String, rls: &RlsStats) {
     }
 }
 
+/// An entry point's forwarding (`--cluster`): requests by destination
+/// group, their round trips, and errors by kind.
 fn forward_metrics(out: &mut String, forward: &crate::forward::Forwarder) {
     let s = &forward.stats;
     let per_group: Vec<(String, String)> = s
@@ -458,20 +458,61 @@ fn forward_metrics(out: &mut String, forward: &crate::forward::Forwarder) {
     );
 }
 
-/// The whole scrape.
+/// The whole scrape: every family, in the order scrapers and the tests
+/// have always seen them.
 pub fn exposition(state: &AdminState) -> String {
     let node = &state.node;
     let keys_max = node.config.keys_max as u64;
     let shards: Vec<_> = node.stats.iter().map(|s| s.read(keys_max)).collect();
-    let per_shard =
-        |f: &dyn Fn(&sluice_protocol::message::ShardStats) -> u64| -> Vec<(String, String)> {
-            shards
-                .iter()
-                .enumerate()
-                .map(|(i, s)| (format!("shard=\"{i}\""), f(s).to_string()))
-                .collect()
-        };
     let mut out = String::with_capacity(4096);
+    decision_metrics(&mut out, node, &shards);
+    shard_traffic_metrics(&mut out, node);
+    error_metrics(&mut out, node);
+    bucket_metrics(&mut out, &shards, keys_max);
+    connection_metrics(&mut out, state);
+    if node.config.rls_port.is_some() {
+        rls_metrics(&mut out, &state.rls);
+    }
+    replication_metrics(&mut out, state);
+    if node.config.snapshot_dir.is_some() {
+        snapshot_metrics(&mut out, state);
+    }
+    if let Some(forward) = &node.forward {
+        forward_metrics(&mut out, forward);
+    }
+    process_metrics(&mut out, node);
+    out
+}
+
+/// The one sample of a family without labels.
+fn unlabelled(value: impl ToString) -> [(String, String); 1] {
+    [(String::new(), value.to_string())]
+}
+
+/// One sample per shard, labelled `shard="i"`, of a counter or gauge the
+/// shard publishes.
+fn per_shard_published(
+    node: &Node,
+    f: impl Fn(&crate::shard::PublishedStats) -> &AtomicU64,
+) -> Vec<(String, String)> {
+    node.stats
+        .iter()
+        .enumerate()
+        .map(|(i, p)| {
+            (
+                format!("shard=\"{i}\""),
+                f(p).load(Ordering::Relaxed).to_string(),
+            )
+        })
+        .collect()
+}
+
+/// Spend decisions by shard and result, and verdicts by limit kind.
+fn decision_metrics(
+    out: &mut String,
+    node: &Node,
+    shards: &[sluice_protocol::message::ShardStats],
+) {
     let mut decisions = Vec::new();
     for (i, s) in shards.iter().enumerate() {
         decisions.push((
@@ -484,7 +525,7 @@ pub fn exposition(state: &AdminState) -> String {
         ));
     }
     family(
-        &mut out,
+        out,
         "sluice_decisions_total",
         "counter",
         "Spend decisions since the process started, by shard and result.",
@@ -502,42 +543,35 @@ pub fn exposition(state: &AdminState) -> String {
         }
     }
     family(
-        &mut out,
+        out,
         "sluice_limit_verdicts_total",
         "counter",
         "Spend verdicts by shard, limit kind and result (a composite counts one per limit).",
         &by_kind,
     );
-    let io = |f: &dyn Fn(&crate::shard::PublishedStats) -> &AtomicU64| -> Vec<(String, String)> {
-        node.stats
-            .iter()
-            .enumerate()
-            .map(|(i, p)| {
-                (
-                    format!("shard=\"{i}\""),
-                    f(p).load(Ordering::Relaxed).to_string(),
-                )
-            })
-            .collect()
-    };
+}
+
+/// Each shard's bytes, frame and batch times, forwarded requests, owed
+/// replies, and its replication acks and full syncs.
+fn shard_traffic_metrics(out: &mut String, node: &Node) {
     family(
-        &mut out,
+        out,
         "sluice_received_bytes_total",
         "counter",
         "Bytes read from client connections (both protocols).",
-        &io(&|p| &p.bytes_in),
+        &per_shard_published(node, |p| &p.bytes_in),
     );
     family(
-        &mut out,
+        out,
         "sluice_sent_bytes_total",
         "counter",
         "Bytes written to client connections (both protocols).",
-        &io(&|p| &p.bytes_out),
+        &per_shard_published(node, |p| &p.bytes_out),
     );
     // Whole-frame time on the connection's shard, and the owner shard's
     // time to decide a batch forwarded to it.
     time_histogram(
-        &mut out,
+        out,
         node,
         "sluice_frame_handling_seconds",
         "Time a shard took to handle one frame of requests (decide or forward each, encode the replies).",
@@ -545,7 +579,7 @@ pub fn exposition(state: &AdminState) -> String {
         |p| &p.frame_ns_total,
     );
     time_histogram(
-        &mut out,
+        out,
         node,
         "sluice_forwarded_batch_seconds",
         "Time a shard took to decide one batch of requests forwarded to it by another shard.",
@@ -553,21 +587,21 @@ pub fn exposition(state: &AdminState) -> String {
         |p| &p.batch_ns_total,
     );
     family(
-        &mut out,
+        out,
         "sluice_forwarded_requests_total",
         "counter",
         "Requests a shard decided for connections on other shards (the key was its own).",
-        &io(&|p| &p.forwarded_total),
+        &per_shard_published(node, |p| &p.forwarded_total),
     );
     family(
-        &mut out,
+        out,
         "sluice_reply_bytes_owed",
         "gauge",
         "Bytes of replies the shard's connections owe (not yet written); each shard holds at most its part of --reply-bytes-node-max.",
-        &io(&|p| &p.reply_bytes_owed),
+        &per_shard_published(node, |p| &p.reply_bytes_owed),
     );
     time_histogram(
-        &mut out,
+        out,
         node,
         "sluice_replication_ack_seconds",
         "Primary: time from a drain's SYNC written to the follower's ACK covering it (the replication link's round trip; a sync reply waits it on top of its decision).",
@@ -575,12 +609,16 @@ pub fn exposition(state: &AdminState) -> String {
         |p| &p.ack_ns_total,
     );
     family(
-        &mut out,
+        out,
         "sluice_replication_full_syncs_total",
         "counter",
         "Full syncs a shard completed to a follower (one per shard each time a follower subscribes).",
-        &io(&|p| &p.full_syncs_total),
+        &per_shard_published(node, |p| &p.full_syncs_total),
     );
+}
+
+/// ERROR replies by status code, every shard together.
+fn error_metrics(out: &mut String, node: &Node) {
     let mut errors = Vec::new();
     for status in sluice_protocol::Status::ALL {
         let code = usize::from(status.code()).min(crate::shard::ERROR_CODES - 1);
@@ -595,95 +633,101 @@ pub fn exposition(state: &AdminState) -> String {
         ));
     }
     family(
-        &mut out,
+        out,
         "sluice_errors_total",
         "counter",
         "ERROR replies sent (protocol v1), by code.",
         &errors,
     );
+}
+
+/// Each shard's buckets, their memory, evictions and refusals at the cap,
+/// and the cap itself.
+fn bucket_metrics(
+    out: &mut String,
+    shards: &[sluice_protocol::message::ShardStats],
+    keys_max: u64,
+) {
+    let per_shard = |f: fn(&sluice_protocol::message::ShardStats) -> u64| -> Vec<(String, String)> {
+        shards
+            .iter()
+            .enumerate()
+            .map(|(i, s)| (format!("shard=\"{i}\""), f(s).to_string()))
+            .collect()
+    };
     family(
-        &mut out,
+        out,
         "sluice_buckets",
         "gauge",
         "Buckets the shard holds now, every kind together.",
-        &per_shard(&|s| s.buckets),
+        &per_shard(|s| s.buckets),
     );
     family(
-        &mut out,
+        out,
         "sluice_bucket_bytes",
         "gauge",
         "Bytes of memory the shard's bucket tables hold.",
-        &per_shard(&|s| s.bucket_bytes),
+        &per_shard(|s| s.bucket_bytes),
     );
     family(
-        &mut out,
+        out,
         "sluice_evictions_total",
         "counter",
         "Full buckets dropped to stay under --keys-max.",
-        &per_shard(&|s| s.evicted_total),
+        &per_shard(|s| s.evicted_total),
     );
     family(
-        &mut out,
+        out,
         "sluice_keys_full_total",
         "counter",
         "Requests refused with KEYS_FULL (a new bucket at the cap, none full to drop).",
-        &per_shard(&|s| s.refused_total),
+        &per_shard(|s| s.refused_total),
     );
     family(
-        &mut out,
+        out,
         "sluice_keys_max",
         "gauge",
         "The per-shard bucket cap (--keys-max; 0 = none).",
-        &[(String::new(), keys_max.to_string())],
+        &unlabelled(keys_max),
     );
+}
+
+/// Client connections open and refused, failed authentications, and
+/// admin connections refused.
+fn connection_metrics(out: &mut String, state: &AdminState) {
     family(
-        &mut out,
+        out,
         "sluice_connections_open",
         "gauge",
         "Client connections open, both listeners together.",
-        &[(
-            String::new(),
-            state.open.load(Ordering::Relaxed).to_string(),
-        )],
+        &unlabelled(state.open.load(Ordering::Relaxed)),
     );
     family(
-        &mut out,
+        out,
         "sluice_connections_refused_total",
         "counter",
         "Connections refused at --connections-max.",
-        &[(
-            String::new(),
-            state.refused.load(Ordering::Relaxed).to_string(),
-        )],
+        &unlabelled(state.refused.load(Ordering::Relaxed)),
     );
     family(
-        &mut out,
+        out,
         "sluice_auth_failures_total",
         "counter",
         "Failed authentications (binary HELLO, RESP AUTH / HELLO AUTH, rate limit calls with a wrong token), attempts refused from a blocked address included.",
-        &[(
-            String::new(),
-            state
-                .node
-                .auth_failures
-                .total
-                .load(Ordering::Relaxed)
-                .to_string(),
-        )],
+        &unlabelled(state.node.auth_failures.total.load(Ordering::Relaxed)),
     );
     family(
-        &mut out,
+        out,
         "sluice_admin_connections_refused_total",
         "counter",
         "Admin connections closed at once at --admin-connections-max.",
-        &[(
-            String::new(),
-            state.admin_refused.load(Ordering::Relaxed).to_string(),
-        )],
+        &unlabelled(state.admin_refused.load(Ordering::Relaxed)),
     );
-    if state.node.config.rls_port.is_some() {
-        rls_metrics(&mut out, &state.rls);
-    }
+}
+
+/// The node's replication role, state and epoch, its lag, and the
+/// stream's bytes, records and syncs.
+fn replication_metrics(out: &mut String, state: &AdminState) {
     let r = role_now(state);
     let roles = [Role::Primary, Role::Follower].map(|role| {
         (
@@ -692,7 +736,7 @@ pub fn exposition(state: &AdminState) -> String {
         )
     });
     family(
-        &mut out,
+        out,
         "sluice_replication_role",
         "gauge",
         "1 for the node's replication role.",
@@ -712,113 +756,109 @@ pub fn exposition(state: &AdminState) -> String {
         )
     });
     family(
-        &mut out,
+        out,
         "sluice_replication_state",
         "gauge",
         "1 for the node's replication state.",
         &states,
     );
     family(
-        &mut out,
+        out,
         "sluice_replication_epoch",
         "gauge",
         "The node's replication epoch.",
-        &[(String::new(), r.epoch.to_string())],
+        &unlabelled(r.epoch),
     );
     family(
-        &mut out,
+        out,
         "sluice_replication_lag_seconds",
         "gauge",
         "How far the follower is behind (a follower's own view; a primary's of its follower).",
-        &[(String::new(), format!("{}", r.lag_us as f64 / 1e6))],
+        &unlabelled(r.lag_us as f64 / 1e6),
     );
     family(
-        &mut out,
+        out,
         "sluice_replication_stream_bytes_total",
         "counter",
         "Bytes of replication stream sent (primary) or received (follower).",
-        &[(String::new(), r.stream_bytes.to_string())],
+        &unlabelled(r.stream_bytes),
     );
     family(
-        &mut out,
+        out,
         "sluice_replication_stream_records_total",
         "counter",
         "Bucket records of replication stream sent (primary) or received (follower).",
-        &[(String::new(), r.stream_records.to_string())],
+        &unlabelled(r.stream_records),
     );
     family(
-        &mut out,
+        out,
         "sluice_replication_stream_syncs_total",
         "counter",
         "SYNC messages of replication stream sent (primary) or received (follower): records / syncs is the records a drain carries.",
-        &[(
-            String::new(),
-            node.repl.stream_syncs.load(Ordering::Relaxed).to_string(),
-        )],
+        &unlabelled(state.node.repl.stream_syncs.load(Ordering::Relaxed)),
     );
+}
+
+/// The last snapshot's age, duration, buckets and bytes, and the failures
+/// (with `--snapshot-dir`).
+fn snapshot_metrics(out: &mut String, state: &AdminState) {
+    let node = &state.node;
     let [written_ns, took_us, buckets, bytes] =
         state.snapshot.each_ref().map(|a| a.load(Ordering::Relaxed));
-    if node.config.snapshot_dir.is_some() {
-        let age = if written_ns == 0 {
-            // None yet: as old as the process.
-            node.started.elapsed().as_secs_f64()
-        } else {
-            state.clock.now_ns().saturating_sub(written_ns) as f64 / 1e9
-        };
-        family(
-            &mut out,
-            "sluice_snapshot_age_seconds",
-            "gauge",
-            "Seconds since the last snapshot was written (since the start, before the first).",
-            &[(String::new(), format!("{age:.3}"))],
-        );
-        family(
-            &mut out,
-            "sluice_snapshot_duration_seconds",
-            "gauge",
-            "How long the last snapshot took, from asking the shards to the file's fsync.",
-            &[(String::new(), format!("{}", took_us as f64 / 1e6))],
-        );
-        family(
-            &mut out,
-            "sluice_snapshot_buckets",
-            "gauge",
-            "Buckets in the last snapshot.",
-            &[(String::new(), buckets.to_string())],
-        );
-        family(
-            &mut out,
-            "sluice_snapshot_bytes",
-            "gauge",
-            "Size of the last snapshot file.",
-            &[(String::new(), bytes.to_string())],
-        );
-        family(
-            &mut out,
-            "sluice_snapshot_failures_total",
-            "counter",
-            "Snapshots that could not be written.",
-            &[(
-                String::new(),
-                state.snapshot_failures.load(Ordering::Relaxed).to_string(),
-            )],
-        );
-    }
-    if let Some(forward) = &node.forward {
-        forward_metrics(&mut out, forward);
-    }
+    let age = if written_ns == 0 {
+        // None yet: as old as the process.
+        node.started.elapsed().as_secs_f64()
+    } else {
+        state.clock.now_ns().saturating_sub(written_ns) as f64 / 1e9
+    };
     family(
-        &mut out,
+        out,
+        "sluice_snapshot_age_seconds",
+        "gauge",
+        "Seconds since the last snapshot was written (since the start, before the first).",
+        &unlabelled(format!("{age:.3}")),
+    );
+    family(
+        out,
+        "sluice_snapshot_duration_seconds",
+        "gauge",
+        "How long the last snapshot took, from asking the shards to the file's fsync.",
+        &unlabelled(took_us as f64 / 1e6),
+    );
+    family(
+        out,
+        "sluice_snapshot_buckets",
+        "gauge",
+        "Buckets in the last snapshot.",
+        &unlabelled(buckets),
+    );
+    family(
+        out,
+        "sluice_snapshot_bytes",
+        "gauge",
+        "Size of the last snapshot file.",
+        &unlabelled(bytes),
+    );
+    family(
+        out,
+        "sluice_snapshot_failures_total",
+        "counter",
+        "Snapshots that could not be written.",
+        &unlabelled(state.snapshot_failures.load(Ordering::Relaxed)),
+    );
+}
+
+/// The process's uptime and the node's identity.
+fn process_metrics(out: &mut String, node: &Node) {
+    family(
+        out,
         "sluice_uptime_seconds",
         "gauge",
         "Seconds since the process started.",
-        &[(
-            String::new(),
-            format!("{:.3}", node.started.elapsed().as_secs_f64()),
-        )],
+        &unlabelled(format!("{:.3}", node.started.elapsed().as_secs_f64())),
     );
     family(
-        &mut out,
+        out,
         "sluice_info",
         "gauge",
         "The node's version, shard count and identity (always 1).",
@@ -832,5 +872,4 @@ pub fn exposition(state: &AdminState) -> String {
             "1".to_owned(),
         )],
     );
-    out
 }

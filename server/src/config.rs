@@ -703,156 +703,7 @@ impl Config {
         let matches = Config::command().try_get_matches_from(args)?;
         let mut config = Config::from_arg_matches(&matches)?;
         if let Some(path) = config.config.clone() {
-            let file = read_file(&path)?;
-            config.tiers = file_tiers(&path, &file)?;
-            let from_file = |id: &str| {
-                !matches!(
-                    matches.value_source(id),
-                    Some(ValueSource::CommandLine | ValueSource::EnvVariable)
-                )
-            };
-            macro_rules! take {
-                ($($field:ident),*) => {$(
-                    if let Some(v) = file.$field.clone() {
-                        if from_file(stringify!($field)) {
-                            config.$field = v.into();
-                        }
-                    }
-                )*};
-            }
-            take!(
-                bind,
-                port,
-                shards,
-                connections_max,
-                frame_bytes_max,
-                batch_max,
-                inflight_max,
-                drain_ms,
-                auth_timeout_ms,
-                frame_timeout_ms,
-                idle_timeout_ms,
-                reply_bytes_max,
-                reply_bytes_node_max,
-                reply_timeout_ms,
-                admin_timeout_ms,
-                admin_connections_max,
-                snapshot_interval_s,
-                snapshot_ignore_corrupt,
-                log_format,
-                heap_bytes_max,
-                keys_max,
-                replication,
-                replica_timeout_ms,
-                rls_headers,
-                rls_allow_unauthenticated,
-                rls_connections_max,
-                rls_request_timeout_ms,
-                rls_buffer_bytes_max,
-                forward_failure,
-                forward_deadline_ms,
-                forward_stall_after_ms
-            );
-            if let Some(v) = file.cluster.clone() {
-                if from_file("cluster") {
-                    config.cluster = Some(v);
-                }
-            }
-            if let Some(v) = file.cpu_list.clone() {
-                if from_file("cpu_list") {
-                    config.cpu_list = Some(v);
-                }
-            }
-            if let Some(v) = file.rls_port {
-                if from_file("rls_port") {
-                    config.rls_port = Some(v);
-                }
-            }
-            if let Some(v) = file.rls_threads {
-                if from_file("rls_threads") {
-                    config.rls_threads = Some(v);
-                }
-            }
-            if let Some(v) = file.rls_config.clone() {
-                if from_file("rls_config") {
-                    config.rls_config = Some(v);
-                }
-            }
-            if let Some(v) = file.rls_tls_cert.clone() {
-                if from_file("rls_tls_cert") {
-                    config.rls_tls_cert = Some(v);
-                }
-            }
-            if let Some(v) = file.rls_tls_key.clone() {
-                if from_file("rls_tls_key") {
-                    config.rls_tls_key = Some(v);
-                }
-            }
-            if let Some(v) = file.replica_of.clone() {
-                if from_file("replica_of") {
-                    config.replica_of = Some(v);
-                }
-            }
-            if let Some(v) = file.peer.clone() {
-                if from_file("peer") {
-                    config.peer = Some(v);
-                }
-            }
-            if let Some(v) = file.advertise.clone() {
-                if from_file("advertise") {
-                    config.advertise = Some(v);
-                }
-            }
-            if let Some(v) = file.coordinator.clone() {
-                if from_file("coordinator") {
-                    config.coordinator = Some(v);
-                }
-            }
-            if let Some(v) = file.group.clone() {
-                if from_file("group") {
-                    config.group = Some(v);
-                }
-            }
-            if let Some(v) = file.cluster_name.clone() {
-                if from_file("cluster_name") {
-                    config.cluster_name = v;
-                }
-            }
-            if let Some(v) = file.leader_ttl_s {
-                if from_file("leader_ttl_s") {
-                    config.leader_ttl_s = v;
-                }
-            }
-            if let Some(v) = file.promote_after_ms {
-                if from_file("promote_after_ms") {
-                    config.promote_after_ms = Some(v);
-                }
-            }
-            if let Some(v) = file.snapshot_dir.clone() {
-                if from_file("snapshot_dir") {
-                    config.snapshot_dir = Some(v);
-                }
-            }
-            if let Some(v) = file.admin_port {
-                if from_file("admin_port") {
-                    config.admin_port = Some(v);
-                }
-            }
-            if let Some(v) = file.resp_port {
-                if from_file("resp_port") {
-                    config.resp_port = Some(v);
-                }
-            }
-            if let Some(v) = file.auth_token.clone() {
-                if from_file("auth_token") {
-                    config.auth_token = Some(v);
-                }
-            }
-            if let Some(v) = file.auth_token_file.clone() {
-                if from_file("auth_token_file") {
-                    config.auth_token_file = Some(v);
-                }
-            }
+            config.merge_file(&path, &matches)?;
         }
         if let Some(path) = &config.auth_token_file {
             if config.auth_token.is_some() {
@@ -862,6 +713,95 @@ impl Config {
         }
         config.validate()?;
         Ok(config)
+    }
+
+    /// Takes the tiers of the `--config` file at `path`, and each setting
+    /// it has that neither a flag nor an environment variable gave.
+    fn merge_file(&mut self, path: &Path, matches: &clap::ArgMatches) -> Result<(), LoadError> {
+        let file = read_file(path)?;
+        self.tiers = file_tiers(path, &file)?;
+        let from_file = |id: &str| {
+            !matches!(
+                matches.value_source(id),
+                Some(ValueSource::CommandLine | ValueSource::EnvVariable)
+            )
+        };
+        // Settings with a default: the file's value replaces it.
+        macro_rules! take {
+            ($($field:ident),*) => {$(
+                if let Some(v) = file.$field.clone() {
+                    if from_file(stringify!($field)) {
+                        self.$field = v.into();
+                    }
+                }
+            )*};
+        }
+        // Settings unset unless given: the file's value sets them.
+        macro_rules! take_optional {
+            ($($field:ident),*) => {$(
+                if let Some(v) = file.$field.clone() {
+                    if from_file(stringify!($field)) {
+                        self.$field = Some(v);
+                    }
+                }
+            )*};
+        }
+        take!(
+            bind,
+            port,
+            shards,
+            connections_max,
+            frame_bytes_max,
+            batch_max,
+            inflight_max,
+            drain_ms,
+            auth_timeout_ms,
+            frame_timeout_ms,
+            idle_timeout_ms,
+            reply_bytes_max,
+            reply_bytes_node_max,
+            reply_timeout_ms,
+            admin_timeout_ms,
+            admin_connections_max,
+            snapshot_interval_s,
+            snapshot_ignore_corrupt,
+            log_format,
+            heap_bytes_max,
+            keys_max,
+            replication,
+            replica_timeout_ms,
+            rls_headers,
+            rls_allow_unauthenticated,
+            rls_connections_max,
+            rls_request_timeout_ms,
+            rls_buffer_bytes_max,
+            forward_failure,
+            forward_deadline_ms,
+            forward_stall_after_ms,
+            cluster_name,
+            leader_ttl_s
+        );
+        take_optional!(
+            cluster,
+            cpu_list,
+            rls_port,
+            rls_threads,
+            rls_config,
+            rls_tls_cert,
+            rls_tls_key,
+            replica_of,
+            peer,
+            advertise,
+            coordinator,
+            group,
+            promote_after_ms,
+            snapshot_dir,
+            admin_port,
+            resp_port,
+            auth_token,
+            auth_token_file
+        );
+        Ok(())
     }
 
     /// Re-reads the tiers from the `--config` file (what SIGHUP and RELOAD
@@ -890,6 +830,15 @@ impl Config {
 
     /// Checks every field against its range.
     pub fn validate(&self) -> Result<(), ConfigError> {
+        self.validate_limits()?;
+        self.validate_rls()?;
+        self.validate_cluster()?;
+        self.validate_coordinator()
+    }
+
+    /// The listeners', connections', replies' and tables' limits, and the
+    /// token's length.
+    fn validate_limits(&self) -> Result<(), ConfigError> {
         check("shards", self.shard_count(), 1, SHARDS_MAX)?;
         check("connections-max", self.connections_max, 1, 1_000_000)?;
         check(
@@ -937,6 +886,11 @@ impl Config {
         if let Some(t) = &self.auth_token {
             check("auth-token length", t.len(), 1, TOKEN_BYTES_MAX)?;
         }
+        Ok(())
+    }
+
+    /// The rate limit service's settings (`--rls-*`).
+    fn validate_rls(&self) -> Result<(), ConfigError> {
         if let Some(n) = self.rls_threads {
             check("rls-threads", n, 1, SHARDS_MAX)?;
         }
@@ -991,6 +945,11 @@ impl Config {
                 return Err(bad("a port no other listener uses"));
             }
         }
+        Ok(())
+    }
+
+    /// An entry point's settings (`--cluster`, `--forward-*`).
+    fn validate_cluster(&self) -> Result<(), ConfigError> {
         if let Some(c) = &self.cluster {
             if self.group.as_deref().map_or(true, str::is_empty) {
                 return Err(ConfigError {
@@ -1007,6 +966,11 @@ impl Config {
                 60_000,
             )?;
         }
+        Ok(())
+    }
+
+    /// Leadership on etcd's settings (`--coordinator`, `--leader-ttl-s`).
+    fn validate_coordinator(&self) -> Result<(), ConfigError> {
         if let Some(c) = &self.coordinator {
             let bad = |range: &str| ConfigError {
                 field: "coordinator",

@@ -114,51 +114,12 @@ impl Server {
         };
         // The rules are checked before anything starts.
         #[cfg(feature = "rls")]
-        let rls_start = match (config.rls_port, &config.rls_config) {
-            (Some(port), Some(path)) => Some((
-                listen(SocketAddr::new(config.bind, port))?,
-                crate::rls::rules::Rules::load(path).map_err(|e| StartError::Rls(e.to_string()))?,
-                match (&config.rls_tls_cert, &config.rls_tls_key) {
-                    (Some(cert), Some(key)) => {
-                        Some(crate::rls::load_tls(cert, key).map_err(StartError::RlsTls)?)
-                    }
-                    _ => None,
-                },
-            )),
-            _ => None,
-        };
+        let rls_start = RlsStart::bind(&config)?;
         let shard_count = config.shard_count();
-        if let Some(list) = &config.cpu_list {
-            let bad = |range: String| ConfigError {
-                field: "cpu-list",
-                range,
-                got: list.to_string(),
-            };
-            let allowed =
-                crate::affinity::allowed().map_err(|e| bad(format!("unset here ({e})")))?;
-            if let Some(cpu) = list.outside(&allowed) {
-                return Err(bad(format!(
-                    "CPUs this process may run on ({}; CPU {cpu} is not)",
-                    crate::affinity::CpuList::from_cpus(allowed)
-                ))
-                .into());
-            }
-        }
+        check_cpu_list(&config)?;
         let clock = MonotonicClock::new();
         let (drained_tx, drained_rx) = inbox::inbox();
-        let mut senders = Vec::new();
-        let mut node_txs = Vec::new();
-        let mut threads = Vec::new();
-        for id in 0..shard_count {
-            let (tx, rx) = inbox::inbox();
-            let (node_tx, node_rx) = crate::sync::mpsc::channel();
-            let cpu = config.cpu_list.as_ref().map(|l| l.for_shard(id));
-            let thread = worker::spawn(id, cpu, rx, node_rx, drained_tx.clone(), clock)
-                .map_err(StartError::Thread)?;
-            senders.push(tx);
-            node_txs.push(node_tx);
-            threads.push(thread);
-        }
+        let shards = Shards::spawn(&config, shard_count, &drained_tx, clock)?;
         let node_id = std::collections::hash_map::RandomState::new()
             .build_hasher()
             .finish();
@@ -169,24 +130,13 @@ impl Server {
             config.replication,
             config.coordinator.is_some(),
         );
-        // --cluster FILE, or etcd's layout with --coordinator: every node
-        // an entry point.
-        let forward = match config.cluster.is_some() || config.coordinator.is_some() {
-            true => {
-                let own = config
-                    .advertise
-                    .clone()
-                    .unwrap_or_else(|| bound_addr(&listener).to_string());
-                Some(crate::forward::Forwarder::start(&config, own).map_err(StartError::Cluster)?)
-            }
-            false => None,
-        };
+        let forward = start_forwarder(&config, &listener)?;
         let node = Arc::new(Node {
             config,
             shard_count,
             node_id,
             repl,
-            shards: senders,
+            shards: shards.senders,
             addr: bound_addr(&listener),
             resp_addr: resp_listener.as_ref().map(bound_addr),
             started,
@@ -194,34 +144,17 @@ impl Server {
             forward,
             auth_failures: Default::default(),
         });
-        for tx in node_txs {
+        for tx in shards.node_txs {
             tx.send(node.clone())
                 .expect("a shard thread waits for its node");
         }
         if let Some(dir) = node.config.snapshot_dir.clone() {
             load_snapshot(&node, &dir)?;
         }
-        let admin = Arc::new(crate::admin::AdminState {
-            node: node.clone(),
-            open: Arc::new(AtomicUsize::new(0)),
-            refused: Arc::new(crate::sync::AtomicU64::new(0)),
-            draining: crate::sync::AtomicBool::new(false),
-            clock,
-            snapshot: Default::default(),
-            snapshot_failures: crate::sync::AtomicU64::new(0),
-            admin_open: Arc::new(AtomicUsize::new(0)),
-            admin_refused: crate::sync::AtomicU64::new(0),
-            rls: Default::default(),
-        });
+        let admin = Arc::new(admin_state(&node, clock));
         #[cfg(feature = "rls")]
-        let rls = rls_start.map(|(listener, rules, tls)| {
-            let rls = crate::rls::Rls::new(node.clone(), clock, rules, tls);
-            (listener, Arc::new(rls))
-        });
-        #[cfg(feature = "rls")]
-        let rls = match rls {
-            // Served from its own runtime's threads: off this one.
-            Some((listener, rls)) => Some((listener.into_std().map_err(StartError::Thread)?, rls)),
+        let rls = match rls_start {
+            Some(start) => Some(start.start(&node, clock)?),
             None => None,
         };
         Ok(Server {
@@ -232,8 +165,8 @@ impl Server {
             admin_listener,
             admin,
             node,
-            threads,
             drained_rx,
+            threads: shards.threads,
             unauthed: Arc::default(),
             hangup: Hangup::new(),
         })
@@ -278,35 +211,9 @@ impl Server {
             tokio::spawn(crate::admin::serve(listener, self.admin.clone()));
         }
         #[cfg(feature = "rls")]
-        let rls = match self.rls.take() {
-            Some((listener, rls)) => {
-                let threads = self.node.config.rls_threads.unwrap_or(1);
-                let stats = self.admin.rls.clone();
-                if let Err(e) = crate::rls::start(listener, rls.clone(), stats, threads) {
-                    tracing::error!(error = %e, "cannot start the rate limit service's threads");
-                }
-                Some(rls)
-            }
-            None => None,
-        };
+        let rls = self.start_rls();
         let snapshots = Arc::new(tokio::sync::Mutex::new(()));
-        let interval_s = self.node.config.snapshot_interval_s;
-        if let (Some(dir), true) = (self.node.config.snapshot_dir.clone(), interval_s > 0) {
-            let (node, lock, admin) = (self.node.clone(), snapshots.clone(), self.admin.clone());
-            tokio::spawn(async move {
-                let period = Duration::from_secs(interval_s);
-                let mut tick =
-                    tokio::time::interval_at(tokio::time::Instant::now() + period, period);
-                tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
-                loop {
-                    tick.tick().await;
-                    let _one_at_a_time = lock.lock().await;
-                    // Logged and marked on disk by write_snapshot; the
-                    // next tick tries again.
-                    let _ = write_snapshot(&node, &admin, &dir, "periodic").await;
-                }
-            });
-        }
+        self.spawn_periodic_snapshots(&snapshots);
         let mut next_shard = 0usize;
         let mut hangup = std::mem::replace(&mut self.hangup, Hangup::none());
         loop {
@@ -353,35 +260,8 @@ impl Server {
             .store(true, crate::sync::Ordering::Release);
         drop(self.listener);
         drop(self.resp_listener);
-        for tx in &self.node.shards {
-            let _ = tx.send(ShardMsg::Drain);
-        }
-        let drain = Duration::from_millis(self.node.config.drain_ms);
-        let mut drained = 0;
-        let all_drained = tokio::time::timeout(drain, async {
-            let mut ids = Vec::new();
-            while drained < self.node.shards.len() && self.drained_rx.recv_many(&mut ids).await {
-                drained += ids.len();
-                ids.clear();
-            }
-        });
-        if all_drained.await.is_err() {
-            tracing::warn!(
-                drain_ms = self.node.config.drain_ms,
-                "drain timed out; closing the rest"
-            );
-        }
-        let mut stopped = Ok(());
-        if let Some(dir) = self.node.config.snapshot_dir.clone() {
-            // Every connection is done: the table is what clients were told.
-            let _one_at_a_time = snapshots.lock().await;
-            if let Err(reason) = write_snapshot(&self.node, &self.admin, &dir, "shutdown").await {
-                stopped = Err(StopError::Snapshot {
-                    path: crate::snapshot::path(&dir),
-                    reason,
-                });
-            }
-        }
+        drain_shards(&self.node, &mut self.drained_rx).await;
+        let stopped = final_snapshot(&self.node, &self.admin, &snapshots).await;
         for tx in &self.node.shards {
             let _ = tx.send(ShardMsg::Stop);
         }
@@ -390,6 +270,41 @@ impl Server {
         }
         tracing::info!("stopped");
         stopped
+    }
+
+    /// Starts the rate limit service's threads (`--rls-port`); returns
+    /// the service, for SIGHUP to reload its rules.
+    #[cfg(feature = "rls")]
+    fn start_rls(&mut self) -> Option<Arc<crate::rls::Rls>> {
+        let (listener, rls) = self.rls.take()?;
+        let threads = self.node.config.rls_threads.unwrap_or(1);
+        let stats = self.admin.rls.clone();
+        if let Err(e) = crate::rls::start(listener, rls.clone(), stats, threads) {
+            tracing::error!(error = %e, "cannot start the rate limit service's threads");
+        }
+        Some(rls)
+    }
+
+    /// With `--snapshot-dir` and `--snapshot-interval-s` above 0: a task
+    /// that writes a snapshot every interval, one at a time under `lock`.
+    fn spawn_periodic_snapshots(&self, lock: &Arc<tokio::sync::Mutex<()>>) {
+        let interval_s = self.node.config.snapshot_interval_s;
+        if let (Some(dir), true) = (self.node.config.snapshot_dir.clone(), interval_s > 0) {
+            let (node, lock, admin) = (self.node.clone(), lock.clone(), self.admin.clone());
+            tokio::spawn(async move {
+                let period = Duration::from_secs(interval_s);
+                let mut tick =
+                    tokio::time::interval_at(tokio::time::Instant::now() + period, period);
+                tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+                loop {
+                    tick.tick().await;
+                    let _one_at_a_time = lock.lock().await;
+                    // Logged and marked on disk by write_snapshot; the
+                    // next tick tries again.
+                    let _ = write_snapshot(&node, &admin, &dir, "periodic").await;
+                }
+            });
+        }
     }
 
     fn adopt(&self, kind: Listener, stream: TcpStream, shard: usize) {
@@ -446,6 +361,187 @@ impl Server {
 /// Loads `dir`'s snapshot, if there is one, into the shards (before any
 /// connection): all of it checked first, each bucket to the shard that owns
 /// it now.
+/// The rate limit service's socket, rules and TLS, bound and read before
+/// anything starts.
+#[cfg(feature = "rls")]
+struct RlsStart {
+    /// `--rls-port`'s socket.
+    listener: TcpListener,
+    /// `--rls-config`'s rules, checked.
+    rules: crate::rls::rules::Rules,
+    /// `--rls-tls-cert` and `--rls-tls-key`, read and checked.
+    tls: Option<tonic::transport::ServerTlsConfig>,
+}
+
+#[cfg(feature = "rls")]
+impl RlsStart {
+    /// Binds `--rls-port` and reads its rules and TLS, when it is given.
+    fn bind(config: &Config) -> Result<Option<RlsStart>, StartError> {
+        let (Some(port), Some(path)) = (config.rls_port, &config.rls_config) else {
+            return Ok(None);
+        };
+        Ok(Some(RlsStart {
+            listener: listen(SocketAddr::new(config.bind, port))?,
+            rules: crate::rls::rules::Rules::load(path)
+                .map_err(|e| StartError::Rls(e.to_string()))?,
+            tls: match (&config.rls_tls_cert, &config.rls_tls_key) {
+                (Some(cert), Some(key)) => {
+                    Some(crate::rls::load_tls(cert, key).map_err(StartError::RlsTls)?)
+                }
+                _ => None,
+            },
+        }))
+    }
+
+    /// The service over `node`, and its socket, handed off this runtime
+    /// (it is served from its own runtime's threads).
+    fn start(
+        self,
+        node: &Arc<Node>,
+        clock: MonotonicClock,
+    ) -> Result<(std::net::TcpListener, Arc<crate::rls::Rls>), StartError> {
+        let rls = crate::rls::Rls::new(node.clone(), clock, self.rules, self.tls);
+        let listener = self.listener.into_std().map_err(StartError::Thread)?;
+        Ok((listener, Arc::new(rls)))
+    }
+}
+
+/// `--cpu-list` names only CPUs this process may run on.
+fn check_cpu_list(config: &Config) -> Result<(), StartError> {
+    let Some(list) = &config.cpu_list else {
+        return Ok(());
+    };
+    let bad = |range: String| ConfigError {
+        field: "cpu-list",
+        range,
+        got: list.to_string(),
+    };
+    let allowed = crate::affinity::allowed().map_err(|e| bad(format!("unset here ({e})")))?;
+    if let Some(cpu) = list.outside(&allowed) {
+        return Err(bad(format!(
+            "CPUs this process may run on ({}; CPU {cpu} is not)",
+            crate::affinity::CpuList::from_cpus(allowed)
+        ))
+        .into());
+    }
+    Ok(())
+}
+
+/// The shard threads, started, each waiting to be sent its node.
+struct Shards {
+    /// Each shard's inbox.
+    senders: Vec<inbox::Sender<ShardMsg>>,
+    /// Where each shard thread waits for the node.
+    node_txs: Vec<crate::sync::mpsc::Sender<Arc<Node>>>,
+    /// The threads, joined at shutdown.
+    threads: Vec<std::thread::JoinHandle<()>>,
+}
+
+impl Shards {
+    /// Starts `shard_count` shard threads (pinned per `--cpu-list`), each
+    /// reporting its drain on `drained_tx`.
+    fn spawn(
+        config: &Config,
+        shard_count: u16,
+        drained_tx: &inbox::Sender<u16>,
+        clock: MonotonicClock,
+    ) -> Result<Shards, StartError> {
+        let mut shards = Shards {
+            senders: Vec::new(),
+            node_txs: Vec::new(),
+            threads: Vec::new(),
+        };
+        for id in 0..shard_count {
+            let (tx, rx) = inbox::inbox();
+            let (node_tx, node_rx) = crate::sync::mpsc::channel();
+            let cpu = config.cpu_list.as_ref().map(|l| l.for_shard(id));
+            let thread = worker::spawn(id, cpu, rx, node_rx, drained_tx.clone(), clock)
+                .map_err(StartError::Thread)?;
+            shards.senders.push(tx);
+            shards.node_txs.push(node_tx);
+            shards.threads.push(thread);
+        }
+        Ok(shards)
+    }
+}
+
+/// The forwarder of an entry point: with `--cluster FILE`, or etcd's
+/// layout with `--coordinator` (every node an entry point).
+fn start_forwarder(
+    config: &Config,
+    listener: &TcpListener,
+) -> Result<Option<Arc<crate::forward::Forwarder>>, StartError> {
+    if config.cluster.is_none() && config.coordinator.is_none() {
+        return Ok(None);
+    }
+    let own = config
+        .advertise
+        .clone()
+        .unwrap_or_else(|| bound_addr(listener).to_string());
+    Ok(Some(
+        crate::forward::Forwarder::start(config, own).map_err(StartError::Cluster)?,
+    ))
+}
+
+/// What the admin endpoints read, every count at 0.
+fn admin_state(node: &Arc<Node>, clock: MonotonicClock) -> crate::admin::AdminState {
+    crate::admin::AdminState {
+        node: node.clone(),
+        open: Arc::new(AtomicUsize::new(0)),
+        refused: Arc::new(crate::sync::AtomicU64::new(0)),
+        draining: crate::sync::AtomicBool::new(false),
+        clock,
+        snapshot: Default::default(),
+        snapshot_failures: crate::sync::AtomicU64::new(0),
+        admin_open: Arc::new(AtomicUsize::new(0)),
+        admin_refused: crate::sync::AtomicU64::new(0),
+        rls: Default::default(),
+    }
+}
+
+/// Tells every shard to drain its connections, and waits until all have
+/// (at most `--drain-ms`).
+async fn drain_shards(node: &Node, drained_rx: &mut inbox::Receiver<u16>) {
+    for tx in &node.shards {
+        let _ = tx.send(ShardMsg::Drain);
+    }
+    let drain = Duration::from_millis(node.config.drain_ms);
+    let mut drained = 0;
+    let all_drained = tokio::time::timeout(drain, async {
+        let mut ids = Vec::new();
+        while drained < node.shards.len() && drained_rx.recv_many(&mut ids).await {
+            drained += ids.len();
+            ids.clear();
+        }
+    });
+    if all_drained.await.is_err() {
+        tracing::warn!(
+            drain_ms = node.config.drain_ms,
+            "drain timed out; closing the rest"
+        );
+    }
+}
+
+/// With `--snapshot-dir`: the snapshot written once every connection is
+/// done, so the table on disk is what clients were told.
+async fn final_snapshot(
+    node: &Arc<Node>,
+    admin: &crate::admin::AdminState,
+    lock: &tokio::sync::Mutex<()>,
+) -> Result<(), StopError> {
+    let Some(dir) = node.config.snapshot_dir.clone() else {
+        return Ok(());
+    };
+    // Every connection is done: the table is what clients were told.
+    let _one_at_a_time = lock.lock().await;
+    write_snapshot(node, admin, &dir, "shutdown")
+        .await
+        .map_err(|reason| StopError::Snapshot {
+            path: crate::snapshot::path(&dir),
+            reason,
+        })
+}
+
 fn load_snapshot(node: &Node, dir: &std::path::Path) -> Result<(), StartError> {
     let path = crate::snapshot::path(dir);
     let marker = crate::snapshot::failed_path(dir);

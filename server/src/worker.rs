@@ -79,17 +79,7 @@ pub fn spawn(
 /// received, as the inbox promises), connections arriving that late are
 /// closed.
 async fn run(core: Rc<ShardCore>, mut rx: Receiver<ShardMsg>) {
-    tokio::task::spawn_local(sweep_heap_periodically(core.clone()));
-    if let (0, Some(primary)) = (core.id, core.node.config.replica_of.clone()) {
-        tokio::task::spawn_local(follower::follow(core.clone(), primary));
-    }
-    if let (0, Some(peer)) = (core.id, core.node.config.peer.clone()) {
-        tokio::task::spawn_local(follower::watch_peer(core.clone(), peer));
-    }
-    #[cfg(feature = "etcd")]
-    if core.id == 0 && core.node.config.coordinator.is_some() {
-        tokio::task::spawn_local(crate::replication::etcd::run(core.clone()));
-    }
+    spawn_side_tasks(&core);
     let mut msgs = Vec::new();
     let mut stopped = false;
     while rx.recv_many(&mut msgs).await {
@@ -134,19 +124,7 @@ async fn run(core: Rc<ShardCore>, mut rx: Receiver<ShardMsg>) {
                         core.table.borrow_mut().reserve(more);
                     }
                 }
-                ShardMsg::Apply(a) => {
-                    if a.generation == core.follow_gen.get() {
-                        let now_ns = core.clock.now_ns();
-                        let mut table = core.table.borrow_mut();
-                        for r in a.records {
-                            table.import(r.key, r.kind, r.state, now_ns);
-                        }
-                        for (key, b) in a.buckets {
-                            table.import_bucket(key, b, now_ns);
-                        }
-                    }
-                    let _ = a.done.send(());
-                }
+                ShardMsg::Apply(a) => apply(&core, a),
                 ShardMsg::Snapshot(done) => {
                     let core = core.clone();
                     tokio::task::spawn_local(async move {
@@ -154,24 +132,7 @@ async fn run(core: Rc<ShardCore>, mut rx: Receiver<ShardMsg>) {
                     });
                 }
                 ShardMsg::Load(records, done) => {
-                    let now_ns = core.clock.now_ns();
-                    let mut table = core.table.borrow_mut();
-                    // Room for all of them first: records come in slot
-                    // order, and inserting them in that order into a table
-                    // that grows as it goes piles them into one long run
-                    // (100k buckets took 11 s to load, now milliseconds).
-                    let mut more = [0u64; 5];
-                    for r in &records {
-                        if let Some(i) = Kind::ALL.iter().position(|k| *k == r.kind) {
-                            more[i] += 1;
-                        }
-                    }
-                    table.reserve(more);
-                    for r in records {
-                        table.restore(r.key, r.kind, r.state, now_ns);
-                    }
-                    drop(table);
-                    core.publish_stats();
+                    load(&core, records);
                     let _ = done.send(());
                 }
                 ShardMsg::Drain => {
@@ -190,6 +151,60 @@ async fn run(core: Rc<ShardCore>, mut rx: Receiver<ShardMsg>) {
         buckets = core.table.borrow().len(),
         "shard stopped"
     );
+}
+
+/// The tasks that run beside the shard's loop: the heap sweep, and on
+/// shard 0 the follower's, the peer watch and the etcd loop, as configured.
+fn spawn_side_tasks(core: &Rc<ShardCore>) {
+    tokio::task::spawn_local(sweep_heap_periodically(core.clone()));
+    if let (0, Some(primary)) = (core.id, core.node.config.replica_of.clone()) {
+        tokio::task::spawn_local(follower::follow(core.clone(), primary));
+    }
+    if let (0, Some(peer)) = (core.id, core.node.config.peer.clone()) {
+        tokio::task::spawn_local(follower::watch_peer(core.clone(), peer));
+    }
+    #[cfg(feature = "etcd")]
+    if core.id == 0 && core.node.config.coordinator.is_some() {
+        tokio::task::spawn_local(crate::replication::etcd::run(core.clone()));
+    }
+}
+
+/// A follower's records and buckets, imported unless they belong to an
+/// earlier sync (an older generation); answered either way.
+fn apply(core: &ShardCore, a: follower::Apply) {
+    if a.generation == core.follow_gen.get() {
+        let now_ns = core.clock.now_ns();
+        let mut table = core.table.borrow_mut();
+        for r in a.records {
+            table.import(r.key, r.kind, r.state, now_ns);
+        }
+        for (key, b) in a.buckets {
+            table.import_bucket(key, b, now_ns);
+        }
+    }
+    let _ = a.done.send(());
+}
+
+/// A snapshot's records, restored into the table, and its stats published.
+fn load(core: &ShardCore, records: Vec<sluice_protocol::replication::Record>) {
+    let now_ns = core.clock.now_ns();
+    let mut table = core.table.borrow_mut();
+    // Room for all of them first: records come in slot order, and
+    // inserting them in that order into a table that grows as it goes
+    // piles them into one long run (100k buckets took 11 s to load, now
+    // milliseconds).
+    let mut more = [0u64; 5];
+    for r in &records {
+        if let Some(i) = Kind::ALL.iter().position(|k| *k == r.kind) {
+            more[i] += 1;
+        }
+    }
+    table.reserve(more);
+    for r in records {
+        table.restore(r.key, r.kind, r.state, now_ns);
+    }
+    drop(table);
+    core.publish_stats();
 }
 
 /// Every HEAP_SWEEP_MS: drop the full sliding logs and lease lists, and the

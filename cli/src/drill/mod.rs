@@ -387,16 +387,77 @@ impl Harness {
 
 /// The whole drill: set up, load, rounds, judge.
 async fn drill(args: &DrillArgs, global: &Global) -> Result<Outcome, DrillError> {
+    let faults = check(args)?;
+    let mut harness = Harness::start(args, global).await?;
+    let sabotaged = args.sabotage.is_some();
+    if sabotaged && !matches!(harness, Harness::Local(_)) {
+        return Err(DrillError("--sabotage needs --local".into()));
+    }
+    let topology = harness.topology();
+    let control = ClientConfig {
+        deadline: Duration::from_millis(500),
+        connect_timeout: Duration::from_millis(500),
+        shard_aware: false,
+        auth_token: global.auth_token.clone(),
+        known_epoch: 0,
+        layout_hash: 0,
+    };
+    let recover_timeout = Duration::from_secs(args.recover_timeout_s.max(1));
+    for g in 0..topology.groups.len() {
+        if !wait_recovered(&mut harness, g, &control, recover_timeout, sabotaged, None)
+            .await
+            .recovered
+        {
+            return Err(DrillError(format!(
+                "group {} never had a primary and a follower in sync",
+                topology.groups[g].name
+            )));
+        }
+    }
+    let load = RunningLoad::start(args, global, &harness, &topology).await?;
+    let rounds = Rounds {
+        args,
+        topology: &topology,
+        control: &control,
+        recover_timeout,
+        sabotaged,
+        clock: &load.clock,
+    }
+    .run(&mut harness, &faults)
+    .await?;
+    load.stop.store(true, Ordering::Relaxed);
+    let end_ns = load.clock.now_ns();
+    let records = load
+        .task
+        .await
+        .map_err(|e| DrillError(format!("the load failed: {e}")))?;
+    let setup = setup(
+        args,
+        &harness,
+        topology.groups.len(),
+        &load.plan,
+        &load.cluster,
+    );
+    // Judging takes a while on a long run: the cluster can go now.
+    drop(harness);
+    Ok(report::judge(
+        setup,
+        &load.plan,
+        &records,
+        rounds,
+        load.start_ns,
+        end_ns,
+    ))
+}
+
+/// Checks the flags that need no cluster; returns each round's fault.
+fn check(args: &DrillArgs) -> Result<Vec<Fault>, DrillError> {
     if args.rounds == 0 {
         return Err(DrillError("--rounds must be at least 1".into()));
     }
     if !args.rate.is_finite() || args.rate <= 0.0 || args.callers == 0 {
         return Err(DrillError("--rate and --callers must be positive".into()));
     }
-    let mode = match args.replication {
-        ReplArg::Sync => "sync",
-        ReplArg::Async => "async",
-    };
     let kinds: &[Fault] = if args.etcd {
         &Fault::ALL_ETCD
     } else {
@@ -426,92 +487,186 @@ async fn drill(args: &DrillArgs, global: &Global) -> Result<Outcome, DrillError>
             "--entry rls: this sluice was built without its gRPC client (cargo build -p sluice-cli --features rls)".into(),
         ));
     }
-    let mut harness = match (&global.cluster, &args.fault_cmd, args.local) {
-        (None, None, true) => {
-            let links = matches!(args.fault, FaultArg::Partition | FaultArg::Mixed);
-            if links && args.entry != EntryArg::Client {
-                return Err(DrillError(format!(
-                    "--entry {entry} drills kill and pause faults (a cut link's proxies hide the nodes' own addresses from the cluster file)"
-                )));
-            }
-            if args.etcd && args.sabotage.is_some() {
-                return Err(DrillError(
-                    "--sabotage and --etcd do not go together".into(),
-                ));
-            }
-            let log_dir = match &args.report {
-                Some(dir) => dir.join("nodes"),
-                None => std::env::temp_dir().join(format!("sluice-drill-{}", std::process::id())),
-            };
-            let options = LocalOptions {
-                sluiced: args.sluiced.clone().unwrap_or_else(sluiced_path),
-                groups: args.groups.max(1),
-                shards: args.shards.max(1),
-                replication: mode.to_owned(),
-                promote_after_ms: args.promote_after_ms,
-                links,
-                no_replication: args.sabotage == Some(Sabotage::NoReplication),
-                etcd_ttl_s: args.etcd.then_some(args.leader_ttl_s.max(1)),
-                log_dir,
-                // With etcd every node is an entry point already.
-                entry_points: args.entry != EntryArg::Client && !args.etcd,
-                resp: args.entry == EntryArg::Resp,
-                rls_rules: match args.entry {
-                    EntryArg::Rls => {
-                        Some(rls::rules(&load::kinds(EntryArg::Rls)).map_err(DrillError)?)
-                    }
-                    _ => None,
-                },
-            };
-            Harness::Local(tokio::task::block_in_place(|| {
-                tokio::runtime::Handle::current().block_on(LocalCluster::start(options))
-            })?)
+    Ok(faults)
+}
+
+impl ReplArg {
+    /// `sync` or `async`, as the local nodes' flag and the report name it.
+    fn name(self) -> &'static str {
+        match self {
+            ReplArg::Sync => "sync",
+            ReplArg::Async => "async",
         }
-        (Some(path), Some(cmd), false) => Harness::External {
-            // A file, or etcd's layout as it is at the start.
-            topology: crate::open_cluster(path, ClusterConfig::default())
-                .await
-                .map_err(|e| DrillError(e.to_string()))?
-                .0,
-            fault_cmd: cmd.clone(),
-        },
-        _ => {
-            return Err(DrillError(
-                "name either --local, or --cluster FILE with --fault-cmd CMD".into(),
-            ))
-        }
-    };
-    let sabotaged = args.sabotage.is_some();
-    if sabotaged && !matches!(harness, Harness::Local(_)) {
-        return Err(DrillError("--sabotage needs --local".into()));
     }
-    let topology = match &harness {
-        Harness::Local(c) => c.topology(),
-        Harness::External { topology, .. } => topology.clone(),
-    };
-    let control = ClientConfig {
-        deadline: Duration::from_millis(500),
-        connect_timeout: Duration::from_millis(500),
-        shard_aware: false,
-        auth_token: global.auth_token.clone(),
-        known_epoch: 0,
-        layout_hash: 0,
-    };
-    let groups = topology.groups.len();
-    let recover_timeout = Duration::from_secs(args.recover_timeout_s.max(1));
-    for g in 0..groups {
-        if !wait_recovered(&mut harness, g, &control, recover_timeout, sabotaged, None)
-            .await
-            .recovered
-        {
-            return Err(DrillError(format!(
-                "group {} never had a primary and a follower in sync",
-                topology.groups[g].name
-            )));
+}
+
+impl Harness {
+    /// Starts the drill's own cluster (`--local`), or reads the layout of
+    /// someone else's (`--cluster FILE --fault-cmd CMD`).
+    async fn start(args: &DrillArgs, global: &Global) -> Result<Harness, DrillError> {
+        match (&global.cluster, &args.fault_cmd, args.local) {
+            (None, None, true) => {
+                let options = local_options(args)?;
+                Ok(Harness::Local(tokio::task::block_in_place(|| {
+                    tokio::runtime::Handle::current().block_on(LocalCluster::start(options))
+                })?))
+            }
+            (Some(path), Some(cmd), false) => Ok(Harness::External {
+                // A file, or etcd's layout as it is at the start.
+                topology: crate::open_cluster(path, ClusterConfig::default())
+                    .await
+                    .map_err(|e| DrillError(e.to_string()))?
+                    .0,
+                fault_cmd: cmd.clone(),
+            }),
+            _ => Err(DrillError(
+                "name either --local, or --cluster FILE with --fault-cmd CMD".into(),
+            )),
         }
     }
 
-    // The load.
+    /// The cluster's layout.
+    fn topology(&self) -> Topology {
+        match self {
+            Harness::Local(c) => c.topology(),
+            Harness::External { topology, .. } => topology.clone(),
+        }
+    }
+}
+
+/// The drill's own cluster as the flags ask for it.
+fn local_options(args: &DrillArgs) -> Result<LocalOptions, DrillError> {
+    let entry = args.entry.name();
+    let links = matches!(args.fault, FaultArg::Partition | FaultArg::Mixed);
+    if links && args.entry != EntryArg::Client {
+        return Err(DrillError(format!(
+            "--entry {entry} drills kill and pause faults (a cut link's proxies hide the nodes' own addresses from the cluster file)"
+        )));
+    }
+    if args.etcd && args.sabotage.is_some() {
+        return Err(DrillError(
+            "--sabotage and --etcd do not go together".into(),
+        ));
+    }
+    let log_dir = match &args.report {
+        Some(dir) => dir.join("nodes"),
+        None => std::env::temp_dir().join(format!("sluice-drill-{}", std::process::id())),
+    };
+    Ok(LocalOptions {
+        sluiced: args.sluiced.clone().unwrap_or_else(sluiced_path),
+        groups: args.groups.max(1),
+        shards: args.shards.max(1),
+        replication: args.replication.name().to_owned(),
+        promote_after_ms: args.promote_after_ms,
+        links,
+        no_replication: args.sabotage == Some(Sabotage::NoReplication),
+        etcd_ttl_s: args.etcd.then_some(args.leader_ttl_s.max(1)),
+        log_dir,
+        // With etcd every node is an entry point already.
+        entry_points: args.entry != EntryArg::Client && !args.etcd,
+        resp: args.entry == EntryArg::Resp,
+        rls_rules: match args.entry {
+            EntryArg::Rls => Some(rls::rules(&load::kinds(EntryArg::Rls)).map_err(DrillError)?),
+            _ => None,
+        },
+    })
+}
+
+/// The load, running while the rounds inject faults.
+struct RunningLoad {
+    /// The callers' cluster client (its failover and stall counts go in
+    /// the report).
+    cluster: Arc<Cluster>,
+    /// The keys and their policies, which the judge needs too.
+    plan: Arc<Plan>,
+    /// Set once the rounds are over: the callers stop.
+    stop: Arc<AtomicBool>,
+    /// The callers; every verdict they got once they stop.
+    task: tokio::task::JoinHandle<Vec<load::Record>>,
+    /// The drill's clock: the load's start and end and every round's
+    /// times are read from this one.
+    clock: MonotonicClock,
+    /// When the load began.
+    start_ns: u64,
+}
+
+impl RunningLoad {
+    /// Connects the callers' cluster client, plans the keys and starts the
+    /// callers.
+    async fn start(
+        args: &DrillArgs,
+        global: &Global,
+        harness: &Harness,
+        topology: &Topology,
+    ) -> Result<RunningLoad, DrillError> {
+        let cluster = Arc::new(load_cluster(args, global, harness, topology).await?);
+        let run_id = MonotonicClock::new().now_ns() / 1_000_000 % 1_000_000_000;
+        let mut load_options = LoadOptions {
+            rate: args.rate,
+            callers: args.callers,
+            hot_keys: args.hot_keys,
+            cold_keys: args.cold_keys,
+            hot_share: args.hot_share.clamp(0.0, 1.0),
+            prefix: format!("drill{run_id}"),
+            seed: args.seed,
+            entry: args.entry,
+            entry_nodes: Vec::new(),
+        };
+        let plan = Arc::new(Plan::new(&load_options));
+        if plan.keys.is_empty() {
+            return Err(DrillError(
+                "no keys: raise --hot-keys or --cold-keys".into(),
+            ));
+        }
+        let groups = topology.groups.len();
+        let mut node_names = Vec::new();
+        for g in 0..groups {
+            for i in 0..harness.members(g).len() {
+                node_names.push(harness.public(g, i));
+            }
+        }
+        load_options.entry_nodes = entry_nodes(harness, args.entry, &node_names, groups);
+        let node_index: HashMap<String, u16> = node_names
+            .iter()
+            .enumerate()
+            .map(|(i, n)| (n.clone(), i as u16))
+            .collect();
+        let group_index: HashMap<String, u16> = topology
+            .groups
+            .iter()
+            .enumerate()
+            .map(|(i, g)| (g.name.clone(), i as u16))
+            .collect();
+        let stop = Arc::new(AtomicBool::new(false));
+        let clock = MonotonicClock::new();
+        let start_ns = clock.now_ns();
+        let task = tokio::spawn(load::run(
+            cluster.clone(),
+            plan.clone(),
+            load_options.clone(),
+            Arc::new(node_index),
+            Arc::new(group_index),
+            stop.clone(),
+        ));
+        Ok(RunningLoad {
+            cluster,
+            plan,
+            stop,
+            task,
+            clock,
+            start_ns,
+        })
+    }
+}
+
+/// The callers' cluster client, with --failure, --timeout-ms and
+/// --stall-after-ms.
+async fn load_cluster(
+    args: &DrillArgs,
+    global: &Global,
+    harness: &Harness,
+    topology: &Topology,
+) -> Result<Cluster, DrillError> {
     let failure = match args.failure {
         FailureArg::Local => FailurePolicy::Local,
         FailureArg::Open => FailurePolicy::Open,
@@ -528,47 +683,32 @@ async fn drill(args: &DrillArgs, global: &Global) -> Result<Outcome, DrillError>
         stall_after: (args.stall_after_ms > 0).then(|| Duration::from_millis(args.stall_after_ms)),
         ..ClusterConfig::default()
     };
-    let cluster = match (&harness, &global.cluster) {
+    let cluster = match (harness, &global.cluster) {
         // From etcd: the clients follow the layout as it changes.
         (Harness::External { .. }, Some(spec)) => crate::open_cluster(spec, cluster_config)
             .await
             .map(|(_, c)| c),
-        _ => Cluster::new(&topology, cluster_config),
+        _ => Cluster::new(topology, cluster_config),
     };
-    let cluster = Arc::new(cluster.map_err(|e| DrillError(e.to_string()))?);
-    let run_id = MonotonicClock::new().now_ns() / 1_000_000 % 1_000_000_000;
-    let load_options = LoadOptions {
-        rate: args.rate,
-        callers: args.callers,
-        hot_keys: args.hot_keys,
-        cold_keys: args.cold_keys,
-        hot_share: args.hot_share.clamp(0.0, 1.0),
-        prefix: format!("drill{run_id}"),
-        seed: args.seed,
-        entry: args.entry,
-        entry_nodes: Vec::new(),
-    };
-    let plan = Arc::new(Plan::new(&load_options));
-    if plan.keys.is_empty() {
-        return Err(DrillError(
-            "no keys: raise --hot-keys or --cold-keys".into(),
-        ));
-    }
-    let mut node_names = Vec::new();
-    for g in 0..groups {
-        for i in 0..harness.members(g).len() {
-            node_names.push(harness.public(g, i));
-        }
-    }
-    let mut load_options = load_options;
-    load_options.entry_nodes = match (&harness, args.entry) {
+    cluster.map_err(|e| DrillError(e.to_string()))
+}
+
+/// The addresses an `--entry` other than `client` sends its calls to:
+/// every node's, on the entry's own port.
+fn entry_nodes(
+    harness: &Harness,
+    entry: EntryArg,
+    node_names: &[String],
+    groups: usize,
+) -> Vec<String> {
+    match (harness, entry) {
         (_, EntryArg::Client) => Vec::new(),
-        (_, EntryArg::V1) => node_names.clone(),
+        (_, EntryArg::V1) => node_names.to_vec(),
         (Harness::Local(c), EntryArg::Resp | EntryArg::Rls) => {
             let mut addrs = Vec::new();
             for g in 0..groups {
                 for i in 0..harness.members(g).len() {
-                    let addr = match args.entry {
+                    let addr = match entry {
                         EntryArg::Resp => c.resp_addr(g, i),
                         _ => c.rls_addr(g, i),
                     };
@@ -578,56 +718,111 @@ async fn drill(args: &DrillArgs, global: &Global) -> Result<Outcome, DrillError>
             addrs
         }
         (Harness::External { .. }, _) => unreachable!("--entry needs --local, checked above"),
-    };
-    let node_index: HashMap<String, u16> = node_names
-        .iter()
-        .enumerate()
-        .map(|(i, n)| (n.clone(), i as u16))
-        .collect();
-    let group_index: HashMap<String, u16> = topology
-        .groups
-        .iter()
-        .enumerate()
-        .map(|(i, g)| (g.name.clone(), i as u16))
-        .collect();
-    let stop = Arc::new(AtomicBool::new(false));
-    let clock = MonotonicClock::new();
-    let load_start_ns = clock.now_ns();
-    let load = tokio::spawn(load::run(
-        cluster.clone(),
-        plan.clone(),
-        load_options.clone(),
-        Arc::new(node_index),
-        Arc::new(group_index),
-        stop.clone(),
-    ));
+    }
+}
 
-    // The rounds.
-    let duration =
-        Duration::from_secs_f64(args.duration_s.unwrap_or(3.0 * args.rounds as f64).max(0.5));
-    let round_len = duration / args.rounds as u32;
-    let mut rng = args.seed.wrapping_mul(0x2545_f491_4f6c_dd1d) | 1;
-    // A second of load before the first fault: every key has history.
-    tokio::time::sleep(Duration::from_secs(1).min(round_len)).await;
-    let mut rounds = Vec::new();
-    for (r, &fault) in faults.iter().enumerate() {
-        let round_start = Instant::now();
-        let start_ns = clock.now_ns();
-        let g = (load::xorshift(&mut rng) % groups as u64) as usize;
-        let lead = round_len.mul_f64(0.2 + 0.2 * unit(load::xorshift(&mut rng)));
-        tokio::time::sleep(lead).await;
-        let roles = roles(&harness.members(g), &control).await;
+/// What every round reads: the flags, the layout, how to ask a group's
+/// roles and how long it may take to recover.
+struct Rounds<'a> {
+    /// The drill's flags.
+    args: &'a DrillArgs,
+    /// The cluster's layout (group names).
+    topology: &'a Topology,
+    /// How the drill asks the nodes' roles.
+    control: &'a ClientConfig,
+    /// --recover-timeout-s.
+    recover_timeout: Duration,
+    /// --sabotage: a group recovers without a streaming follower.
+    sabotaged: bool,
+    /// The load's clock, so the rounds' times compare with its records.
+    clock: &'a MonotonicClock,
+}
+
+/// One round as it was planned before its fault.
+#[derive(Debug, Clone, Copy)]
+struct RoundPlan {
+    /// Its number, from 0.
+    index: usize,
+    /// Its fault.
+    fault: Fault,
+    /// The group the fault hits.
+    group: usize,
+    /// When the round began.
+    start_ns: u64,
+    /// When the next round may begin (it waits for [`SETTLE`] past the
+    /// recovery too).
+    end: Instant,
+}
+
+impl Rounds<'_> {
+    /// Runs a round per fault, each on a random group, until one leaves
+    /// its group unrecovered.
+    async fn run(
+        &self,
+        harness: &mut Harness,
+        faults: &[Fault],
+    ) -> Result<Vec<RoundLog>, DrillError> {
+        let args = self.args;
+        let groups = self.topology.groups.len();
+        let duration =
+            Duration::from_secs_f64(args.duration_s.unwrap_or(3.0 * args.rounds as f64).max(0.5));
+        let round_len = duration / args.rounds as u32;
+        let mut rng = args.seed.wrapping_mul(0x2545_f491_4f6c_dd1d) | 1;
+        // A second of load before the first fault: every key has history.
+        tokio::time::sleep(Duration::from_secs(1).min(round_len)).await;
+        let mut rounds = Vec::new();
+        for (r, &fault) in faults.iter().enumerate() {
+            let round_start = Instant::now();
+            let start_ns = self.clock.now_ns();
+            let g = (load::xorshift(&mut rng) % groups as u64) as usize;
+            let lead = round_len.mul_f64(0.2 + 0.2 * unit(load::xorshift(&mut rng)));
+            tokio::time::sleep(lead).await;
+            let plan = RoundPlan {
+                index: r,
+                fault,
+                group: g,
+                start_ns,
+                end: round_start + round_len,
+            };
+            let (log, recovered) = self.round(harness, plan).await?;
+            if !args.json {
+                print_round(r, faults.len(), &log);
+            }
+            rounds.push(log);
+            if !recovered {
+                // The group is broken: the next rounds would measure nothing.
+                break;
+            }
+        }
+        Ok(rounds)
+    }
+
+    /// Injects the round's fault on its group's primary, waits for the
+    /// group to recover and then to the round's end; returns what it saw
+    /// and whether the group recovered.
+    async fn round(
+        &self,
+        harness: &mut Harness,
+        plan: RoundPlan,
+    ) -> Result<(RoundLog, bool), DrillError> {
+        let RoundPlan {
+            index: r,
+            fault,
+            group: g,
+            ..
+        } = plan;
+        let roles = roles(&harness.members(g), self.control).await;
         let Some(p) = primary_of(&roles) else {
             return Err(DrillError(format!(
                 "round {r}: group {} has no primary",
-                topology.groups[g].name
+                self.topology.groups[g].name
             )));
         };
         let before = roles[p].clone().expect("a primary answered");
         // The fault's time is when it took effect (a signal sent by `kill`
         // lands a few ms after the call to send it); `inject` moves it.
-        let fault_at = std::cell::Cell::new(clock.now_ns());
-        let injected = inject(&mut harness, g, p, fault, args, &fault_at).await;
+        let fault_at = std::cell::Cell::new(self.clock.now_ns());
+        let injected = inject(harness, g, p, fault, self.args, &fault_at).await;
         let fault_ns = fault_at.get();
         let (fault_error, server_unavailable_ms) = match injected {
             Ok(ms) => (None, ms),
@@ -635,24 +830,23 @@ async fn drill(args: &DrillArgs, global: &Global) -> Result<Outcome, DrillError>
         };
         let killed = (fault == Fault::Kill && matches!(harness, Harness::Local(_))).then_some(p);
         let rec = wait_recovered(
-            &mut harness,
+            harness,
             g,
-            &control,
-            recover_timeout,
-            sabotaged,
+            self.control,
+            self.recover_timeout,
+            self.sabotaged,
             killed,
         )
         .await;
-        let recovered_ns = clock.now_ns();
-        let until = round_start + round_len;
+        let recovered_ns = self.clock.now_ns();
         let settle_until = Instant::now() + SETTLE;
-        tokio::time::sleep_until(until.max(settle_until).into()).await;
-        rounds.push(RoundLog {
+        tokio::time::sleep_until(plan.end.max(settle_until).into()).await;
+        let log = RoundLog {
             fault,
             group: g,
-            group_name: topology.groups[g].name.clone(),
+            group_name: self.topology.groups[g].name.clone(),
             node: harness.public(g, p),
-            start_ns,
+            start_ns: plan.start_ns,
             fault_ns,
             lag_ms: before.lag_us as f64 / 1e3,
             epoch_before: before.epoch,
@@ -663,40 +857,42 @@ async fn drill(args: &DrillArgs, global: &Global) -> Result<Outcome, DrillError>
                 .then(|| (recovered_ns.saturating_sub(fault_ns)) as f64 / 1e6),
             fault_error,
             server_unavailable_ms,
-        });
-        if !args.json {
-            let l = rounds.last().expect("pushed");
-            eprintln!(
-                "round {r}/{}: {} on {} ({}): {}, epoch {}>{}",
-                faults.len(),
-                fault.name(),
-                l.group_name,
-                l.node,
-                l.recovered_ms
-                    .map_or("not recovered".to_owned(), |ms| format!(
-                        "recovered in {ms:.0} ms"
-                    )),
-                l.epoch_before,
-                l.epoch_after
-            );
-        }
-        if !rec.recovered {
-            // The group is broken: the next rounds would measure nothing.
-            break;
-        }
+        };
+        Ok((log, rec.recovered))
     }
-    stop.store(true, Ordering::Relaxed);
-    let end_ns = clock.now_ns();
-    let records = load
-        .await
-        .map_err(|e| DrillError(format!("the load failed: {e}")))?;
+}
+
+/// The line a round prints on stderr (without --json).
+fn print_round(r: usize, rounds: usize, l: &RoundLog) {
+    eprintln!(
+        "round {r}/{rounds}: {} on {} ({}): {}, epoch {}>{}",
+        l.fault.name(),
+        l.group_name,
+        l.node,
+        l.recovered_ms
+            .map_or("not recovered".to_owned(), |ms| format!(
+                "recovered in {ms:.0} ms"
+            )),
+        l.epoch_before,
+        l.epoch_after
+    );
+}
+
+/// How the drill was set up, for the report.
+fn setup(
+    args: &DrillArgs,
+    harness: &Harness,
+    groups: usize,
+    plan: &Plan,
+    cluster: &Cluster,
+) -> report::Setup {
     let stats = cluster.stats();
-    let setup = report::Setup {
-        target: match &harness {
+    report::Setup {
+        target: match harness {
             Harness::Local(_) => "local".into(),
             Harness::External { .. } => "cluster".into(),
         },
-        mode: mode.into(),
+        mode: args.replication.name().into(),
         fault: format!("{:?}", args.fault).to_lowercase(),
         groups,
         rounds_asked: args.rounds,
@@ -709,7 +905,7 @@ async fn drill(args: &DrillArgs, global: &Global) -> Result<Outcome, DrillError>
         sabotage: args.sabotage.map(|_| "no-replication".to_owned()),
         failovers_seen: stats.failovers_total.load(Ordering::Relaxed),
         entry: args.entry.name().to_owned(),
-        node_logs: match &harness {
+        node_logs: match harness {
             Harness::Local(c) => Some(c.log_dir().display().to_string()),
             Harness::External { .. } => None,
         },
@@ -719,17 +915,7 @@ async fn drill(args: &DrillArgs, global: &Global) -> Result<Outcome, DrillError>
             stats.stalls_total.load(Ordering::Relaxed),
             stats.stall_moves_total.load(Ordering::Relaxed),
         ),
-    };
-    // Judging takes a while on a long run: the cluster can go now.
-    drop(harness);
-    Ok(report::judge(
-        setup,
-        &plan,
-        &records,
-        rounds,
-        load_start_ns,
-        end_ns,
-    ))
+    }
 }
 
 /// The faults of each round: the one asked for, or (mixed) each of

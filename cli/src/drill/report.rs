@@ -227,189 +227,29 @@ pub fn judge(
     start_ns: u64,
     end_ns: u64,
 ) -> Outcome {
-    let sync = setup.mode == "sync";
-    // Round i owns [start_i, start_{i+1}); round 0 from the load's start.
-    let mut starts: Vec<u64> = logs.iter().map(|l| l.start_ns).collect();
-    if let Some(s) = starts.first_mut() {
-        *s = start_ns;
-    }
-    let round_of = |t: u64| starts.partition_point(|&s| s <= t).saturating_sub(1);
-    let window_end = |i: usize| starts.get(i + 1).copied().unwrap_or(end_ns);
-    let duration_s = end_ns.saturating_sub(start_ns) as f64 / 1e9;
-    let bin_s = (duration_s / 400.0).max(0.25);
-    let bin_of = |t: u64| (t.saturating_sub(start_ns) as f64 / 1e9 / bin_s) as usize;
-    let mut bins = vec![Bin::default(); bin_of(end_ns) + 1];
-
-    // Per key: the judge.
-    let mut calls: Vec<Vec<Call>> = vec![Vec::new(); plan.keys.len()];
-    for r in records {
-        calls[r.key as usize].push(Call {
-            send_ns: r.send_ns,
-            recv_ns: r.recv_ns,
-            cost: 1,
-            allowed: r.allowed,
-            store: r.origin == Origin::Store,
-            maybe_applied: r.unknown,
-            verdict: r.origin != Origin::Error,
-        });
-    }
-    let n = logs.len().max(1);
-    let mut over = vec![0u64; n];
-    let mut over_fb = vec![0u64; n];
-    let mut under = vec![0u64; n];
-    let mut by_kind: BTreeMap<String, KindTotals> = BTreeMap::new();
-    for (k, key_calls) in calls.iter().enumerate() {
-        let key = &plan.keys[k];
-        let limit = &plan.limits[key.kind];
-        let f = audit::audit(limit, key_calls);
-        let kind = limit.kind().name().to_owned();
-        let t = by_kind.entry(kind).or_default();
-        t.keys += 1;
-        t.admitted_units += key_calls.iter().filter(|c| c.allowed && c.store).count() as u64;
-        for &(at, units) in &f.over {
-            over[round_of(at).min(n - 1)] += units;
-            t.over_admitted_units += units;
-            if let Some(b) = bins.get_mut(bin_of(at)) {
-                b.over += units;
-            }
-        }
-        for &(at, units) in &f.over_with_fallback {
-            over_fb[round_of(at).min(n - 1)] += units;
-        }
-        for &(at, units) in &f.under {
-            under[round_of(at).min(n - 1)] += units;
-            t.under_admitted_units += units;
-            if let Some(b) = bins.get_mut(bin_of(at)) {
-                b.under += units;
-            }
-        }
-    }
-
-    // Per round: availability and errors of the faulted group.
-    let mut decisions_in = vec![0u64; n];
-    let mut fallback = vec![(0u64, 0u64); n];
-    let mut errors = vec![Errors::default(); n];
-    let mut first_answer: Vec<Option<u64>> = vec![None; n];
-    let (mut store_decisions, mut fallback_decisions) = (0u64, 0u64);
-    for r in records {
-        let i = round_of(r.send_ns).min(n - 1);
-        decisions_in[i] += 1;
-        let last = bins.len() - 1;
-        let b = &mut bins[bin_of(r.recv_ns).min(last)];
-        match r.origin {
-            Origin::Store if r.allowed => b.store_allowed += 1,
-            Origin::Store => b.store_denied += 1,
-            Origin::Error => b.errors += 1,
-            _ => b.fallback += 1,
-        }
-        if r.unknown {
-            b.errors += 1;
-        }
-        match r.origin {
-            Origin::Store => store_decisions += 1,
-            Origin::Error => {}
-            _ => fallback_decisions += 1,
-        }
-        let Some(log) = logs.get(i) else { continue };
-        if usize::from(r.group) != log.group || r.send_ns < log.fault_ns {
-            continue;
-        }
-        match r.origin {
-            Origin::Store => {
-                let promoted = log.epoch_after > log.epoch_before;
-                if !promoted || r.epoch > log.epoch_before {
-                    let first = first_answer[i].get_or_insert(r.recv_ns);
-                    *first = (*first).min(r.recv_ns);
-                }
-            }
-            Origin::Error => errors[i].error += 1,
-            _ => {
-                fallback[i].0 += 1;
-                fallback[i].1 += u64::from(r.allowed);
-                if r.unknown {
-                    errors[i].outcome_unknown += 1;
-                } else {
-                    errors[i].no_primary += 1;
-                }
-            }
-        }
-    }
-
+    let timeline = Timeline::new(&logs, start_ns, end_ns);
+    let mut bins = vec![Bin::default(); timeline.bin_of(end_ns) + 1];
+    let admission = Admission::audit(plan, records, &timeline, &mut bins);
+    let traffic = Traffic::tally(records, &logs, &timeline, &mut bins);
+    let found = Found {
+        records,
+        timeline: &timeline,
+        admission: &admission,
+        traffic: &traffic,
+        sync: setup.mode == "sync",
+    };
     let mut rounds = Vec::new();
     let mut failures = Vec::new();
     let mut by_fault: BTreeMap<&'static str, FaultTotals> = BTreeMap::new();
     let mut fault_marks = Vec::new();
     for (i, log) in logs.iter().enumerate() {
-        let answered = first_answer[i].is_some();
-        let unavailable_ms = first_answer[i]
-            .unwrap_or(window_end(i))
-            .saturating_sub(log.fault_ns) as f64
-            / 1e6;
-        let allowance = (!sync).then(|| {
-            let from = log.fault_ns as f64 - (log.lag_ms + ASYNC_GRACE_MS) * 1e6;
-            let to = log.fault_ns as f64 + ASYNC_GRACE_MS * 1e6;
-            records
-                .iter()
-                .filter(|r| {
-                    r.origin == Origin::Store
-                        && r.allowed
-                        && usize::from(r.group) == log.group
-                        && (r.recv_ns as f64) >= from
-                        && (r.recv_ns as f64) <= to
-                })
-                .count() as u64
-        });
-        let round = Round {
-            round: i,
-            fault: log.fault.name(),
-            group: log.group_name.clone(),
-            node: log.node.clone(),
-            lag_ms: log.lag_ms,
-            epoch_before: log.epoch_before,
-            epoch_after: log.epoch_after,
-            promoted: log.epoch_after > log.epoch_before,
-            primary_after: log.primary_after.clone(),
-            recovered: log.recovered_ms.is_some(),
-            recovered_ms: log.recovered_ms,
-            unavailable_ms,
-            answered,
-            over_admitted_units: over[i],
-            over_admitted_with_fallback_units: over_fb[i],
-            under_admitted_units: under[i],
-            async_allowance_units: allowance,
-            decisions: decisions_in[i],
-            fallback_decisions: fallback[i].0,
-            fallback_admitted_units: fallback[i].1,
-            errors: errors[i].clone(),
-            server_unavailable_ms: log.server_unavailable_ms,
-            fault_error: log.fault_error.clone(),
-        };
-        if !round.recovered {
-            failures.push(format!(
-                "round {i}: group {} did not recover (no primary with a follower in sync)",
-                round.group
-            ));
-        }
-        if let Some(e) = &round.fault_error {
-            failures.push(format!("round {i}: {} failed: {e}", round.fault));
-        }
-        match allowance {
-            None if round.over_admitted_units > 0 => failures.push(format!(
-                "round {i}: {} units admitted over the limits (sync promises 0)",
-                round.over_admitted_units
-            )),
-            Some(a) if round.over_admitted_units > a => failures.push(format!(
-                "round {i}: {} units over the limits, more than the {a} admitted in the last {:.1} ms before the fault",
-                round.over_admitted_units,
-                log.lag_ms + ASYNC_GRACE_MS
-            )),
-            _ => {}
-        }
+        let round = found.round(i, log);
+        round_failures(&round, log, &mut failures);
         let t = by_fault.entry(round.fault).or_default();
         t.rounds += 1;
         t.over_admitted_units += round.over_admitted_units;
         t.under_admitted_units += round.under_admitted_units;
-        t.max_unavailable_ms = t.max_unavailable_ms.max(unavailable_ms);
+        t.max_unavailable_ms = t.max_unavailable_ms.max(round.unavailable_ms);
         fault_marks.push((
             log.fault_ns.saturating_sub(start_ns) as f64 / 1e9,
             round.fault,
@@ -427,15 +267,324 @@ pub fn judge(
         setup,
         rounds,
         by_fault,
-        by_kind,
+        by_kind: admission.by_kind,
         decisions: records.len() as u64,
-        store_decisions,
-        fallback_decisions,
-        duration_s,
+        store_decisions: traffic.store_decisions,
+        fallback_decisions: traffic.fallback_decisions,
+        duration_s: timeline.duration_s,
         failures,
         bins,
-        bin_s,
+        bin_s: timeline.bin_s,
         fault_marks,
+    }
+}
+
+/// Where a time of the run falls: in which round, and in which bin of the
+/// picture.
+#[derive(Debug)]
+struct Timeline {
+    /// Each round's start; round i owns [start_i, start_{i+1}), round 0
+    /// from the load's start.
+    starts: Vec<u64>,
+    /// Rounds, at least 1 (a run without rounds is one long round 0).
+    rounds: usize,
+    /// The load's start (ns since the Unix epoch).
+    start_ns: u64,
+    /// The load's end.
+    end_ns: u64,
+    /// The load's length in seconds.
+    duration_s: f64,
+    /// Seconds per bin of the picture (about 400 bins, 0.25 s at least).
+    bin_s: f64,
+}
+
+impl Timeline {
+    fn new(logs: &[RoundLog], start_ns: u64, end_ns: u64) -> Timeline {
+        let mut starts: Vec<u64> = logs.iter().map(|l| l.start_ns).collect();
+        if let Some(s) = starts.first_mut() {
+            *s = start_ns;
+        }
+        let duration_s = end_ns.saturating_sub(start_ns) as f64 / 1e9;
+        Timeline {
+            starts,
+            rounds: logs.len().max(1),
+            start_ns,
+            end_ns,
+            duration_s,
+            bin_s: (duration_s / 400.0).max(0.25),
+        }
+    }
+
+    /// The round that owns time `t`.
+    fn round_of(&self, t: u64) -> usize {
+        let i = self.starts.partition_point(|&s| s <= t).saturating_sub(1);
+        i.min(self.rounds - 1)
+    }
+
+    /// When round `i`'s window ends: the next round's start, or the load's
+    /// end.
+    fn window_end(&self, i: usize) -> u64 {
+        self.starts.get(i + 1).copied().unwrap_or(self.end_ns)
+    }
+
+    /// The picture's bin of time `t`.
+    fn bin_of(&self, t: u64) -> usize {
+        (t.saturating_sub(self.start_ns) as f64 / 1e9 / self.bin_s) as usize
+    }
+}
+
+/// What the judge found of each key's admissions, summed by round and by
+/// limit kind.
+#[derive(Debug)]
+struct Admission {
+    /// Units admitted over the limits, by round.
+    over: Vec<u64>,
+    /// The same, counting the clients' fallback decisions too.
+    over_fb: Vec<u64>,
+    /// Units refused that a correct limiter would have admitted, by round.
+    under: Vec<u64>,
+    /// Keys, admissions and the above, by limit kind.
+    by_kind: BTreeMap<String, KindTotals>,
+}
+
+impl Admission {
+    /// Audits each key's calls ([`audit::audit`]) and adds up what it
+    /// found (and marks it in `bins`).
+    fn audit(plan: &Plan, records: &[Record], timeline: &Timeline, bins: &mut [Bin]) -> Admission {
+        let mut calls: Vec<Vec<Call>> = vec![Vec::new(); plan.keys.len()];
+        for r in records {
+            calls[r.key as usize].push(Call {
+                send_ns: r.send_ns,
+                recv_ns: r.recv_ns,
+                cost: 1,
+                allowed: r.allowed,
+                store: r.origin == Origin::Store,
+                maybe_applied: r.unknown,
+                verdict: r.origin != Origin::Error,
+            });
+        }
+        let n = timeline.rounds;
+        let mut found = Admission {
+            over: vec![0u64; n],
+            over_fb: vec![0u64; n],
+            under: vec![0u64; n],
+            by_kind: BTreeMap::new(),
+        };
+        for (k, key_calls) in calls.iter().enumerate() {
+            let key = &plan.keys[k];
+            let limit = &plan.limits[key.kind];
+            let f = audit::audit(limit, key_calls);
+            let kind = limit.kind().name().to_owned();
+            let t = found.by_kind.entry(kind).or_default();
+            t.keys += 1;
+            t.admitted_units += key_calls.iter().filter(|c| c.allowed && c.store).count() as u64;
+            for &(at, units) in &f.over {
+                found.over[timeline.round_of(at)] += units;
+                t.over_admitted_units += units;
+                if let Some(b) = bins.get_mut(timeline.bin_of(at)) {
+                    b.over += units;
+                }
+            }
+            for &(at, units) in &f.over_with_fallback {
+                found.over_fb[timeline.round_of(at)] += units;
+            }
+            for &(at, units) in &f.under {
+                found.under[timeline.round_of(at)] += units;
+                t.under_admitted_units += units;
+                if let Some(b) = bins.get_mut(timeline.bin_of(at)) {
+                    b.under += units;
+                }
+            }
+        }
+        found
+    }
+}
+
+/// The calls of each round: how many, and what those to the faulted
+/// group got once the fault was in.
+#[derive(Debug)]
+struct Traffic {
+    /// Calls sent in each round.
+    decisions_in: Vec<u64>,
+    /// The faulted group's fallback decisions, and those that admitted.
+    fallback: Vec<(u64, u64)>,
+    /// The faulted group's errors.
+    errors: Vec<Errors>,
+    /// When the faulted group's store first answered after the fault (from
+    /// the new primary, when one was promoted).
+    first_answer: Vec<Option<u64>>,
+    /// Decisions the store made, the whole run.
+    store_decisions: u64,
+    /// Decisions the clients made in its place.
+    fallback_decisions: u64,
+}
+
+impl Traffic {
+    /// Counts every record by round and into its bin of the picture.
+    fn tally(
+        records: &[Record],
+        logs: &[RoundLog],
+        timeline: &Timeline,
+        bins: &mut [Bin],
+    ) -> Traffic {
+        let n = timeline.rounds;
+        let mut t = Traffic {
+            decisions_in: vec![0u64; n],
+            fallback: vec![(0u64, 0u64); n],
+            errors: vec![Errors::default(); n],
+            first_answer: vec![None; n],
+            store_decisions: 0,
+            fallback_decisions: 0,
+        };
+        for r in records {
+            let i = timeline.round_of(r.send_ns);
+            t.decisions_in[i] += 1;
+            let last = bins.len() - 1;
+            bin_record(&mut bins[timeline.bin_of(r.recv_ns).min(last)], r);
+            match r.origin {
+                Origin::Store => t.store_decisions += 1,
+                Origin::Error => {}
+                _ => t.fallback_decisions += 1,
+            }
+            let Some(log) = logs.get(i) else { continue };
+            if usize::from(r.group) != log.group || r.send_ns < log.fault_ns {
+                continue;
+            }
+            t.faulted_group_call(i, log, r);
+        }
+        t
+    }
+
+    /// Counts a call of round `i` to its faulted group, after the fault.
+    fn faulted_group_call(&mut self, i: usize, log: &RoundLog, r: &Record) {
+        match r.origin {
+            Origin::Store => {
+                let promoted = log.epoch_after > log.epoch_before;
+                if !promoted || r.epoch > log.epoch_before {
+                    let first = self.first_answer[i].get_or_insert(r.recv_ns);
+                    *first = (*first).min(r.recv_ns);
+                }
+            }
+            Origin::Error => self.errors[i].error += 1,
+            _ => {
+                self.fallback[i].0 += 1;
+                self.fallback[i].1 += u64::from(r.allowed);
+                if r.unknown {
+                    self.errors[i].outcome_unknown += 1;
+                } else {
+                    self.errors[i].no_primary += 1;
+                }
+            }
+        }
+    }
+}
+
+/// Counts record `r` in its bin of the picture.
+fn bin_record(b: &mut Bin, r: &Record) {
+    match r.origin {
+        Origin::Store if r.allowed => b.store_allowed += 1,
+        Origin::Store => b.store_denied += 1,
+        Origin::Error => b.errors += 1,
+        _ => b.fallback += 1,
+    }
+    if r.unknown {
+        b.errors += 1;
+    }
+}
+
+/// What the judge gathered before it writes each round's result.
+#[derive(Debug)]
+struct Found<'a> {
+    /// Every verdict of the run.
+    records: &'a [Record],
+    /// The rounds' windows.
+    timeline: &'a Timeline,
+    /// Over- and under-admission by round.
+    admission: &'a Admission,
+    /// Calls, errors and first answers by round.
+    traffic: &'a Traffic,
+    /// Sync mode (no allowance for over-admission).
+    sync: bool,
+}
+
+impl Found<'_> {
+    /// Round `i`'s result.
+    fn round(&self, i: usize, log: &RoundLog) -> Round {
+        let (a, t) = (self.admission, self.traffic);
+        let answered = t.first_answer[i].is_some();
+        let unavailable_ms = t.first_answer[i]
+            .unwrap_or(self.timeline.window_end(i))
+            .saturating_sub(log.fault_ns) as f64
+            / 1e6;
+        Round {
+            round: i,
+            fault: log.fault.name(),
+            group: log.group_name.clone(),
+            node: log.node.clone(),
+            lag_ms: log.lag_ms,
+            epoch_before: log.epoch_before,
+            epoch_after: log.epoch_after,
+            promoted: log.epoch_after > log.epoch_before,
+            primary_after: log.primary_after.clone(),
+            recovered: log.recovered_ms.is_some(),
+            recovered_ms: log.recovered_ms,
+            unavailable_ms,
+            answered,
+            over_admitted_units: a.over[i],
+            over_admitted_with_fallback_units: a.over_fb[i],
+            under_admitted_units: a.under[i],
+            async_allowance_units: (!self.sync).then(|| async_allowance(self.records, log)),
+            decisions: t.decisions_in[i],
+            fallback_decisions: t.fallback[i].0,
+            fallback_admitted_units: t.fallback[i].1,
+            errors: t.errors[i].clone(),
+            server_unavailable_ms: log.server_unavailable_ms,
+            fault_error: log.fault_error.clone(),
+        }
+    }
+}
+
+/// Async mode's allowance for a round: what the faulted group's store
+/// admitted from the follower's lag (plus [`ASYNC_GRACE_MS`]) before the
+/// fault to [`ASYNC_GRACE_MS`] after it.
+fn async_allowance(records: &[Record], log: &RoundLog) -> u64 {
+    let from = log.fault_ns as f64 - (log.lag_ms + ASYNC_GRACE_MS) * 1e6;
+    let to = log.fault_ns as f64 + ASYNC_GRACE_MS * 1e6;
+    records
+        .iter()
+        .filter(|r| {
+            r.origin == Origin::Store
+                && r.allowed
+                && usize::from(r.group) == log.group
+                && (r.recv_ns as f64) >= from
+                && (r.recv_ns as f64) <= to
+        })
+        .count() as u64
+}
+
+/// Why a round broke the mode's promise, if it did: added to `failures`.
+fn round_failures(round: &Round, log: &RoundLog, failures: &mut Vec<String>) {
+    let i = round.round;
+    if !round.recovered {
+        failures.push(format!(
+            "round {i}: group {} did not recover (no primary with a follower in sync)",
+            round.group
+        ));
+    }
+    if let Some(e) = &round.fault_error {
+        failures.push(format!("round {i}: {} failed: {e}", round.fault));
+    }
+    match round.async_allowance_units {
+        None if round.over_admitted_units > 0 => failures.push(format!(
+            "round {i}: {} units admitted over the limits (sync promises 0)",
+            round.over_admitted_units
+        )),
+        Some(a) if round.over_admitted_units > a => failures.push(format!(
+            "round {i}: {} units over the limits, more than the {a} admitted in the last {:.1} ms before the fault",
+            round.over_admitted_units,
+            log.lag_ms + ASYNC_GRACE_MS
+        )),
+        _ => {}
     }
 }
 
@@ -680,6 +829,23 @@ impl Outcome {
         self.draw_rounds(&per_round)?;
         let (top, bottom) = timeline.split_vertically(400);
         let x_max = (self.bins.len() as f64 * self.bin_s).max(1.0);
+        self.draw_decisions(&top, x_max)?;
+        self.draw_admissions(&bottom, x_max)?;
+        root.present()?;
+        Ok(())
+    }
+
+    /// The top left panel: decisions per second by source, and errors, a
+    /// line at each fault with its letter.
+    fn draw_decisions<DB: plotters::prelude::DrawingBackend>(
+        &self,
+        area: &plotters::prelude::DrawingArea<DB, plotters::coord::Shift>,
+        x_max: f64,
+    ) -> Result<(), Box<dyn std::error::Error>>
+    where
+        DB::ErrorType: 'static,
+    {
+        use plotters::prelude::*;
         let per_s = |v: u64| v as f64 / self.bin_s;
         let y_top = self
             .bins
@@ -687,7 +853,7 @@ impl Outcome {
             .map(|b| per_s(b.store_allowed + b.store_denied + b.fallback + b.errors))
             .fold(1.0, f64::max)
             * 1.1;
-        let mut chart = ChartBuilder::on(&top)
+        let mut chart = ChartBuilder::on(area)
             .caption(
                 format!(
                     "sluice drill: {} mode, faults {} ({} rounds)",
@@ -743,14 +909,27 @@ impl Outcome {
             .border_style(BLACK)
             .position(SeriesLabelPosition::UpperRight)
             .draw()?;
+        Ok(())
+    }
 
+    /// The bottom left panel: units admitted over the limits and denied
+    /// under them, per bin, a line at each fault.
+    fn draw_admissions<DB: plotters::prelude::DrawingBackend>(
+        &self,
+        area: &plotters::prelude::DrawingArea<DB, plotters::coord::Shift>,
+        x_max: f64,
+    ) -> Result<(), Box<dyn std::error::Error>>
+    where
+        DB::ErrorType: 'static,
+    {
+        use plotters::prelude::*;
         let y_bot = self
             .bins
             .iter()
             .map(|b| b.over.max(b.under) as f64)
             .fold(1.0, f64::max)
             * 1.2;
-        let mut chart = ChartBuilder::on(&bottom)
+        let mut chart = ChartBuilder::on(area)
             .margin(10)
             .x_label_area_size(30)
             .y_label_area_size(60)
@@ -788,7 +967,6 @@ impl Outcome {
             .border_style(BLACK)
             .position(SeriesLabelPosition::UpperRight)
             .draw()?;
-        root.present()?;
         Ok(())
     }
 

@@ -162,62 +162,141 @@ fn step_down(core: &ShardCore, held: &mut Held, leader: &str, epoch: u64) {
 
 /// One connection to etcd: register, then follow or lead until an error.
 async fn session(core: &Rc<ShardCore>, held: &mut Held) -> Result<(), String> {
-    let node = &core.node;
-    let config = &node.config;
-    let repl = &node.repl;
-    let me = node.advertised();
-    let keys = Keys::new(
-        &config.cluster_name,
-        config.group.as_deref().unwrap_or_default(),
-        &me,
-    );
-    let ttl_s = config.leader_ttl_s;
-    let ttl = i64::try_from(ttl_s).unwrap_or(i64::MAX);
-    let quarter = Duration::from_millis(ttl_s * 1_000 / 4);
-    let fence_ns = ttl_s * 1_000_000_000 * LEADER_FENCE.0 / LEADER_FENCE.1;
-    // No per-request timeout on the channel: gRPC sends it as a deadline,
-    // and etcd would end the keep-alive streams at it. Each call is
-    // bounded by `within` instead.
-    let options = ConnectOptions::new().with_connect_timeout(quarter);
-    let coordinator = config.coordinator.as_deref().unwrap_or_default();
-    let mut client = within(
-        quarter,
-        Client::connect(endpoints(coordinator), Some(options)),
-    )
-    .await
-    .map_err(|x| format!("connect: {x}"))?;
-    let mut leading: Option<Leading> = None;
-    if let Some(lease) = held.lead {
+    let mut s = Session::connect(core, held).await?;
+    s.resume_lead().await?;
+    let mut member = s.register().await?;
+    s.renewed_at = Instant::now();
+    let mut tick = tokio::time::interval(Duration::from_millis(POLL_MS));
+    tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    loop {
+        tick.tick().await;
+        if s.renewed_at.elapsed() >= s.quarter {
+            s.renewed_at = Instant::now();
+            s.renew_leases(&mut member).await?;
+        }
+        s.mark_followers().await?;
+        let seen = within(s.quarter, read(&mut s.client, &s.keys))
+            .await
+            .map_err(|x| format!("read: {x}"))?;
+        match seen.leader {
+            Some((addr, _)) if addr == s.me => {
+                // Ours; or, with no lease of ours, a key of an earlier life
+                // of this node: it expires on its own.
+            }
+            Some((addr, epoch)) => s.follow_leader(addr, epoch).await,
+            None if s.leading.is_none() => s.try_lead(&seen).await?,
+            None => {}
+        }
+    }
+}
+
+/// A lease's keep-alive: the requests' sender and the answers' stream.
+struct KeepAlive {
+    keeper: etcd_client::LeaseKeeper,
+    stream: etcd_client::LeaseKeepAliveStream,
+}
+
+/// One connection to etcd and what the node holds through it.
+struct Session<'a> {
+    /// The node (its replication state, clock and config).
+    core: &'a Rc<ShardCore>,
+    /// What outlives this session.
+    held: &'a mut Held,
+    /// The connection.
+    client: Client,
+    /// The group's keys.
+    keys: Keys,
+    /// This node's advertised address (the value of the keys it writes).
+    me: String,
+    /// `--leader-ttl-s`.
+    ttl_s: u64,
+    /// The same, as etcd's lease grant takes it.
+    ttl: i64,
+    /// A quarter of the TTL: the renewal period, and the bound on each
+    /// call to etcd.
+    quarter: Duration,
+    /// How long a leader admits after the send of a successful renewal
+    /// ([`LEADER_FENCE`] of the TTL).
+    fence_ns: u64,
+    /// Our hold on the leader key, while we lead.
+    leading: Option<Leading>,
+    /// The follower whose `synced` record we wrote while leading.
+    marked: Option<String>,
+    /// When the leases were last renewed.
+    renewed_at: Instant,
+}
+
+impl<'a> Session<'a> {
+    /// Connects to the `--coordinator` endpoints.
+    async fn connect(core: &'a Rc<ShardCore>, held: &'a mut Held) -> Result<Session<'a>, String> {
+        let node = &core.node;
+        let config = &node.config;
+        let me = node.advertised();
+        let keys = Keys::new(
+            &config.cluster_name,
+            config.group.as_deref().unwrap_or_default(),
+            &me,
+        );
+        let ttl_s = config.leader_ttl_s;
+        let quarter = Duration::from_millis(ttl_s * 1_000 / 4);
+        // No per-request timeout on the channel: gRPC sends it as a deadline,
+        // and etcd would end the keep-alive streams at it. Each call is
+        // bounded by `within` instead.
+        let options = ConnectOptions::new().with_connect_timeout(quarter);
+        let coordinator = config.coordinator.as_deref().unwrap_or_default();
+        let client = within(
+            quarter,
+            Client::connect(endpoints(coordinator), Some(options)),
+        )
+        .await
+        .map_err(|x| format!("connect: {x}"))?;
+        Ok(Session {
+            core,
+            held,
+            client,
+            keys,
+            me,
+            ttl_s,
+            ttl: i64::try_from(ttl_s).unwrap_or(i64::MAX),
+            quarter,
+            fence_ns: ttl_s * 1_000_000_000 * LEADER_FENCE.0 / LEADER_FENCE.1,
+            leading: None,
+            marked: None,
+            renewed_at: Instant::now(),
+        })
+    }
+
+    /// Resumes an earlier session's lead if etcd still has its lease, and
+    /// steps down otherwise (a primary with no lease to resume too).
+    async fn resume_lead(&mut self) -> Result<(), String> {
+        let core = self.core;
+        let repl = &core.node.repl;
+        let Some(lease) = self.held.lead else {
+            if repl.is_primary() {
+                step_down(core, self.held, "", repl.epoch());
+            }
+            return Ok(());
+        };
         // Resume our lead if etcd still has our lease. While etcd does not
         // answer, keep it: the gate closes on its own (the issue's "keeps
         // serving until its lease would expire, then stops"), and only a
         // definite answer, or a gate closed for a whole TTL (the lease is
         // surely gone), makes us let go.
-        let ttl_ns = ttl_s * 1_000_000_000;
+        let ttl_ns = self.ttl_s * 1_000_000_000;
         let gate = repl.coord_until_ns.load(Ordering::Acquire);
         let sent_ns = core.clock.now_ns();
         let surely_gone = sent_ns > gate.saturating_add(ttl_ns);
         let resumed = if surely_gone {
             Ok(None)
         } else {
-            match within(quarter, client.lease_keep_alive(lease)).await {
-                Ok((mut keeper, mut stream)) => {
-                    match renew(&mut keeper, &mut stream, quarter).await {
-                        Ok(true) => Ok(Some((keeper, stream))),
-                        Ok(false) => Ok(None),
-                        Err(e) => Err(e),
-                    }
-                }
-                Err(e) if e.contains("not found") => Ok(None),
-                Err(e) => Err(e),
-            }
+            self.keep_alive(lease).await
         };
         match resumed? {
-            Some((keeper, stream)) if repl.is_primary() => {
+            Some(KeepAlive { keeper, stream }) if repl.is_primary() => {
                 repl.coord_until_ns
-                    .store(sent_ns.saturating_add(fence_ns), Ordering::Release);
-                leading = Some(Leading {
-                    epoch: i64::try_from(held.led.unwrap_or_else(|| repl.epoch()))
+                    .store(sent_ns.saturating_add(self.fence_ns), Ordering::Release);
+                self.leading = Some(Leading {
+                    epoch: i64::try_from(self.held.led.unwrap_or_else(|| repl.epoch()))
                         .unwrap_or(i64::MAX),
                     lease,
                     keeper,
@@ -226,168 +305,225 @@ async fn session(core: &Rc<ShardCore>, held: &mut Held) -> Result<(), String> {
             }
             _ => {
                 tracing::warn!("the leader lease expired while etcd was away: stepping down");
-                step_down(core, held, "", repl.epoch());
+                step_down(core, self.held, "", repl.epoch());
             }
         }
-    } else if repl.is_primary() {
-        step_down(core, held, "", repl.epoch());
+        Ok(())
     }
-    let member = within(quarter, client.lease_grant(ttl, None))
-        .await
-        .map_err(|x| format!("member lease: {x}"))?
-        .id();
-    within(
-        quarter,
-        client.put(
-            keys.member.as_str(),
-            me.as_str(),
-            Some(PutOptions::new().with_lease(member)),
-        ),
-    )
-    .await
-    .map_err(|x| format!("register: {x}"))?;
-    let (mut member_keeper, mut member_stream) = within(quarter, client.lease_keep_alive(member))
-        .await
-        .map_err(|x| format!("member keep-alive: {x}"))?;
-    tracing::info!(prefix = %keys.prefix, "registered in etcd");
-    // The follower whose `synced` record we wrote while leading.
-    let mut marked: Option<String> = None;
-    let mut renewed_at = Instant::now();
-    let mut tick = tokio::time::interval(Duration::from_millis(POLL_MS));
-    tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
-    loop {
-        tick.tick().await;
-        if renewed_at.elapsed() >= quarter {
-            renewed_at = Instant::now();
-            if !renew(&mut member_keeper, &mut member_stream, quarter)
-                .await
-                .map_err(|x| format!("member renewal: {x}"))?
-            {
-                return Err("this node's member lease expired".into());
-            }
-            if let Some(l) = leading.as_mut() {
-                let sent_ns = core.clock.now_ns();
-                if renew(&mut l.keeper, &mut l.stream, quarter).await? {
-                    repl.coord_until_ns
-                        .store(sent_ns.saturating_add(fence_ns), Ordering::Release);
-                } else {
-                    tracing::warn!("the leader lease expired: stepping down");
-                    leading = None;
-                    step_down(core, held, "", repl.epoch());
+
+    /// A renewed keep-alive of an earlier lease, or `None` when etcd says
+    /// it has expired.
+    async fn keep_alive(&mut self, lease: i64) -> Result<Option<KeepAlive>, String> {
+        match within(self.quarter, self.client.lease_keep_alive(lease)).await {
+            Ok((mut keeper, mut stream)) => {
+                match renew(&mut keeper, &mut stream, self.quarter).await {
+                    Ok(true) => Ok(Some(KeepAlive { keeper, stream })),
+                    Ok(false) => Ok(None),
+                    Err(e) => Err(e),
                 }
             }
+            Err(e) if e.contains("not found") => Ok(None),
+            Err(e) => Err(e),
         }
+    }
+
+    /// Writes `members/ME` under a lease of this node's own; returns the
+    /// lease's keep-alive.
+    async fn register(&mut self) -> Result<KeepAlive, String> {
+        let quarter = self.quarter;
+        let member = within(quarter, self.client.lease_grant(self.ttl, None))
+            .await
+            .map_err(|x| format!("member lease: {x}"))?
+            .id();
+        within(
+            quarter,
+            self.client.put(
+                self.keys.member.as_str(),
+                self.me.as_str(),
+                Some(PutOptions::new().with_lease(member)),
+            ),
+        )
+        .await
+        .map_err(|x| format!("register: {x}"))?;
+        let (keeper, stream) = within(quarter, self.client.lease_keep_alive(member))
+            .await
+            .map_err(|x| format!("member keep-alive: {x}"))?;
+        tracing::info!(prefix = %self.keys.prefix, "registered in etcd");
+        Ok(KeepAlive { keeper, stream })
+    }
+
+    /// Renews the member lease, and the leader lease while we lead: a
+    /// leader whose lease etcd says has expired steps down.
+    async fn renew_leases(&mut self, member: &mut KeepAlive) -> Result<(), String> {
+        let core = self.core;
+        let repl = &core.node.repl;
+        if !renew(&mut member.keeper, &mut member.stream, self.quarter)
+            .await
+            .map_err(|x| format!("member renewal: {x}"))?
+        {
+            return Err("this node's member lease expired".into());
+        }
+        if let Some(l) = self.leading.as_mut() {
+            let sent_ns = core.clock.now_ns();
+            if renew(&mut l.keeper, &mut l.stream, self.quarter).await? {
+                repl.coord_until_ns
+                    .store(sent_ns.saturating_add(self.fence_ns), Ordering::Release);
+            } else {
+                tracing::warn!("the leader lease expired: stepping down");
+                self.leading = None;
+                step_down(core, self.held, "", repl.epoch());
+            }
+        }
+        Ok(())
+    }
+
+    /// While we lead: in sync mode with no follower in sync, erase every
+    /// `synced` record and admit alone; else write the record of a
+    /// follower newly in sync.
+    async fn mark_followers(&mut self) -> Result<(), String> {
+        let repl = &self.core.node.repl;
         let unfollowed = repl.mode == Mode::Sync
             && repl.state() != ReplState::Streaming
             && repl.solo.load(Ordering::Acquire) == 0;
-        if let Some(epoch) = leading.as_ref().filter(|_| unfollowed).map(|l| l.epoch) {
-            // No follower in sync: erase every node's record of being
-            // one, while the key is still ours, then admit alone.
-            let done = within(quarter, erase_marks(&mut client, &keys, epoch, &me))
-                .await
-                .map_err(|x| format!("going solo: {x}"))?;
-            if done {
-                marked = None;
-                repl.solo.store(1, Ordering::Release);
-                tracing::warn!(
-                    "no follower in sync: serving alone (etcd says no one else may take over)"
-                );
+        let Some(epoch) = self.leading.as_ref().map(|l| l.epoch) else {
+            return Ok(());
+        };
+        if unfollowed {
+            self.go_solo(epoch).await
+        } else {
+            self.mark_synced(epoch).await
+        }
+    }
+
+    /// No follower in sync: erases every node's record of being one,
+    /// while the key is still ours, then admits alone.
+    async fn go_solo(&mut self, epoch: i64) -> Result<(), String> {
+        let done = within(
+            self.quarter,
+            erase_marks(&mut self.client, &self.keys, epoch, &self.me),
+        )
+        .await
+        .map_err(|x| format!("going solo: {x}"))?;
+        if done {
+            self.marked = None;
+            self.core.node.repl.solo.store(1, Ordering::Release);
+            tracing::warn!(
+                "no follower in sync: serving alone (etcd says no one else may take over)"
+            );
+        }
+        Ok(())
+    }
+
+    /// Writes the `synced` record of a follower that has newly completed
+    /// its full sync (and erases any other).
+    async fn mark_synced(&mut self, epoch: i64) -> Result<(), String> {
+        let repl = &self.core.node.repl;
+        let follower = repl.follower();
+        let complete = repl.state() == ReplState::Streaming && !follower.is_empty();
+        if !complete || self.marked.as_deref() == Some(follower.as_str()) {
+            return Ok(());
+        }
+        // The follower has all of it on every shard: it may take over.
+        // From here nothing is admitted alone, so the record stays true
+        // until it is erased.
+        repl.solo.store(0, Ordering::Release);
+        // Erased first: an earlier follower's record must not outlive its
+        // place (etcd takes no put inside a range the same transaction
+        // deletes).
+        let (client, keys, me) = (&mut self.client, &self.keys, self.me.as_str());
+        let record = format!("{}{follower}", keys.synced_prefix);
+        let put = Txn::new()
+            .when(ours(keys, epoch, me))
+            .and_then(vec![TxnOp::put(record, epoch.to_string(), None)]);
+        let done = within(self.quarter, async {
+            if !erase_marks(client, keys, epoch, me).await? {
+                return Ok(false);
             }
-        } else if let Some(epoch) = leading.as_ref().map(|l| l.epoch) {
-            let follower = repl.follower();
-            let complete = repl.state() == ReplState::Streaming && !follower.is_empty();
-            if complete && marked.as_deref() != Some(follower.as_str()) {
-                // The follower has all of it on every shard: it may take
-                // over. From here nothing is admitted alone, so the record
-                // stays true until it is erased.
-                repl.solo.store(0, Ordering::Release);
-                // Erased first: an earlier follower's record must not
-                // outlive its place (etcd takes no put inside a range the
-                // same transaction deletes).
-                let record = format!("{}{follower}", keys.synced_prefix);
-                let put = Txn::new()
-                    .when(ours(&keys, epoch, &me))
-                    .and_then(vec![TxnOp::put(record, epoch.to_string(), None)]);
-                let done = within(quarter, async {
-                    if !erase_marks(&mut client, &keys, epoch, &me).await? {
-                        return Ok(false);
-                    }
-                    let r = client.txn(put).await.map_err(|e| e.to_string())?;
-                    Ok::<_, String>(r.succeeded())
-                })
-                .await
-                .map_err(|x| format!("synced record: {x}"))?;
-                if done {
-                    tracing::info!(%follower, epoch, "follower in sync: it may take over");
-                    marked = Some(follower);
-                }
+            let r = client.txn(put).await.map_err(|e| e.to_string())?;
+            Ok::<_, String>(r.succeeded())
+        })
+        .await
+        .map_err(|x| format!("synced record: {x}"))?;
+        if done {
+            tracing::info!(%follower, epoch, "follower in sync: it may take over");
+            self.marked = Some(follower);
+        }
+        Ok(())
+    }
+
+    /// etcd names another leader: let go of ours, step down, and follow
+    /// it (unless we already do).
+    async fn follow_leader(&mut self, addr: String, epoch: u64) {
+        let core = self.core;
+        let repl = &core.node.repl;
+        if let Some(l) = self.leading.take() {
+            let _ = within(self.quarter, self.client.lease_revoke(l.lease)).await;
+        }
+        if repl.is_primary() {
+            tracing::warn!(leader = %addr, epoch, "etcd names another leader: stepping down");
+        }
+        step_down(core, self.held, &addr, epoch);
+        repl.observe_epoch(epoch);
+        if self.held.following.as_deref() != Some(addr.as_str()) {
+            self.held.following = Some(addr.clone());
+            self.held.led = None;
+            repl.set_primary(&addr);
+            tokio::task::spawn_local(super::follower::follow(core.clone(), addr));
+        }
+    }
+
+    /// No leader: campaigns for the key (unless, in sync mode, this node
+    /// is not in sync with the last leader), and becomes primary if it
+    /// wins.
+    async fn try_lead(&mut self, seen: &Seen) -> Result<(), String> {
+        let core = self.core;
+        let repl = &core.node.repl;
+        let sync = repl.mode == Mode::Sync;
+        // The last leader itself, if it has followed no one since (its
+        // table is what it admitted), may lead again.
+        let was_last = seen.last_leader.as_deref() == Some(self.me.as_str())
+            && seen.last_epoch.is_some()
+            && seen.last_epoch == self.held.led;
+        if sync && seen.last_epoch.is_some() && !repl.watch.in_sync() && !was_last {
+            // Not in sync with the last leader: taking over would serve a
+            // partial copy. Wait for it to come back.
+            return Ok(());
+        }
+        let sent_ns = core.clock.now_ns();
+        let won = within(
+            self.quarter,
+            campaign(
+                &mut self.client,
+                &self.keys,
+                seen,
+                &self.me,
+                self.ttl,
+                sync && !was_last,
+            ),
+        )
+        .await
+        .map_err(|x| format!("campaign: {x}"))?;
+        let Some((l, epoch)) = won else {
+            return Ok(());
+        };
+        match repl.promote_at(self.me.clone(), epoch) {
+            Ok(epoch) => {
+                tracing::warn!(epoch, "took the leader key: primary");
+                repl.coord_until_ns
+                    .store(sent_ns.saturating_add(self.fence_ns), Ordering::Release);
+                self.held.lead = Some(l.lease);
+                self.held.led = Some(epoch);
+                self.leading = Some(l);
+                self.held.following = None;
+                self.marked = None;
+                self.renewed_at = Instant::now();
+            }
+            Err(why) => {
+                tracing::warn!(%why, "won the leader key but cannot promote: giving it back");
+                let _ = within(self.quarter, self.client.lease_revoke(l.lease)).await;
             }
         }
-        let seen = within(quarter, read(&mut client, &keys))
-            .await
-            .map_err(|x| format!("read: {x}"))?;
-        match seen.leader {
-            Some((addr, _)) if addr == me => {
-                // Ours; or, with no lease of ours, a key of an earlier life
-                // of this node: it expires on its own.
-            }
-            Some((addr, epoch)) => {
-                if let Some(l) = leading.take() {
-                    let _ = within(quarter, client.lease_revoke(l.lease)).await;
-                }
-                if repl.is_primary() {
-                    tracing::warn!(leader = %addr, epoch, "etcd names another leader: stepping down");
-                }
-                step_down(core, held, &addr, epoch);
-                repl.observe_epoch(epoch);
-                if held.following.as_deref() != Some(addr.as_str()) {
-                    held.following = Some(addr.clone());
-                    held.led = None;
-                    repl.set_primary(&addr);
-                    tokio::task::spawn_local(super::follower::follow(core.clone(), addr));
-                }
-            }
-            None if leading.is_none() => {
-                let sync = repl.mode == Mode::Sync;
-                // The last leader itself, if it has followed no one since
-                // (its table is what it admitted), may lead again.
-                let was_last = seen.last_leader.as_deref() == Some(me.as_str())
-                    && seen.last_epoch.is_some()
-                    && seen.last_epoch == held.led;
-                if sync && seen.last_epoch.is_some() && !repl.watch.in_sync() && !was_last {
-                    // Not in sync with the last leader: taking over would
-                    // serve a partial copy. Wait for it to come back.
-                    continue;
-                }
-                let sent_ns = core.clock.now_ns();
-                let won = within(
-                    quarter,
-                    campaign(&mut client, &keys, &seen, &me, ttl, sync && !was_last),
-                )
-                .await
-                .map_err(|x| format!("campaign: {x}"))?;
-                if let Some((l, epoch)) = won {
-                    match repl.promote_at(me.clone(), epoch) {
-                        Ok(epoch) => {
-                            tracing::warn!(epoch, "took the leader key: primary");
-                            repl.coord_until_ns
-                                .store(sent_ns.saturating_add(fence_ns), Ordering::Release);
-                            held.lead = Some(l.lease);
-                            held.led = Some(epoch);
-                            leading = Some(l);
-                            held.following = None;
-                            marked = None;
-                            renewed_at = Instant::now();
-                        }
-                        Err(why) => {
-                            tracing::warn!(%why, "won the leader key but cannot promote: giving it back");
-                            let _ = within(quarter, client.lease_revoke(l.lease)).await;
-                        }
-                    }
-                }
-            }
-            None => {}
-        }
+        Ok(())
     }
 }
 

@@ -21,7 +21,7 @@ use sluice_protocol::auth;
 use sluice_protocol::codec::{FrameDecoder, FrameWriter};
 use sluice_protocol::message::{Hello, Reply, Request};
 use sluice_protocol::replication::{
-    put_ack, Record, ReplState, Subscribe, SyncReader, SYNC_FULL_DONE, SYNC_TAKEOVER,
+    put_ack, Record, ReplState, Subscribe, SyncHeader, SyncReader, SYNC_FULL_DONE, SYNC_TAKEOVER,
 };
 use sluice_protocol::routing::shard_of;
 use sluice_protocol::{Bucket, Clock, Kind, PROTOCOL_VERSION};
@@ -434,15 +434,7 @@ async fn flow(core: &Rc<ShardCore>, start: &StartFlow) -> Result<(), FollowError
     let primary_shards = u64::from(hello.shard_count);
     let mut w = FrameWriter::new();
     let mut wbuf = BytesMut::new();
-    let promote_after_ms = core.node.config.promote_after_ms.unwrap_or(0);
-    let sub = Subscribe {
-        node_id: core.node.node_id,
-        epoch: core.node.repl.epoch(),
-        shard: start.primary_shard,
-        promote_after_ms: u32::try_from(promote_after_ms).unwrap_or(u32::MAX),
-        addr: core.node.advertised(),
-    };
-    sub.encode(&mut w, &mut wbuf, 2);
+    subscription(core, start).encode(&mut w, &mut wbuf, 2);
     w.finish(&mut wbuf);
     stream.write_all(&wbuf).await?;
     wbuf.clear();
@@ -479,39 +471,7 @@ async fn flow(core: &Rc<ShardCore>, start: &StartFlow) -> Result<(), FollowError
                 let sh = reader
                     .parse_buckets(p, |key, b| buckets.push((key, b)), |r| records.push(r))
                     .map_err(|e| FollowError::Corrupt(e.to_string()))?;
-                let repl = &core.node.repl;
-                if !repl.epoch_credible(sh.epoch) {
-                    repl.log_incredible_epoch(sh.epoch);
-                    return Err(FollowError::Untrusted(format!(
-                        "a SYNC at epoch {}, beyond this node's {} by more than 2^32",
-                        sh.epoch,
-                        repl.epoch()
-                    )));
-                }
-                if sh.flags & SYNC_TAKEOVER == 0 {
-                    // (A handover's epoch is the one this node takes.)
-                    repl.observe_epoch(sh.epoch);
-                }
-                let now_ns = core.clock.now_ns();
-                let lag_ns = now_ns.saturating_sub(sh.now_ns);
-                repl.lag_us.store(lag_ns / 1_000, Ordering::Relaxed);
-                repl.stream_bytes
-                    .fetch_add(p.len() as u64, Ordering::Relaxed);
-                repl.stream_records
-                    .fetch_add(u64::from(sh.count), Ordering::Relaxed);
-                repl.stream_syncs.fetch_add(1, Ordering::Relaxed);
-                if !full_done {
-                    repl.keys_synced
-                        .fetch_add(u64::from(sh.count), Ordering::Relaxed);
-                }
-                if sh.flags & SYNC_FULL_DONE != 0 {
-                    full_done = true;
-                    let synced = repl.flows_synced.fetch_add(1, Ordering::AcqRel) + 1;
-                    if synced >= primary_shards {
-                        repl.watch.set_in_sync(true);
-                        repl.set_state(ReplState::Streaming);
-                    }
-                }
+                note_sync(core, &sh, p.len(), primary_shards, &mut full_done)?;
                 if sh.flags & SYNC_TAKEOVER != 0 {
                     takeover = Some(sh.epoch);
                 }
@@ -562,6 +522,64 @@ async fn flow(core: &Rc<ShardCore>, start: &StartFlow) -> Result<(), FollowError
             return Err(FollowError::Refused("the primary closed the flow".into()));
         }
     }
+}
+
+/// What this follower asks of the primary's shard for one flow.
+fn subscription(core: &ShardCore, start: &StartFlow) -> Subscribe {
+    let promote_after_ms = core.node.config.promote_after_ms.unwrap_or(0);
+    Subscribe {
+        node_id: core.node.node_id,
+        epoch: core.node.repl.epoch(),
+        shard: start.primary_shard,
+        promote_after_ms: u32::try_from(promote_after_ms).unwrap_or(u32::MAX),
+        addr: core.node.advertised(),
+    }
+}
+
+/// Takes in a SYNC's header (`bytes` long with its records): refuses an
+/// epoch too far ahead to trust, then counts the stream, the lag and the
+/// keys synced, and (`SYNC_FULL_DONE`) this flow's full sync as complete:
+/// once every primary shard's is, the node streams in sync.
+fn note_sync(
+    core: &ShardCore,
+    sh: &SyncHeader,
+    bytes: usize,
+    primary_shards: u64,
+    full_done: &mut bool,
+) -> Result<(), FollowError> {
+    let repl = &core.node.repl;
+    if !repl.epoch_credible(sh.epoch) {
+        repl.log_incredible_epoch(sh.epoch);
+        return Err(FollowError::Untrusted(format!(
+            "a SYNC at epoch {}, beyond this node's {} by more than 2^32",
+            sh.epoch,
+            repl.epoch()
+        )));
+    }
+    if sh.flags & SYNC_TAKEOVER == 0 {
+        // (A handover's epoch is the one this node takes.)
+        repl.observe_epoch(sh.epoch);
+    }
+    let now_ns = core.clock.now_ns();
+    let lag_ns = now_ns.saturating_sub(sh.now_ns);
+    repl.lag_us.store(lag_ns / 1_000, Ordering::Relaxed);
+    repl.stream_bytes.fetch_add(bytes as u64, Ordering::Relaxed);
+    repl.stream_records
+        .fetch_add(u64::from(sh.count), Ordering::Relaxed);
+    repl.stream_syncs.fetch_add(1, Ordering::Relaxed);
+    if !*full_done {
+        repl.keys_synced
+            .fetch_add(u64::from(sh.count), Ordering::Relaxed);
+    }
+    if sh.flags & SYNC_FULL_DONE != 0 {
+        *full_done = true;
+        let synced = repl.flows_synced.fetch_add(1, Ordering::AcqRel) + 1;
+        if synced >= primary_shards {
+            repl.watch.set_in_sync(true);
+            repl.set_state(ReplState::Streaming);
+        }
+    }
+    Ok(())
 }
 
 /// Sizes every shard of this node for one primary shard's full sync: its

@@ -361,43 +361,18 @@ async fn stream_flow(
     let mut heads = Vec::new();
     let mut full = Vec::new();
     let wake = core.flow.borrow().wake.clone();
-    let heartbeat = Duration::from_millis(HEARTBEAT_MS);
     loop {
         if core.flow.borrow().generation != generation {
             return Ok(());
         }
         let mut sw = SyncWriter::new();
-        let mut finishing = false;
-        {
-            let mut table = core.table.borrow_mut();
-            table.drain_changes(&mut sw);
-            if !full_done {
-                let keys = heap_keys.get_or_insert_with(|| table.heap_keys());
-                full.clear();
-                finishing =
-                    table.export_step(Walk::Sync, FULL_SYNC_SLOTS_PER_STEP, keys, &mut full);
-                for (key, kind, state) in &full {
-                    sw.push(*kind, *key, state.as_ref());
-                }
-                core.node
-                    .repl
-                    .keys_synced
-                    .fetch_add(full.len() as u64, Ordering::Relaxed);
-            }
-        }
-        let (drain, takeover) = {
-            let mut flow = core.flow.borrow_mut();
-            let d = flow.drain_next;
-            flow.drain_next += 1;
-            (
-                d,
-                if full_done {
-                    flow.takeover.take()
-                } else {
-                    None
-                },
-            )
+        let finishing = if full_done {
+            core.table.borrow_mut().drain_changes(&mut sw);
+            false
+        } else {
+            full_sync_step(core, &mut sw, &mut heap_keys, &mut full)
         };
+        let (drain, takeover) = next_drain(core, full_done);
         let now_ns = core.clock.now_ns();
         let epoch = takeover.unwrap_or_else(|| core.node.repl.epoch());
         let parts = sw.take();
@@ -437,50 +412,111 @@ async fn stream_flow(
             // it may take over): no more admitting alone.
             core.node.repl.solo.store(0, Ordering::Release);
         }
-        let write = write_syncs(wr, &heads, parts);
-        match tokio::time::timeout(Duration::from_millis(FLOW_WRITE_TIMEOUT_MS), write).await {
-            Ok(written) => written?,
-            Err(_) => {
-                return Err(std::io::Error::new(
-                    std::io::ErrorKind::TimedOut,
-                    format!("the follower took no bytes for {FLOW_WRITE_TIMEOUT_MS} ms"),
-                ))
-            }
-        }
+        write_syncs_within(wr, &heads, parts).await?;
         if finishing {
             full_done = true;
-            core.table.borrow_mut().export_stop(Walk::Sync);
-            let mut flow = core.flow.borrow_mut();
-            if flow.generation == generation {
-                flow.streaming_since = Some(Instant::now());
-                drop(flow);
-                let repl = &core.node.repl;
-                let streaming = repl.flows_streaming.fetch_add(1, Ordering::AcqRel) + 1;
-                if streaming >= u64::from(core.node.shard_count) {
-                    repl.set_state(ReplState::Streaming);
-                }
-                tracing::info!(shard = core.id, "full sync sent; streaming");
-                core.count_full_sync();
-                core.publish_stats();
-            }
+            full_sync_sent(core, generation);
         }
         if !full_done {
             // Let the shard serve between two steps of a large full sync.
             tokio::task::yield_now().await;
             continue;
         }
-        if core.node.repl.mode == replication::Mode::Sync {
-            group_commit(core, drain, &wake).await;
+        until_next_drain(core, drain, &wake).await;
+    }
+}
+
+/// One step of the full sync, after the changes since the last drain:
+/// the next [`FULL_SYNC_SLOTS_PER_STEP`] slots' buckets (the heap kinds'
+/// keys listed once, at the first step). Returns whether it was the last.
+fn full_sync_step(
+    core: &ShardCore,
+    sw: &mut SyncWriter,
+    heap_keys: &mut Option<Vec<(u128, Kind)>>,
+    full: &mut Vec<(u128, Kind, Option<replication::State>)>,
+) -> bool {
+    let mut table = core.table.borrow_mut();
+    table.drain_changes(sw);
+    let keys = heap_keys.get_or_insert_with(|| table.heap_keys());
+    full.clear();
+    let finishing = table.export_step(Walk::Sync, FULL_SYNC_SLOTS_PER_STEP, keys, full);
+    for (key, kind, state) in full.iter() {
+        sw.push(*kind, *key, state.as_ref());
+    }
+    core.node
+        .repl
+        .keys_synced
+        .fetch_add(full.len() as u64, Ordering::Relaxed);
+    finishing
+}
+
+/// The number of the drain about to be sent, and (once the full sync is
+/// done) a planned handover's epoch, if one was asked for.
+fn next_drain(core: &ShardCore, full_done: bool) -> (u64, Option<u64>) {
+    let mut flow = core.flow.borrow_mut();
+    let drain = flow.drain_next;
+    flow.drain_next += 1;
+    let takeover = if full_done {
+        flow.takeover.take()
+    } else {
+        None
+    };
+    (drain, takeover)
+}
+
+/// [`write_syncs`], failing once the follower has taken no bytes for
+/// [`FLOW_WRITE_TIMEOUT_MS`].
+async fn write_syncs_within(
+    wr: &mut tokio::net::tcp::OwnedWriteHalf,
+    heads: &[[u8; SYNC_HEAD_BYTES]],
+    parts: &[(u32, BytesMut)],
+) -> std::io::Result<()> {
+    let write = write_syncs(wr, heads, parts);
+    match tokio::time::timeout(Duration::from_millis(FLOW_WRITE_TIMEOUT_MS), write).await {
+        Ok(written) => written,
+        Err(_) => Err(std::io::Error::new(
+            std::io::ErrorKind::TimedOut,
+            format!("the follower took no bytes for {FLOW_WRITE_TIMEOUT_MS} ms"),
+        )),
+    }
+}
+
+/// The last step of the full sync is written: the walk ends, and (unless
+/// another flow replaced this one) the flow streams; once every shard's
+/// does, the node is streaming.
+fn full_sync_sent(core: &ShardCore, generation: u64) {
+    core.table.borrow_mut().export_stop(Walk::Sync);
+    let mut flow = core.flow.borrow_mut();
+    if flow.generation == generation {
+        flow.streaming_since = Some(Instant::now());
+        drop(flow);
+        let repl = &core.node.repl;
+        let streaming = repl.flows_streaming.fetch_add(1, Ordering::AcqRel) + 1;
+        if streaming >= u64::from(core.node.shard_count) {
+            repl.set_state(ReplState::Streaming);
         }
-        if !core.table.borrow().has_changes() {
-            let _ = tokio::time::timeout(heartbeat, wake.notified()).await;
-        }
-        if core.node.repl.mode == replication::Mode::Async {
-            // Nobody waits for this drain: let changes gather for a
-            // moment, so that one drain (one write, one ack) carries many
-            // reads' worth of them. This is the lag async mode accepts.
-            tokio::time::sleep(Duration::from_millis(ASYNC_DRAIN_MS)).await;
-        }
+        tracing::info!(shard = core.id, "full sync sent; streaming");
+        core.count_full_sync();
+        core.publish_stats();
+    }
+}
+
+/// Streaming: waits before the next drain. Sync mode first waits for
+/// `drain`'s ack ([`group_commit`]); with no changes waiting, until one
+/// comes or a heartbeat is due; async mode then lets changes gather.
+async fn until_next_drain(core: &ShardCore, drain: u64, wake: &Notify) {
+    if core.node.repl.mode == replication::Mode::Sync {
+        group_commit(core, drain, wake).await;
+    }
+    if !core.table.borrow().has_changes() {
+        let heartbeat = Duration::from_millis(HEARTBEAT_MS);
+        let _ = tokio::time::timeout(heartbeat, wake.notified()).await;
+    }
+    if core.node.repl.mode == replication::Mode::Async {
+        // Nobody waits for this drain: let changes gather for a
+        // moment, so that one drain (one write, one ack) carries many
+        // reads' worth of them. This is the lag async mode accepts.
+        tokio::time::sleep(Duration::from_millis(ASYNC_DRAIN_MS)).await;
     }
 }
 

@@ -180,15 +180,6 @@ pub fn parse<'a>(args: &Args<'a>) -> Result<Option<Command<'a>>, Reply> {
     };
     let argc = args.len() - 1;
     let is = |n: &str| name.eq_ignore_ascii_case(n.as_bytes());
-    let arity = |ok: bool, n: &str| {
-        if ok {
-            Ok(())
-        } else {
-            Err(Reply::err(format_args!(
-                "wrong number of arguments for '{n}' command"
-            )))
-        }
-    };
     let command = if is_cl_throttle(name) {
         Command::Throttle(throttle(args)?)
     } else if is("PING") {
@@ -218,48 +209,9 @@ pub fn parse<'a>(args: &Args<'a>) -> Result<Option<Command<'a>>, Reply> {
         }
         Command::Select
     } else if is("CLIENT") {
-        arity(argc >= 1, "client")?;
-        let sub = args.get(1).unwrap_or_default();
-        let sub_is = |n: &str| sub.eq_ignore_ascii_case(n.as_bytes());
-        if sub_is("SETNAME") {
-            arity(argc == 2, "client|setname")?;
-            let name = args.get(2).unwrap_or_default();
-            if name.iter().any(|&b| b <= b' ' || b > b'~') {
-                return Err(Reply::err(
-                    "Client names cannot contain spaces, newlines or special characters.",
-                ));
-            }
-            Command::SetName(name)
-        } else if sub_is("GETNAME") {
-            arity(argc == 1, "client|getname")?;
-            Command::GetName
-        } else if sub_is("ID") {
-            arity(argc == 1, "client|id")?;
-            Command::ClientId
-        } else if sub_is("SETINFO") {
-            arity(argc == 3, "client|setinfo")?;
-            Command::SetInfo
-        } else {
-            let sub = printable(sub, UNKNOWN_ECHO_BYTES_MAX);
-            return Err(Reply::err(format_args!(
-                "unknown subcommand '{sub}'. Try CLIENT HELP."
-            )));
-        }
+        client(args)?
     } else if is("COMMAND") {
-        let sub = args.get(1).unwrap_or_default();
-        let sub_is = |n: &str| sub.eq_ignore_ascii_case(n.as_bytes());
-        Command::CommandProbe(if argc == 0 || sub_is("INFO") || sub_is("LIST") {
-            CommandProbe::List
-        } else if sub_is("DOCS") {
-            CommandProbe::Docs
-        } else if sub_is("COUNT") {
-            CommandProbe::Count
-        } else {
-            let sub = printable(sub, UNKNOWN_ECHO_BYTES_MAX);
-            return Err(Reply::err(format_args!(
-                "unknown subcommand '{sub}'. Try COMMAND HELP."
-            )));
-        })
+        command_probe(args)?
     } else if is("CONFIG") {
         arity(argc >= 1, "config")?;
         let sub = args.get(1).unwrap_or_default();
@@ -275,6 +227,71 @@ pub fn parse<'a>(args: &Args<'a>) -> Result<Option<Command<'a>>, Reply> {
         return Err(unknown(args));
     };
     Ok(Some(command))
+}
+
+/// `Err` with Redis's text unless `ok`: command `n` was given a wrong
+/// number of arguments.
+fn arity(ok: bool, n: &str) -> Result<(), Reply> {
+    if ok {
+        Ok(())
+    } else {
+        Err(Reply::err(format_args!(
+            "wrong number of arguments for '{n}' command"
+        )))
+    }
+}
+
+/// CLIENT's subcommands: SETNAME, GETNAME, ID and SETINFO.
+fn client<'a>(args: &Args<'a>) -> Result<Command<'a>, Reply> {
+    let argc = args.len() - 1;
+    arity(argc >= 1, "client")?;
+    let sub = args.get(1).unwrap_or_default();
+    let sub_is = |n: &str| sub.eq_ignore_ascii_case(n.as_bytes());
+    if sub_is("SETNAME") {
+        arity(argc == 2, "client|setname")?;
+        let name = args.get(2).unwrap_or_default();
+        if name.iter().any(|&b| b <= b' ' || b > b'~') {
+            return Err(Reply::err(
+                "Client names cannot contain spaces, newlines or special characters.",
+            ));
+        }
+        Ok(Command::SetName(name))
+    } else if sub_is("GETNAME") {
+        arity(argc == 1, "client|getname")?;
+        Ok(Command::GetName)
+    } else if sub_is("ID") {
+        arity(argc == 1, "client|id")?;
+        Ok(Command::ClientId)
+    } else if sub_is("SETINFO") {
+        arity(argc == 3, "client|setinfo")?;
+        Ok(Command::SetInfo)
+    } else {
+        let sub = printable(sub, UNKNOWN_ECHO_BYTES_MAX);
+        Err(Reply::err(format_args!(
+            "unknown subcommand '{sub}'. Try CLIENT HELP."
+        )))
+    }
+}
+
+/// COMMAND (what redis-cli and client libraries ask on connecting): its
+/// INFO, LIST, DOCS and COUNT.
+fn command_probe<'a>(args: &Args<'a>) -> Result<Command<'a>, Reply> {
+    let argc = args.len() - 1;
+    let sub = args.get(1).unwrap_or_default();
+    let sub_is = |n: &str| sub.eq_ignore_ascii_case(n.as_bytes());
+    let probe = if argc == 0 || sub_is("INFO") || sub_is("LIST") {
+        CommandProbe::List
+    } else if sub_is("DOCS") {
+        CommandProbe::Docs
+    } else if sub_is("COUNT") {
+        CommandProbe::Count
+    } else {
+        let sub = printable(sub, UNKNOWN_ECHO_BYTES_MAX);
+        return Err(Reply::err(format_args!(
+            "unknown subcommand '{sub}'. Try COMMAND HELP."
+        )));
+    };
+    Ok(Command::CommandProbe(probe))
 }
 
 /// HELLO's arguments, with Redis's checks and texts.

@@ -140,6 +140,35 @@ struct Ahead {
     quantity: u64,
 }
 
+impl Ahead {
+    /// CL.THROTTLE `t`, at offset `at` of the read buffer. With `route`
+    /// (`--cluster`: the layout, and whether this node decides its own
+    /// keys), a key this node does not decide is kept for the forwarder;
+    /// one this shard decides has its bucket prefetched.
+    fn new(
+        t: &sluice_protocol::cell::CellRequest<'_>,
+        at: usize,
+        route: Option<&(std::sync::Arc<crate::forward::View>, bool)>,
+        core: &ShardCore,
+    ) -> Ahead {
+        let key = key_hash(t.key);
+        let remote = match route {
+            Some((view, decides_own)) if !(*decides_own && view.owns(key)) => Some(t.key.into()),
+            _ => None,
+        };
+        if remote.is_none() && shard_of(key, core.node.shard_count) == core.id {
+            core.table.borrow().prefetch(key);
+        }
+        Ahead {
+            remote,
+            at,
+            key,
+            policy: t.policy,
+            quantity: t.quantity,
+        }
+    }
+}
+
 /// A forwarded CL.THROTTLE's failure in Redis's words: `TRYAGAIN` when
 /// the owner group could not answer (Redis Cluster's word for "not now,
 /// nothing done"), `CLUSTERDOWN`-like text for an unknown outcome, the
@@ -205,6 +234,20 @@ pub async fn run(core: Rc<ShardCore>, adopt: AdoptResp) {
     coordinator::run(stream, BytesMut::with_capacity(READ_CHUNK_BYTES), conn).await;
 }
 
+impl RespConnection {
+    /// A fresh connection whose first byte cannot start RESP is a Sluice
+    /// frame (its length's low byte): `sluice` or the client crate pointed
+    /// at this port. It is told so in RESP, which the client recognises,
+    /// then closed.
+    fn refuse_a_sluice_frame(&mut self, rbuf: &BytesMut) {
+        if self.fresh && rbuf.first().is_some_and(|&b| !may_start_resp(b)) {
+            self.session.reply(Reply::err(BINARY_ON_RESP_PORT));
+            self.session.closing = true;
+            self.session.bad_input = true;
+        }
+    }
+}
+
 impl Handler for RespConnection {
     type Protocol = Resp;
     /// A RESP connection never moves on.
@@ -241,14 +284,7 @@ impl Handler for RespConnection {
         let mut at = 0;
         // The clock is read once per read, and only if a decision needs it.
         let mut now_ns = None;
-        if self.fresh && rbuf.first().is_some_and(|&b| !may_start_resp(b)) {
-            // A Sluice frame (its length's low byte): `sluice` or the
-            // client crate pointed at this port. Said in RESP, which the
-            // client recognises, then closed.
-            self.session.reply(Reply::err(BINARY_ON_RESP_PORT));
-            self.session.closing = true;
-            self.session.bad_input = true;
-        }
+        self.refuse_a_sluice_frame(rbuf);
         let (reply_max, inflight_max) = {
             let config = &self.session.core.node.config;
             (config.reply_bytes_max, config.inflight_max)
@@ -277,24 +313,8 @@ impl Handler for RespConnection {
             });
             let queued = match &step {
                 Ok(Some((n, Ok(Some(Command::Throttle(t)))))) if self.session.authed => {
-                    let key = key_hash(t.key);
-                    let core = &self.session.core;
-                    let remote = match &route {
-                        Some((view, decides_own)) if !(*decides_own && view.owns(key)) => {
-                            Some(t.key.into())
-                        }
-                        _ => None,
-                    };
-                    if remote.is_none() && shard_of(key, core.node.shard_count) == core.id {
-                        core.table.borrow().prefetch(key);
-                    }
-                    self.ahead.push(Ahead {
-                        remote,
-                        at,
-                        key,
-                        policy: t.policy,
-                        quantity: t.quantity,
-                    });
+                    self.ahead
+                        .push(Ahead::new(t, at, route.as_ref(), &self.session.core));
                     at += n;
                     true
                 }
