@@ -243,11 +243,19 @@ fn decide_batch(core: &Rc<ShardCore>, batch: Batch) {
     failpoint_forwarded_panic(core);
     core.sync_epoch();
     let now_ns = core.clock.now_ns();
+    // Checked here, where the change would be made, not only where the
+    // request came in: a batch from another thread (the rate limit
+    // service, another shard's connection) may reach a shard of a primary
+    // that has since been fenced, or whose flow to its follower is gone.
+    let admits = core.admits(now_ns);
     let mut table = core.table.borrow_mut();
     let outcomes = batch
         .items
         .iter()
-        .map(|it| (it.seq, table.decide(it.key, &it.op, now_ns)))
+        .map(|it| match admits || !it.op.changes() {
+            true => (it.seq, table.decide(it.key, &it.op, now_ns)),
+            false => (it.seq, Outcome::Refused(Status::NotPrimary)),
+        })
         .collect();
     drop(table);
     let ns = core.clock.now_ns().saturating_sub(now_ns);

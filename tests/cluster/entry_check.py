@@ -9,6 +9,9 @@ Usage: entry_check.py MODE ARGS... -- PORT...
   rls ATTEMPTS VALUE...                 domain entry, (user, VALUE), ATTEMPTS times a value
   pair ATTEMPTS USER PAIR               domain entry, [(user, USER), (pair, PAIR)] ATTEMPTS
                                         times, then (user, USER) once: its limit_remaining
+  queue ATTEMPTS VALUE                  domain entry, (user, VALUE) ATTEMPTS times at once to the
+                                        first port; prints "sent" once they are on their way, then
+                                        waits for every answer (10 s each)
 """
 
 import json
@@ -78,5 +81,21 @@ else:
             ok += r.overall_code == OK
         last = ask(attempts, descriptor("user", user))
         print(json.dumps({"ok": ok, "user_remaining": last.statuses[0].limit_remaining}))
+    elif mode == "queue":
+        import time
+
+        attempts, value = int(rest[0]), rest[1]
+        request = rls_pb2.RateLimitRequest(domain="entry", descriptors=[descriptor("user", value)])
+        calls = [stubs[0].ShouldRateLimit.future(request, timeout=10) for _ in range(attempts)]
+        # grpcio sends from its own threads: give them a moment to write.
+        time.sleep(0.3)
+        print("sent", flush=True)
+        granted, errors = 0, []
+        for c in calls:
+            try:
+                granted += c.result().overall_code == OK
+            except grpc.RpcError as e:
+                errors.append(f"{e.code()}: {e.details()}")
+        print(json.dumps({"granted": {value: granted}, "errors": errors[:5], "error_count": len(errors)}))
     else:
         sys.exit(f"unknown mode {mode}")

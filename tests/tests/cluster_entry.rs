@@ -54,6 +54,11 @@ impl TwoGroups {
 
     /// [`TwoGroups::start`], every node with `extra` flags too.
     async fn start_with(entry: bool, extra: &[&str]) -> TwoGroups {
+        TwoGroups::start_full(entry, extra, &[]).await
+    }
+
+    /// [`TwoGroups::start_with`], the followers with `follower_extra` too.
+    async fn start_full(entry: bool, extra: &[&str], follower_extra: &[&str]) -> TwoGroups {
         let ports: Vec<u16> = (0..4).map(|_| port()).collect();
         let addr = |i: usize| format!("127.0.0.1:{}", ports[i]);
         let toml = format!(
@@ -86,6 +91,7 @@ impl TwoGroups {
             }
             if i % 2 == 1 {
                 args.extend(["--replica-of", &primary]);
+                args.extend(follower_extra);
             }
             args.extend(extra);
             nodes.push(Sluiced::start_on(ports[i], &args));
@@ -596,4 +602,50 @@ async fn without_the_stall_watch_a_stopped_owner_costs_forwarded_calls_the_deadl
         "{} ms: answered before the deadline without the watch",
         first.as_millis()
     );
+}
+
+/// A primary stopped past its lease while its follower took over: the
+/// ShouldRateLimit calls its rate limit port took in while stopped are
+/// refused when it resumes, not admitted from its stale buckets behind the
+/// new primary's back. (The port skips the node's own admission check on
+/// an entry point, so that it can forward; the shard that would apply a
+/// change checks, whatever thread the change came from.)
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_stale_primary_admits_nothing_its_rate_limit_port_took_in_while_stopped() {
+    let cluster = TwoGroups::start_full(true, &[], &["--promote-after-ms", "300"]).await;
+    let value = cluster.values_of("a", "user", "stale", 1).remove(0);
+    let (old, new) = (&cluster.nodes[0], &cluster.nodes[1]);
+    old.signal("STOP");
+    wait_role(new.addr, Duration::from_secs(10), |r| {
+        r.role == sluice_client::Role::Primary
+    })
+    .await;
+    // Five calls wait in the stopped primary's socket.
+    let mut queued = Command::new(python())
+        .arg(root().join("cluster/entry_check.py"))
+        .args(["queue", "5", &value, "--"])
+        .arg(old.rls_addr.expect("rls").port().to_string())
+        .stdout(std::process::Stdio::piped())
+        .spawn()
+        .expect("python runs");
+    let mut out = std::io::BufReader::new(queued.stdout.take().expect("piped"));
+    let mut line = String::new();
+    std::io::BufRead::read_line(&mut out, &mut line).unwrap();
+    assert_eq!(line.trim(), "sent");
+    // The new primary grants the value its five.
+    let new_port = new.rls_addr.expect("rls").port().to_string();
+    let (grants, errors) = granted(&check(&["rls", "5", &value], &[new_port]));
+    assert_eq!((grants, errors), (vec![(value.clone(), 5)], 0));
+    old.signal("CONT");
+    line.clear();
+    std::io::BufRead::read_line(&mut out, &mut line).unwrap();
+    assert!(queued.wait().unwrap().success());
+    let v: serde_json::Value = serde_json::from_str(&line).unwrap();
+    let (grants, errors) = granted(&v);
+    assert_eq!(
+        grants,
+        vec![(value, 0)],
+        "the stale primary admitted from its own buckets: {v}"
+    );
+    assert_eq!(errors, 5, "{v}");
 }

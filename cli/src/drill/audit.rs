@@ -10,13 +10,21 @@
 //! safe, so that every unit it reports is one no schedule of decision times
 //! could explain:
 //!
-//! - **Over-admission** replays the admissions, in the order they were sent,
-//!   through a *lenient* shadow of the policy: each admission is checked as
-//!   late as possible (at `recv_ns`, when the most has refilled or expired)
-//!   and charged as early as possible (at `send_ns`, so it leaves windows
-//!   and leases soonest). An admission even that shadow must refuse is
-//!   over-admitted; it is counted and not charged (so one lost bucket is
-//!   counted once, not again on every later admission). For a token bucket
+//! - **Over-admission** replays the admissions through a *lenient* shadow
+//!   of the policy: each admission is checked as late as possible (at
+//!   `recv_ns`, when the most has refilled or expired) and charged as early
+//!   as possible (at `send_ns`, so it leaves windows and leases soonest). An
+//!   admission even that shadow must refuse is over-admitted; it is counted
+//!   and not charged (so one lost bucket is counted once, not again on
+//!   every later admission). The replay needs an order of decisions, which
+//!   the times alone do not give when windows overlap: it is run twice, in
+//!   the order the calls were sent (right when answers were held back after
+//!   their decision: replies wait in order behind a slow one on a
+//!   connection) and in the order their answers came (right when a decision
+//!   came late in its window: a call held by a paused entry node, or sent
+//!   again after a refusal), and the reading that finds fewer units over is
+//!   the verdict. With short windows (every call answered within a
+//!   millisecond) both orders are the same. For a token bucket
 //!   that is exactly the bound `B + R x T` on every interval of length `T`;
 //!   for a sliding log, at most `N` in any interval of length `W`; for a
 //!   fixed window, at most `N` per aligned window; for a sliding counter,
@@ -75,8 +83,19 @@ pub struct Findings {
 pub fn audit(limit: &Limit, calls: &[Call]) -> Findings {
     let mut by_send: Vec<Call> = calls.to_vec();
     by_send.sort_by_key(|c| (c.send_ns, c.recv_ns));
-    let over = lenient(limit, by_send.iter().filter(|c| c.allowed && c.store));
-    let over_with_fallback = lenient(limit, by_send.iter().filter(|c| c.allowed));
+    let mut by_recv: Vec<&Call> = by_send.iter().collect();
+    by_recv.sort_by_key(|c| (c.recv_ns, c.send_ns));
+    let over = fewest(
+        lenient(limit, by_send.iter().filter(|c| c.allowed && c.store)),
+        lenient(
+            limit,
+            by_recv.iter().copied().filter(|c| c.allowed && c.store),
+        ),
+    );
+    let over_with_fallback = fewest(
+        lenient(limit, by_send.iter().filter(|c| c.allowed)),
+        lenient(limit, by_recv.iter().copied().filter(|c| c.allowed)),
+    );
     let under = strict(limit, &by_send);
     Findings {
         over,
@@ -85,7 +104,20 @@ pub fn audit(limit: &Limit, calls: &[Call]) -> Findings {
     }
 }
 
-/// The over-admitted admissions among `admitted` (in send order).
+/// Of two readings of the same admissions, the one that finds fewer
+/// units over: each is the replay of one decision order the calls'
+/// windows allow, so the judge keeps whichever explains more.
+fn fewest(a: Vec<(u64, u64)>, b: Vec<(u64, u64)>) -> Vec<(u64, u64)> {
+    let units = |v: &[(u64, u64)]| v.iter().map(|e| e.1).sum::<u64>();
+    if units(&b) < units(&a) {
+        b
+    } else {
+        a
+    }
+}
+
+/// The over-admitted admissions among `admitted`, replayed in the order
+/// given.
 fn lenient<'a>(limit: &Limit, admitted: impl Iterator<Item = &'a Call>) -> Vec<(u64, u64)> {
     let mut shadow = Shadow::new(limit);
     admitted
@@ -466,6 +498,36 @@ mod tests {
         let tb = limit("token-bucket:10/s,burst=20");
         assert_eq!(units(&audit(&tb, &quick(29)).over), 0);
         assert_eq!(units(&audit(&tb, &quick(30)).over), 1);
+    }
+
+    #[test]
+    fn a_decision_late_in_its_window_is_not_over() {
+        // A correct bucket (10/s, burst 20) under a call every 5 ms for 4 s:
+        // spent after its burst, then one admission every 100 ms. One of
+        // those, decided at 3.0 s or later, was sent a second earlier and
+        // held by a paused entry node until then: in send order it looks
+        // like one admission too many at 2 s, in answer order it fits.
+        let tb = limit("token-bucket:10/s,burst=20");
+        let mut calls = correct_bucket(10, 20, 5, 800);
+        let k = calls
+            .iter()
+            .position(|c| c.allowed && c.send_ns >= T0 + 3_000 * MS)
+            .unwrap();
+        calls[k].send_ns -= 1_000 * MS;
+        let sent_order: Vec<Call> = {
+            let mut v: Vec<Call> = calls.iter().filter(|c| c.allowed).copied().collect();
+            v.sort_by_key(|c| c.send_ns);
+            v
+        };
+        assert_eq!(
+            units(&lenient(&tb, sent_order.iter())),
+            1,
+            "the old reading"
+        );
+        assert_eq!(units(&audit(&tb, &calls).over), 0);
+        // The same call answered at once, at 2 s: one too many either way.
+        calls[k].recv_ns = calls[k].send_ns + MS;
+        assert_eq!(units(&audit(&tb, &calls).over), 1);
     }
 
     #[test]

@@ -158,6 +158,18 @@ pub enum Op {
     },
 }
 
+impl Op {
+    /// Whether deciding it may change the table: what a node that may not
+    /// admit (a follower, a fenced or stale primary) refuses.
+    pub fn changes(&self) -> bool {
+        match self {
+            Op::Peek { .. } => false,
+            Op::Decide(d) => d.mode != Mode::Probe,
+            Op::Throttle { .. } | Op::Cell { .. } | Op::Release { .. } | Op::Renew { .. } => true,
+        }
+    }
+}
+
 /// A DECIDE with its limits resolved to buckets ([`DecideOp::EMPTY`]
 /// filled in by [`ShardCore::resolve`]).
 #[derive(Clone, Copy, Debug)]
