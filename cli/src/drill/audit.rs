@@ -22,9 +22,10 @@
 //!   their decision: replies wait in order behind a slow one on a
 //!   connection) and in the order their answers came (right when a decision
 //!   came late in its window: a call held by a paused entry node, or sent
-//!   again after a refusal), and the reading that finds fewer units over is
-//!   the verdict. With short windows (every call answered within a
-//!   millisecond) both orders are the same. For a token bucket
+//!   again after a refusal), and for each episode (over events no more than
+//!   2 s apart) the reading that finds fewer units over is the verdict.
+//!   With short windows (every call answered within a millisecond) both
+//!   orders are the same. For a token bucket
 //!   that is exactly the bound `B + R x T` on every interval of length `T`;
 //!   for a sliding log, at most `N` in any interval of length `W`; for a
 //!   fixed window, at most `N` per aligned window; for a sliding counter,
@@ -104,16 +105,41 @@ pub fn audit(limit: &Limit, calls: &[Call]) -> Findings {
     }
 }
 
-/// Of two readings of the same admissions, the one that finds fewer
-/// units over: each is the replay of one decision order the calls'
-/// windows allow, so the judge keeps whichever explains more.
+/// Events of two readings closer than this (in either) belong to one
+/// episode (a fault's disturbance), judged as a whole.
+const EPISODE_GAP_NS: u64 = 2_000_000_000;
+
+/// Of two readings of the same admissions, episode by episode, the one
+/// that finds fewer units over: each is the replay of one decision order
+/// the calls' windows allow, so the judge keeps whichever explains more
+/// (per episode: one fault may hold answers back, another decide late).
 fn fewest(a: Vec<(u64, u64)>, b: Vec<(u64, u64)>) -> Vec<(u64, u64)> {
-    let units = |v: &[(u64, u64)]| v.iter().map(|e| e.1).sum::<u64>();
-    if units(&b) < units(&a) {
-        b
-    } else {
-        a
+    let mut all: Vec<(u64, u64, bool)> = a
+        .iter()
+        .map(|&(at, units)| (at, units, false))
+        .chain(b.iter().map(|&(at, units)| (at, units, true)))
+        .collect();
+    all.sort_by_key(|e| e.0);
+    let mut out = Vec::new();
+    let mut start = 0;
+    while start < all.len() {
+        let mut end = start + 1;
+        while end < all.len() && all[end].0 - all[end - 1].0 <= EPISODE_GAP_NS {
+            end += 1;
+        }
+        let episode = &all[start..end];
+        let units =
+            |second: bool| -> u64 { episode.iter().filter(|e| e.2 == second).map(|e| e.1).sum() };
+        let second = units(true) < units(false);
+        out.extend(
+            episode
+                .iter()
+                .filter(|e| e.2 == second)
+                .map(|&(at, units, _)| (at, units)),
+        );
+        start = end;
     }
+    out
 }
 
 /// The over-admitted admissions among `admitted`, replayed in the order
@@ -231,7 +257,10 @@ impl Shadow {
                 if *base == 0 {
                     *base = s;
                 }
-                let (s, r) = ((s - *base) as f64, (r - *base) as f64);
+                // Signed: a replay in answer order may meet a call sent
+                // before the first one it charged.
+                let since = |at: u64| (i128::from(at) - i128::from(*base)) as f64;
+                let (s, r) = (since(s), since(r));
                 let cost = c as f64 * *t;
                 // A millionth of a unit of slack for float rounding, in the
                 // server's favour.
@@ -528,6 +557,43 @@ mod tests {
         // The same call answered at once, at 2 s: one too many either way.
         calls[k].recv_ns = calls[k].send_ns + MS;
         assert_eq!(units(&audit(&tb, &calls).over), 1);
+    }
+
+    #[test]
+    fn an_answer_order_replay_takes_calls_sent_before_its_first() {
+        // The first answer came for the second call sent: no overflow.
+        let calls = vec![
+            Call {
+                recv_ns: T0 + 50 * MS,
+                ..call(0, true)
+            },
+            call(10, true),
+        ];
+        for l in [
+            "token-bucket:10/s,burst=20",
+            "sliding-log:20/s",
+            "fixed-window:20/s",
+        ] {
+            assert_eq!(units(&audit(&limit(l), &calls).over), 0, "{l}");
+        }
+    }
+
+    #[test]
+    fn each_episode_is_read_in_the_order_that_explains_it() {
+        // Two readings that each find one unit over, in different
+        // episodes: each episode keeps the reading that finds none.
+        let s = 1_000_000_000;
+        assert_eq!(fewest(vec![(10 * s, 1)], vec![(20 * s, 1)]), vec![]);
+        // One episode: the fewer units win, whatever their times.
+        assert_eq!(
+            fewest(vec![(10 * s, 1), (11 * s, 1)], vec![(11 * s, 1)]),
+            vec![(11 * s, 1)]
+        );
+        // Both find it: a real over-admission stays.
+        assert_eq!(
+            fewest(vec![(10 * s, 2)], vec![(10 * s, 2)]),
+            vec![(10 * s, 2)]
+        );
     }
 
     #[test]
