@@ -27,7 +27,8 @@
 # (benches/report.py includes it when compare.sh rewrites the file).
 #
 # Usage: bash benches/rls.sh
-# Environment: SECONDS_PER_RUN (5), ROUNDS (3), THREADS ("1 2"),
+# Environment: SECONDS_PER_RUN (5), ROUNDS (3), THREADS ("0 1 2"; 0 serves the
+# service on the shard threads, against a floor of as many threads),
 # OUT (benches/rls.md), PORT (7795), RLS_PORT (7796), REDIS_PORT (7797),
 # FLOOR_PORT (7798).
 set -euo pipefail
@@ -35,7 +36,7 @@ cd "$(dirname "$0")/.."
 ROOT=$PWD
 RUN_S=${SECONDS_PER_RUN:-5}
 ROUNDS=${ROUNDS:-3}
-THREADS=${THREADS:-"1 2"}
+THREADS=${THREADS:-"0 1 2"}
 PORT=${PORT:-7795}
 RLS_PORT=${RLS_PORT:-7796}
 REDIS_PORT=${REDIS_PORT:-7797}
@@ -112,7 +113,10 @@ for threads in $THREADS; do
   SPID=$!; PIDS+=($SPID)
   wait_line "$WORK/sluiced.log" "rls listening"
   SHARDS=$(sed -n 's/.*shards=\([0-9]*\).*/\1/p' "$WORK/sluiced.log" | head -1)
-  "$FLOOR" --port "$FLOOR_PORT" --threads "$threads" >"$WORK/floor.log" 2>&1 &
+  # --rls-threads 0 serves on the shard threads: the floor gets as many.
+  floor_threads=$threads
+  [ "$threads" = 0 ] && floor_threads=$SHARDS
+  "$FLOOR" --port "$FLOOR_PORT" --threads "$floor_threads" >"$WORK/floor.log" 2>&1 &
   FPID=$!; PIDS+=($FPID)
   wait_line "$WORK/floor.log" "listening"
   # Warm-up: connections, the table's first growth.

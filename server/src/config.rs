@@ -227,7 +227,9 @@ pub struct Config {
 
     /// Threads that serve the rate limit service (HTTP/2, protobuf, the
     /// rule lookup; decisions stay on the shards), each taking connections
-    /// from the one socket; default 1.
+    /// from the one socket; default 1. 0: serve it on the shard threads
+    /// themselves, each call's batch for the shard it runs on decided with
+    /// no hop to another thread.
     #[arg(long, value_name = "N")]
     pub rls_threads: Option<u16>,
 
@@ -892,7 +894,7 @@ impl Config {
     /// The rate limit service's settings (`--rls-*`).
     fn validate_rls(&self) -> Result<(), ConfigError> {
         if let Some(n) = self.rls_threads {
-            check("rls-threads", n, 1, SHARDS_MAX)?;
+            check("rls-threads", n, 0, SHARDS_MAX)?;
         }
         check("rls-connections-max", self.rls_connections_max, 1, 100_000)?;
         match (&self.rls_tls_cert, &self.rls_tls_key) {

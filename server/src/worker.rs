@@ -95,6 +95,8 @@ async fn run(core: Rc<ShardCore>, mut rx: Receiver<ShardMsg>) {
                     core.connections.set(core.connections.get() + 1);
                     tokio::task::spawn_local(resp::connection::run(core.clone(), a));
                 }
+                ShardMsg::Run(job) if !stopped => (job.0)(),
+                ShardMsg::Run(_) => {}
                 ShardMsg::Tiers(tiers) => {
                     *core.tiers.borrow_mut() = tiers;
                 }

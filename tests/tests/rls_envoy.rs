@@ -94,6 +94,14 @@ fn documented_examples_give_documented_codes_across_shards() {
     examples("4", "2");
 }
 
+/// The same on the shard threads themselves (`--rls-threads 0`): a call
+/// is decided in place for its own shard's keys and across shards for the
+/// rest, all or nothing as with service threads.
+#[test]
+fn documented_examples_give_documented_codes_on_the_shard_threads() {
+    examples("4", "0");
+}
+
 #[test]
 fn rate_limit_headers_are_added_when_asked() {
     let dir = rules_dir();

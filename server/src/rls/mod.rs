@@ -180,7 +180,8 @@ pub fn load_tls(
 /// Serves the rate limit service on `listener` from `threads` threads, each
 /// a single-threaded runtime accepting from the same socket (the kernel
 /// hands each connection to one of them, which serves it from then on, as
-/// the shards serve theirs), until the process ends.
+/// the shards serve theirs), until the process ends; with 0, from every
+/// shard's thread.
 pub fn start(
     listener: std::net::TcpListener,
     rls: Arc<Rls>,
@@ -188,7 +189,22 @@ pub fn start(
     threads: u16,
 ) -> std::io::Result<()> {
     let gate = guard::Gate::new(rls.node.clone(), stats);
-    for i in 0..threads.max(1) {
+    if threads == 0 {
+        // On the shard threads: a call whose descriptors a shard owns is
+        // decided on the thread that decoded it (its batch goes to its own
+        // inbox: no other thread wakes, no context switch).
+        for shard in rls.node.shards.iter() {
+            let (listener, rls, gate) = (listener.try_clone()?, rls.clone(), gate.clone());
+            let job = crate::shard::Job(Box::new(move || {
+                tokio::spawn(listen(listener, rls, gate));
+            }));
+            if shard.send(crate::shard::ShardMsg::Run(job)).is_err() {
+                return Err(std::io::Error::other("a shard has stopped"));
+            }
+        }
+        return Ok(());
+    }
+    for i in 0..threads {
         let listener = listener.try_clone()?;
         let rls = rls.clone();
         let gate = gate.clone();

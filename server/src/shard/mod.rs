@@ -75,12 +75,24 @@ pub enum ShardMsg {
         Vec<sluice_protocol::replication::Record>,
         crate::sync::mpsc::Sender<()>,
     ),
+    /// Run this on the shard's thread, inside its runtime (the rate limit
+    /// service served on the shard threads: `--rls-threads 0`).
+    Run(Job),
     /// Shutdown, step 1: stop reading new requests, finish the ones in
     /// flight, close connections, then report drained. Keep serving
     /// batches: other shards' connections may still be finishing.
     Drain,
     /// Shutdown, step 2: every shard has drained; stop the thread.
     Stop,
+}
+
+/// Work for a shard's thread ([`ShardMsg::Run`]).
+pub struct Job(pub Box<dyn FnOnce() + Send>);
+
+impl std::fmt::Debug for Job {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("Job")
+    }
 }
 
 /// A connection moving to a shard: freshly accepted, or bound to this shard
