@@ -558,6 +558,11 @@ rls = os.path.join(os.path.dirname(os.path.abspath(__file__)), "rls.md")
 if os.path.exists(rls):
     with open(rls) as f:
         w(f.read())
+# ... and its runs at a set shard count (RLS_SHARDS=N bash benches/rls.sh).
+import glob
+for variant in sorted(glob.glob(os.path.join(os.path.dirname(os.path.abspath(__file__)), "rls-shards-*.md"))):
+    with open(variant) as f:
+        w(f.read())
 # Every node an entry point's section, from its own script (benches/entry.sh).
 entry = os.path.join(os.path.dirname(os.path.abspath(__file__)), "entry.md")
 if os.path.exists(entry):

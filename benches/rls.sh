@@ -41,7 +41,14 @@ PORT=${PORT:-7795}
 RLS_PORT=${RLS_PORT:-7796}
 REDIS_PORT=${REDIS_PORT:-7797}
 FLOOR_PORT=${FLOOR_PORT:-7798}
-OUT=${OUT:-$ROOT/benches/rls.md}
+# RLS_SHARDS=N: sluiced --shards N (default: its own, the cores), written
+# to benches/rls-shards-N.md, a section of its own.
+RLS_SHARDS=${RLS_SHARDS:-}
+if [ -n "$RLS_SHARDS" ]; then
+  OUT=${OUT:-$ROOT/benches/rls-shards-$RLS_SHARDS.md}
+else
+  OUT=${OUT:-$ROOT/benches/rls.md}
+fi
 # shellcheck source=benches/common.sh
 . "$ROOT/benches/common.sh"
 SLUICED=$ROOT/target/release/sluiced
@@ -109,6 +116,7 @@ SHARDS=
 for threads in $THREADS; do
   echo "== --rls-threads $threads"
   "$SLUICED" --bind 127.0.0.1 --port "$PORT" --rls-port "$RLS_PORT" --rls-threads "$threads" \
+    ${RLS_SHARDS:+--shards "$RLS_SHARDS"} \
     --rls-config "$WORK/bench.yaml" >"$WORK/sluiced.log" 2>&1 &
   SPID=$!; PIDS+=($SPID)
   wait_line "$WORK/sluiced.log" "rls listening"
@@ -142,7 +150,7 @@ for _ in $(seq 1 100); do redis-cli -p "$REDIS_PORT" ping >/dev/null 2>&1 && bre
 redis-benchmark -p "$REDIS_PORT" -c 50 -P 2 -n 1000000 -r 100000 --csv \
   INCRBY 'rl:__rand_int__' 1 | tee "$WORK/redis.csv"
 
-python3 - "$WORK/runs.jsonl" "$WORK/redis.csv" "$OUT" "$SHARDS" "$RUN_S" "$ROUNDS" <<'PY'
+python3 - "$WORK/runs.jsonl" "$WORK/redis.csv" "$OUT" "$SHARDS" "$RUN_S" "$ROUNDS" "$RLS_SHARDS" <<'PY'
 import csv, json, statistics, sys
 runs = [json.loads(l) for l in open(sys.argv[1])]
 rows = list(csv.reader(open(sys.argv[2])))
@@ -161,17 +169,18 @@ def median_round(threads, scenario, gen):
     return pairs[len(pairs) // 2], [p[0] for p in pairs]
 lines = []
 w = lines.append
-w("## Envoy's rate limit service (gRPC)")
+plural = lambda n: "%s shard%s" % (n, "" if str(n) == "1" else "s")
+w("## Envoy's rate limit service (gRPC)" + (", " + plural(sys.argv[7]) if sys.argv[7] else ""))
 w("")
 w("From `bash benches/rls.sh` (%d alternating rounds of %s s runs; this machine's 2 cores run "
   "the server and the generator both). *Floor*: `sluice-rls-floor`, tonic and envoy-types on "
   "the service's runtime setup and HTTP/2 settings, answering OK at once. *Sluice*: `sluiced "
-  "--rls-port` on %s shards, the rules of one descriptor (remote_address, 1,000 a second). "
+  "--rls-port` on %s, the rules of one descriptor (remote_address, 1,000 a second). "
   "Scenarios: *hot*, one value (over its limit most of the time); *100k*, 100,000 values each "
   "under its limit; *4desc*, 4 descriptors a call. Generators: `sluice-rls-bench` (50 streams "
   "over 4 connections) and h2load (`-c 4 -m 50`, one prepared body: hot only). *CPU per call*: "
   "the server's utime + stime from /proc over the run. Each row is the round with the median "
-  "floor / Sluice CPU ratio; all rounds' ratios follow it." % (rounds, run_s, shards))
+  "floor / Sluice CPU ratio; all rounds' ratios follow it." % (rounds, run_s, plural(shards)))
 w("")
 w("| rls-threads | scenario | generator | floor calls/s | Sluice calls/s | calls/s, Sluice / floor | floor p99 | Sluice p99 | floor CPU/call | Sluice CPU/call | **CPU, floor / Sluice** (all rounds) |")
 w("|---:|---|---|---:|---:|---:|---:|---:|---:|---:|---|")
