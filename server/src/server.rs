@@ -277,7 +277,12 @@ impl Server {
     #[cfg(feature = "rls")]
     fn start_rls(&mut self) -> Option<Arc<crate::rls::Rls>> {
         let (listener, rls) = self.rls.take()?;
-        let threads = self.node.config.rls_threads.unwrap_or(1);
+        // By default on the shard threads (a call decided where it was
+        // read, for the keys its shard owns), but on an entry point one
+        // thread of its own, which is the forwarder's: a forwarded call
+        // then crosses no thread (benches/notes.md).
+        let default = if self.node.forward.is_some() { 1 } else { 0 };
+        let threads = self.node.config.rls_threads.unwrap_or(default);
         let stats = self.admin.rls.clone();
         if let Err(e) = crate::rls::start(listener, rls.clone(), stats, threads) {
             tracing::error!(error = %e, "cannot start the rate limit service's threads");
