@@ -410,20 +410,26 @@ impl Connection {
         self.core.publish_stats();
     }
 
+    /// A frame of more requests than `--batch-max`: each refused
+    /// BATCH_TOO_LARGE, none served.
+    #[cold]
+    fn refuse_batch(&mut self, frame: &Frame) {
+        let text = format!(
+            "{} requests in one frame; the limit is {}",
+            frame.len(),
+            self.core.node.config.batch_max
+        );
+        for (h, _) in frame.messages() {
+            self.push(
+                h.request_id,
+                Local::Error(Status::BatchTooLarge, text.clone()),
+            );
+        }
+    }
+
     fn handle_frame(&mut self, frame: &Frame, now_ns: u64) {
         if frame.len() > self.core.node.config.batch_max {
-            let text = format!(
-                "{} requests in one frame; the limit is {}",
-                frame.len(),
-                self.core.node.config.batch_max
-            );
-            for (h, _) in frame.messages() {
-                self.push(
-                    h.request_id,
-                    Local::Error(Status::BatchTooLarge, text.clone()),
-                );
-            }
-            return;
+            return self.refuse_batch(frame);
         }
         self.core.sync_epoch();
         let primary = self.core.admits(now_ns);

@@ -20,6 +20,7 @@
 use std::cell::Cell;
 use std::future::Future;
 use std::net::TcpStream as StdTcpStream;
+use std::pin::Pin;
 use std::rc::Rc;
 
 use bytes::BytesMut;
@@ -273,36 +274,8 @@ async fn serve<H: Handler>(
     let mut grown = false;
     let idle_on = config.idle_timeout_ms > 0;
     loop {
-        // What the last turn's decoding and filling added to what the
-        // connection owes, counted on its shard.
-        h.settle_replies();
-        if let Some(wait) = replication_wait(&core) {
-            // Sync mode: these replies reflect changes the follower must
-            // have first.
-            if !wait.await && core.node.repl.fencing() {
-                // The follower may be promoted without them: the client
-                // must not learn they were admitted. It sees the
-                // connection drop (outcome unknown).
-                return Ok(None);
-            }
-        }
-        let out = h.output();
-        if !out.is_empty() {
-            if !write_within(stream, out, ms(config.reply_timeout_ms)).await? {
-                tracing::debug!(
-                    shard = core.id,
-                    bytes = out.len(),
-                    "closing a {} that does not read its replies",
-                    H::NAME
-                );
-                return Ok(None);
-            }
-            core.count_io(false, out.len());
-            out.clear();
-            if out.capacity() > BUFFER_KEEP_BYTES {
-                *out = BytesMut::with_capacity(READ_CHUNK_BYTES);
-            }
-            h.settle_replies();
+        if !flush(stream, h, &core, ms(config.reply_timeout_ms)).await? {
+            return Ok(None);
         }
         if let Some(handoff) = h.take_handoff() {
             return Ok(Some(handoff));
@@ -311,20 +284,13 @@ async fn serve<H: Handler>(
             h.close();
         }
         if h.closing() && h.pipe().is_empty() {
-            let _ = stream.shutdown().await;
-            if h.linger_on_close() && !*draining.borrow() {
-                linger(stream).await;
-            }
+            finish(stream, h.linger_on_close() && !*draining.borrow()).await;
             return Ok(None);
         }
-        if h.backlog() && !h.closing() {
-            // Requests held back until the replies were written: on with
-            // them, before reading more. Back to the top if any went.
-            let before = rbuf.len();
-            h.handle_read(rbuf);
-            if rbuf.len() != before {
-                continue;
-            }
+        // Requests held back until the replies were written: on with them,
+        // before reading more. Back to the top if any went.
+        if h.backlog() && !h.closing() && took_backlog(h, rbuf) {
+            continue;
         }
         let can_read = !h.closing() && !h.backlog() && h.pipe().len() < inflight_max;
         if !can_read {
@@ -333,10 +299,7 @@ async fn serve<H: Handler>(
             // reading does.
             half_sent_on = false;
         }
-        if rbuf.capacity() - rbuf.len() < READ_CHUNK_BYTES {
-            rbuf.reserve(READ_CHUNK_BYTES);
-        }
-        grown |= rbuf.capacity() > BUFFER_KEEP_BYTES;
+        grown |= make_room(rbuf);
         tokio::select! {
             biased;
             () = h.pipe().recv(&mut replies), if h.pipe().awaiting() => {
@@ -345,55 +308,190 @@ async fn serve<H: Handler>(
                 }
             }
             read = stream.read_buf(rbuf), if can_read => {
-                let read = read?;
-                core.count_io(true, read);
-                if read == 0 {
-                    // The peer is gone or finished sending; a partial
-                    // request is dropped, pending replies still go out.
-                    h.close();
-                } else {
-                    h.handle_read(rbuf);
-                    // The clock only when a timer is reset (most reads,
-                    // whole frames with no idle timeout, reset none).
-                    let now = tokio::time::Instant::now;
-                    if rbuf.is_empty() {
-                        half_sent_on = false;
-                        // (Frames split off `rbuf` share its allocation:
-                        // its capacity now says nothing of what it holds.)
-                        if grown {
-                            *rbuf = BytesMut::with_capacity(READ_CHUNK_BYTES);
-                            grown = false;
-                        }
-                    } else if !half_sent_on {
-                        half_sent_on = true;
-                        half_sent.as_mut().reset(now() + ms(config.frame_timeout_ms));
-                    }
-                    if idle_on {
-                        silent.as_mut().reset(now() + ms(config.idle_timeout_ms));
-                    }
-                }
+                let timers = Timers {
+                    half_sent: half_sent.as_mut(),
+                    silent: idle_on.then_some(silent.as_mut()),
+                    config,
+                };
+                on_read(h, rbuf, read?, (&mut half_sent_on, &mut grown), timers);
             }
             _ = &mut drain_begins, if drain_armed && !h.closing() => drain_armed = false,
             // Stopped at the shard's share of --reply-bytes-node-max: on
             // once other connections' replies are written.
             () = core.replies.freed(), if h.backlog() && !h.closing() => {}
             () = &mut evicted, if !h.authed() && !h.closing() => {
-                tracing::debug!(shard = core.id, "closing a {} that had not authenticated: a newer one needs its place", H::NAME);
-                h.close();
+                close_for(h, Closed::Evicted);
             }
-            () = &mut auth, if !h.authed() && !h.closing() => {
-                tracing::debug!(shard = core.id, "closing a {} that did not authenticate in time", H::NAME);
-                h.close();
-            }
+            () = &mut auth, if !h.authed() && !h.closing() => close_for(h, Closed::NoAuth),
             () = &mut half_sent, if half_sent_on && !h.closing() => {
-                tracing::debug!(shard = core.id, "closing a {} whose frame stayed half-sent", H::NAME);
-                h.close();
+                close_for(h, Closed::HalfSent);
             }
             () = &mut silent, if idle_on && h.pipe().is_empty() && !h.closing() => {
-                tracing::debug!(shard = core.id, "closing an idle {}", H::NAME);
-                h.close();
+                close_for(h, Closed::Idle);
             }
         }
+    }
+}
+
+/// Why a connection's own timer or signal closed it.
+#[derive(Clone, Copy, Debug)]
+enum Closed {
+    /// A newer unauthenticated connection needed its place.
+    Evicted,
+    /// No authentication within --auth-timeout-ms.
+    NoAuth,
+    /// A frame stayed half-sent for --frame-timeout-ms.
+    HalfSent,
+    /// Silent for --idle-timeout-ms.
+    Idle,
+}
+
+/// Closes `h` for `why`, saying so at debug level.
+#[cold]
+fn close_for<H: Handler>(h: &mut H, why: Closed) {
+    let shard = h.core().id;
+    match why {
+        Closed::Evicted => tracing::debug!(
+            shard,
+            "closing a {} that had not authenticated: a newer one needs its place",
+            H::NAME
+        ),
+        Closed::NoAuth => tracing::debug!(
+            shard,
+            "closing a {} that did not authenticate in time",
+            H::NAME
+        ),
+        Closed::HalfSent => {
+            tracing::debug!(shard, "closing a {} whose frame stayed half-sent", H::NAME)
+        }
+        Closed::Idle => tracing::debug!(shard, "closing an idle {}", H::NAME),
+    }
+    h.close();
+}
+
+/// Ends the stream: FIN, then (`linger`) reads until the peer closes too,
+/// so that its last requests' replies are not lost to a reset.
+async fn finish(stream: &mut TcpStream, linger_on: bool) {
+    let _ = stream.shutdown().await;
+    if linger_on {
+        linger(stream).await;
+    }
+}
+
+/// Writes what the connection owes, once the follower has the changes it
+/// reflects (sync mode). `false`: the connection is over (the follower
+/// may be promoted without those changes, or the peer does not read).
+async fn flush<H: Handler>(
+    stream: &mut TcpStream,
+    h: &mut H,
+    core: &ShardCore,
+    reply_timeout: std::time::Duration,
+) -> std::io::Result<bool> {
+    // What the last turn's decoding and filling added to what the
+    // connection owes, counted on its shard.
+    h.settle_replies();
+    if let Some(wait) = replication_wait(core) {
+        // Sync mode: these replies reflect changes the follower must
+        // have first.
+        if !wait.await && core.node.repl.fencing() {
+            // The follower may be promoted without them: the client
+            // must not learn they were admitted. It sees the
+            // connection drop (outcome unknown).
+            return Ok(false);
+        }
+    }
+    let out = h.output();
+    if !out.is_empty() {
+        if !write_within(stream, out, reply_timeout).await? {
+            tracing::debug!(
+                shard = core.id,
+                bytes = out.len(),
+                "closing a {} that does not read its replies",
+                H::NAME
+            );
+            return Ok(false);
+        }
+        core.count_io(false, out.len());
+        out.clear();
+        if out.capacity() > BUFFER_KEEP_BYTES {
+            *out = BytesMut::with_capacity(READ_CHUNK_BYTES);
+        }
+        h.settle_replies();
+    }
+    Ok(true)
+}
+
+/// The timers a read may reset: the half-sent frame's, and silence's
+/// (`None` without --idle-timeout-ms).
+struct Timers<'a> {
+    half_sent: Pin<&'a mut tokio::time::Sleep>,
+    silent: Option<Pin<&'a mut tokio::time::Sleep>>,
+    config: &'a crate::config::Config,
+}
+
+/// Whether handling what waits in `rbuf` took any of it.
+#[inline]
+fn took_backlog<H: Handler>(h: &mut H, rbuf: &mut BytesMut) -> bool {
+    let before = rbuf.len();
+    h.handle_read(rbuf);
+    rbuf.len() != before
+}
+
+/// Room for a read's chunk in `rbuf`; whether it now holds more than
+/// [`BUFFER_KEEP_BYTES`].
+#[inline]
+fn make_room(rbuf: &mut BytesMut) -> bool {
+    if rbuf.capacity() - rbuf.len() < READ_CHUNK_BYTES {
+        rbuf.reserve(READ_CHUNK_BYTES);
+    }
+    rbuf.capacity() > BUFFER_KEEP_BYTES
+}
+
+/// A read of `read` bytes into `rbuf`: counted, handled (0: the peer is
+/// gone or finished sending; a partial request is dropped, pending
+/// replies still go out), then `after_read`.
+#[inline]
+fn on_read<H: Handler>(
+    h: &mut H,
+    rbuf: &mut BytesMut,
+    read: usize,
+    (half_sent_on, grown): (&mut bool, &mut bool),
+    t: Timers<'_>,
+) {
+    h.core().count_io(true, read);
+    if read == 0 {
+        h.close();
+    } else {
+        h.handle_read(rbuf);
+        after_read(rbuf, half_sent_on, grown, t);
+    }
+}
+
+/// After a read was handled: the read buffer given back if it grew and is
+/// empty, and the timers reset as the read says (the clock is read only
+/// when one is: most reads, whole frames with no idle timeout, reset
+/// none).
+#[inline]
+fn after_read(rbuf: &mut BytesMut, half_sent_on: &mut bool, grown: &mut bool, t: Timers<'_>) {
+    let ms = std::time::Duration::from_millis;
+    let now = tokio::time::Instant::now;
+    if rbuf.is_empty() {
+        *half_sent_on = false;
+        // (Frames split off `rbuf` share its allocation: its capacity now
+        // says nothing of what it holds.)
+        if *grown {
+            *rbuf = BytesMut::with_capacity(READ_CHUNK_BYTES);
+            *grown = false;
+        }
+    } else if !*half_sent_on {
+        *half_sent_on = true;
+        let mut half_sent = t.half_sent;
+        half_sent
+            .as_mut()
+            .reset(now() + ms(t.config.frame_timeout_ms));
+    }
+    if let Some(mut silent) = t.silent {
+        silent.as_mut().reset(now() + ms(t.config.idle_timeout_ms));
     }
 }
 

@@ -431,6 +431,60 @@ pub fn descriptor_key<'e>(
     out
 }
 
+/// Puts limit `r` of `plan` into one of a shard's DECIDEs: one of the
+/// same cost it can join (enforced spends only, up to 8 limits, no bucket
+/// twice), else a new one; where it went, `(item, index)`.
+fn join(groups: &mut Vec<Pending>, plan: &Plan<'_>, r: LimitRef, mode: Mode) -> (usize, usize) {
+    let joinable = plan.enforced();
+    let found = groups.iter().position(|p| {
+        let used = usize::from(p.op.count);
+        p.joinable
+            && joinable
+            && p.op.cost == plan.cost
+            && used < p.op.refs.len()
+            && !p.op.refs[..used].iter().any(|x| x.bucket == r.bucket)
+    });
+    let item = found.unwrap_or_else(|| {
+        let mut op = DecideOp::EMPTY;
+        op.mode = mode;
+        op.cost = plan.cost;
+        groups.push(Pending {
+            op,
+            joinable,
+            remote: None,
+        });
+        groups.len() - 1
+    });
+    let op = &mut groups[item].op;
+    let index = usize::from(op.count);
+    op.refs[index] = r;
+    op.count += 1;
+    (item, index)
+}
+
+/// A REFUND of every spend of `pending` that went through, list by list.
+fn refunds(pending: &[Vec<Pending>], decided: &Decided) -> Vec<Vec<Pending>> {
+    pending
+        .iter()
+        .zip(decided)
+        .map(|(groups, outs)| {
+            groups
+                .iter()
+                .zip(outs)
+                .filter(|(g, o)| g.op.mode == Mode::Spend && allowed(o))
+                .map(|(g, _)| Pending {
+                    op: DecideOp {
+                        mode: Mode::Refund,
+                        ..g.op
+                    },
+                    joinable: false,
+                    remote: g.remote.clone(),
+                })
+                .collect()
+        })
+        .collect()
+}
+
 /// The shards' answers, by shard and item (`None`: not sent).
 type Decided = Vec<Vec<Option<Box<MultiVerdict>>>>;
 
@@ -455,6 +509,31 @@ impl Rls {
         plans: &mut [Plan<'_>],
     ) -> Result<(Decided, bool), tonic::Status> {
         let hopeless = plans.iter().any(|p| p.enforced() && p.hopeless());
+        let pending = self.pending(request, plans, hopeless);
+        let decided = self.send(&pending).await?;
+        let denied = hopeless
+            || pending.iter().zip(&decided).any(|(groups, outs)| {
+                groups
+                    .iter()
+                    .zip(outs)
+                    .any(|(g, o)| g.joinable && !allowed(o))
+            });
+        if denied && !hopeless {
+            // All or nothing: every spend that went through is given back.
+            self.send(&refunds(&pending, &decided)).await?;
+        }
+        Ok((decided, denied))
+    }
+
+    /// Each plan with a limit placed: in its shard's list (joining a
+    /// DECIDE of the same cost there when it can), or with `--cluster` in
+    /// the last list, for its key's group; `plan.at` says where.
+    fn pending(
+        &self,
+        request: &RateLimitRequest,
+        plans: &mut [Plan<'_>],
+        hopeless: bool,
+    ) -> Vec<Vec<Pending>> {
         // One list per shard, and one for other nodes (--cluster).
         let remote_at = self.node.shards.len();
         let mut pending: Vec<Vec<Pending>> = (0..=remote_at).map(|_| Vec::new()).collect();
@@ -486,16 +565,17 @@ impl Rls {
                 (false, true) => Mode::Probe,
                 (false, false) => Mode::Spend,
             };
+            let r = LimitRef {
+                bucket: bucket_key(hash, limit.kind(), Slot::Inline(0)),
+                limit,
+                floor: 0,
+            };
             if remote {
                 let mut op = DecideOp::EMPTY;
                 op.mode = mode;
                 op.cost = plan.cost;
                 op.count = 1;
-                op.refs[0] = LimitRef {
-                    bucket: bucket_key(hash, limit.kind(), Slot::Inline(0)),
-                    limit,
-                    floor: 0,
-                };
+                op.refs[0] = r;
                 // (The remote list is never joined: `joinable` only says
                 // whether its denial denies the request.)
                 pending[remote_at].push(Pending {
@@ -507,73 +587,10 @@ impl Rls {
                 continue;
             }
             let shard = usize::from(shard_of(hash, self.node.shard_count));
-            let joinable = plan.enforced();
-            let r = LimitRef {
-                bucket: bucket_key(hash, limit.kind(), Slot::Inline(0)),
-                limit,
-                floor: 0,
-            };
-            let groups = &mut pending[shard];
-            let found = groups.iter().position(|p| {
-                let used = usize::from(p.op.count);
-                p.joinable
-                    && joinable
-                    && p.op.cost == plan.cost
-                    && used < p.op.refs.len()
-                    && !p.op.refs[..used].iter().any(|x| x.bucket == r.bucket)
-            });
-            let item = match found {
-                Some(item) => item,
-                None => {
-                    let mut op = DecideOp::EMPTY;
-                    op.mode = mode;
-                    op.cost = plan.cost;
-                    groups.push(Pending {
-                        op,
-                        joinable,
-                        remote: None,
-                    });
-                    groups.len() - 1
-                }
-            };
-            let op = &mut groups[item].op;
-            let index = usize::from(op.count);
-            op.refs[index] = r;
-            op.count += 1;
+            let (item, index) = join(&mut pending[shard], plan, r, mode);
             plan.at = Some((shard, item, index));
         }
-        let decided = self.send(&pending).await?;
-        let denied = hopeless
-            || pending.iter().zip(&decided).any(|(groups, outs)| {
-                groups
-                    .iter()
-                    .zip(outs)
-                    .any(|(g, o)| g.joinable && !allowed(o))
-            });
-        if denied && !hopeless {
-            // All or nothing: every spend that went through is given back.
-            let undo: Vec<Vec<Pending>> = pending
-                .iter()
-                .zip(&decided)
-                .map(|(groups, outs)| {
-                    groups
-                        .iter()
-                        .zip(outs)
-                        .filter(|(g, o)| g.op.mode == Mode::Spend && allowed(o))
-                        .map(|(g, _)| Pending {
-                            op: DecideOp {
-                                mode: Mode::Refund,
-                                ..g.op
-                            },
-                            joinable: false,
-                            remote: g.remote.clone(),
-                        })
-                        .collect()
-                })
-                .collect();
-            self.send(&undo).await?;
-        }
-        Ok((decided, denied))
+        pending
     }
 
     /// Sends each shard its DECIDEs as one batch and waits for every
