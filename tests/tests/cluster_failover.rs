@@ -63,6 +63,13 @@ fn topology(groups: &[Group]) -> Topology {
     })
 }
 
+/// Groups `a` and `b`, each one node with no follower.
+fn standalone_pair(a: &Sluiced, b: &Sluiced) -> Topology {
+    Topology::new()
+        .group("a", &a.addr.to_string(), None)
+        .group("b", &b.addr.to_string(), None)
+}
+
 fn config() -> ClusterConfig {
     ClusterConfig {
         client: ClientConfig {
@@ -230,10 +237,7 @@ async fn a_group_down_gets_local_verdicts_then_the_store_again() {
     let port = sluice_tests::support::port();
     let a = Sluiced::start(&["--shards", "1"]);
     let mut b = Sluiced::start_on(port, &["--shards", "1"]);
-    let topo =
-        Topology::new()
-            .group("a", &a.addr.to_string(), None)
-            .group("b", &b.addr.to_string(), None);
+    let topo = standalone_pair(&a, &b);
     let mut cfg = config();
     cfg.local_share = (1, 2);
     let cluster = Cluster::new(&topo, cfg).unwrap();
@@ -320,10 +324,7 @@ async fn a_batch_spans_groups_exactly_and_a_group_down_gets_the_policy_op_by_op(
     // Two shards on a: a group's ops go out on two connections.
     let a = Sluiced::start(&["--shards", "2"]);
     let mut b = Sluiced::start(&["--shards", "1"]);
-    let topo =
-        Topology::new()
-            .group("a", &a.addr.to_string(), None)
-            .group("b", &b.addr.to_string(), None);
+    let topo = standalone_pair(&a, &b);
     let mut cfg = config();
     cfg.local_share = (1, 3);
     let cluster = Cluster::new(&topo, cfg).unwrap();
