@@ -22,6 +22,9 @@ cargo build --workspace --bins --all-features --quiet
 # The example gateway (feature `tower`) that tests/tests/gateway_http.rs
 # starts: target/debug/examples/gateway.
 cargo build -p sluice-client --example gateway --features tower --quiet
+# The client as a gateway that builds its topology in code links it: no
+# serde, no toml (feature `toml` off).
+cargo check -p sluice-client --no-default-features --quiet
 # The integration tests start these; building once here spares each test
 # process its own `cargo build`.
 export SLUICE_BIN_DIR="$PWD/target/debug"

@@ -48,7 +48,6 @@
 //! gets [`ClusterConfig::tier_fallback`] instead.
 
 use std::collections::HashMap;
-use std::path::Path;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, RwLock, Weak};
 use std::time::{Duration, Instant};
@@ -80,19 +79,20 @@ pub const STALL_AFTER_MS_DEFAULT: u64 = 250;
 pub const STALL_WATCH_MS_MAX: u64 = 10_000;
 
 /// One shard group: a primary and an optional follower.
-#[derive(Clone, Debug, PartialEq, Eq, serde::Deserialize)]
-#[serde(deny_unknown_fields)]
+#[derive(Clone, Debug, PartialEq, Eq)]
+#[cfg_attr(feature = "toml", derive(serde::Deserialize))]
+#[cfg_attr(feature = "toml", serde(deny_unknown_fields))]
 pub struct GroupSpec {
     /// The group's name: routing hashes it, so keep it stable.
     pub name: String,
     /// The primary's address (`host:port`; a name is resolved at connect).
     pub primary: String,
     /// The follower's address.
-    #[serde(default)]
+    #[cfg_attr(feature = "toml", serde(default))]
     pub follower: Option<String>,
 }
 
-/// A cluster: its groups. In TOML:
+/// A cluster: its groups. In TOML (feature `toml`, on by default):
 ///
 /// ```toml
 /// [[groups]]
@@ -100,8 +100,9 @@ pub struct GroupSpec {
 /// primary = "127.0.0.1:7700"
 /// follower = "127.0.0.1:7701"   # optional
 /// ```
-#[derive(Clone, Debug, Default, PartialEq, Eq, serde::Deserialize)]
-#[serde(deny_unknown_fields)]
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+#[cfg_attr(feature = "toml", derive(serde::Deserialize))]
+#[cfg_attr(feature = "toml", serde(deny_unknown_fields))]
 pub struct Topology {
     /// The groups, in any order (routing depends on the names only).
     pub groups: Vec<GroupSpec>,
@@ -109,6 +110,7 @@ pub struct Topology {
 
 impl Topology {
     /// Parses a cluster file's text.
+    #[cfg(feature = "toml")]
     pub fn from_toml(text: &str) -> Result<Topology, Error> {
         let t: Topology =
             toml::from_str(text).map_err(|e| Error::Invalid(format!("cluster file: {e}")))?;
@@ -117,7 +119,8 @@ impl Topology {
     }
 
     /// Reads a cluster file.
-    pub fn load(path: &Path) -> Result<Topology, Error> {
+    #[cfg(feature = "toml")]
+    pub fn load(path: &std::path::Path) -> Result<Topology, Error> {
         let text = std::fs::read_to_string(path)
             .map_err(|e| Error::Invalid(format!("cannot read {}: {e}", path.display())))?;
         Topology::from_toml(&text)
@@ -436,7 +439,8 @@ impl Cluster {
 
     /// Re-reads a cluster file and takes it (see [`Cluster::reload`]); an
     /// invalid file changes nothing.
-    pub fn reload_file(&self, path: &Path) -> Result<(), Error> {
+    #[cfg(feature = "toml")]
+    pub fn reload_file(&self, path: &std::path::Path) -> Result<(), Error> {
         self.reload(&Topology::load(path)?)
     }
 
@@ -1383,6 +1387,7 @@ impl LocalTable {
 mod tests {
     use super::*;
 
+    #[cfg(feature = "toml")]
     #[test]
     fn topology_file_parses_and_validates() {
         let t = Topology::from_toml(

@@ -15,6 +15,10 @@
 //! - [`client`]: `Client`, its configuration and calls.
 //! - [`connection`]: one multiplexed connection (handshake, writer, reader).
 //! - [`error`]: errors that say what to do next.
+//! - [`cluster`]: `Cluster`, many shard groups (with `Cluster::batch`, many
+//!   decisions at once); its cluster file needs feature `toml` (on by
+//!   default: serde and toml), which a gateway that builds its
+//!   `Topology` in code can turn off.
 //! - `etcd` (feature `etcd`, off by default): the cluster's layout from
 //!   etcd, watched (`Cluster::from_etcd`).
 //! - `tower` (feature `tower`, off by default): `RateLimitLayer`, a tower
