@@ -63,6 +63,23 @@ fn topology(groups: &[Group]) -> Topology {
     })
 }
 
+/// Each caller's admissions per key, added up over every caller of `set`.
+async fn per_key_total(set: &mut JoinSet<Vec<u64>>, keys: usize) -> Vec<u64> {
+    let mut total = vec![0u64; keys];
+    while let Some(r) = set.join_next().await {
+        for (t, a) in total.iter_mut().zip(r.unwrap()) {
+            *t += a;
+        }
+    }
+    total
+}
+
+/// The buckets a node holds, over its shards.
+async fn buckets_on(addr: std::net::SocketAddr) -> u64 {
+    let stats = repl::control(addr).await.unwrap().stats().await.unwrap();
+    stats.shards.iter().map(|s| s.buckets).sum()
+}
+
 /// Groups `a` and `b`, each one node with no follower.
 fn standalone_pair(a: &Sluiced, b: &Sluiced) -> Topology {
     Topology::new()
@@ -108,12 +125,7 @@ async fn keys_spread_as_the_ring_says_and_admit_exactly() {
             admitted
         });
     }
-    let mut total = vec![0u64; keys.len()];
-    while let Some(r) = set.join_next().await {
-        for (t, a) in total.iter_mut().zip(r.unwrap()) {
-            *t += a;
-        }
-    }
+    let total = per_key_total(&mut set, keys.len()).await;
     assert!(total.iter().all(|&t| t == 20), "{total:?}");
     // Each group's primary holds exactly the keys the ring gives it.
     for g in &gs {
@@ -121,13 +133,7 @@ async fn keys_spread_as_the_ring_says_and_admit_exactly() {
             .iter()
             .filter(|k| ring.owner(key_hash(k.as_bytes())) == g.name)
             .count() as u64;
-        let stats = repl::control(g.primary.addr)
-            .await
-            .unwrap()
-            .stats()
-            .await
-            .unwrap();
-        let buckets: u64 = stats.shards.iter().map(|s| s.buckets).sum();
+        let buckets = buckets_on(g.primary.addr).await;
         assert_eq!(buckets, expected, "group {}", g.name);
         assert!(expected > 5, "the ring spreads 60 keys over 3 groups");
         assert_eq!(cluster.route(b"user:0").0, ring.owner(key_hash(b"user:0")));
@@ -348,12 +354,7 @@ async fn a_batch_spans_groups_exactly_and_a_group_down_gets_the_policy_op_by_op(
             admitted
         });
     }
-    let mut total = vec![0u64; keys.len()];
-    while let Some(r) = set.join_next().await {
-        for (t, a) in total.iter_mut().zip(r.unwrap()) {
-            *t += a;
-        }
-    }
+    let total = per_key_total(&mut set, keys.len()).await;
     assert!(total.iter().all(|&t| t == 3), "{total:?}");
     // Each key was decided by its owner: each primary holds its share.
     let owned_by = |g: &str| {
@@ -362,13 +363,7 @@ async fn a_batch_spans_groups_exactly_and_a_group_down_gets_the_policy_op_by_op(
             .count() as u64
     };
     for (node, name) in [(&a, "a"), (&b, "b")] {
-        let stats = repl::control(node.addr)
-            .await
-            .unwrap()
-            .stats()
-            .await
-            .unwrap();
-        let buckets: u64 = stats.shards.iter().map(|s| s.buckets).sum();
+        let buckets = buckets_on(node.addr).await;
         assert_eq!(buckets, owned_by(name), "group {name}");
     }
     // A bad op is refused in its place; the others are answered.
