@@ -187,6 +187,23 @@ pub struct Config {
     #[arg(long, value_name = "PORT")]
     pub resp_port: Option<u16>,
 
+    /// Also serve the binary protocol over TLS on this port of --bind
+    /// (with --tls-cert and --tls-key): what a follower reaches with
+    /// --replica-tls-ca, and any client that speaks TLS. 0 picks a free one
+    /// (printed on a line of stdout of its own). Off unless given; --port
+    /// still serves in clear beside it.
+    #[arg(long, value_name = "PORT")]
+    pub tls_port: Option<u16>,
+
+    /// With --tls-port: its certificate chain (PEM). Read and checked at
+    /// start.
+    #[arg(long, value_name = "PEM")]
+    pub tls_cert: Option<PathBuf>,
+
+    /// With --tls-cert: its private key (PEM: PKCS#8, PKCS#1 or SEC1).
+    #[arg(long, value_name = "PEM")]
+    pub tls_key: Option<PathBuf>,
+
     /// Also serve the admin HTTP endpoints (GET /metrics for Prometheus,
     /// /health, /ready, /role) on this port of --bind; 0 picks a free one
     /// (printed on a line of stdout of its own). Off unless given.
@@ -406,6 +423,19 @@ pub struct Config {
     #[arg(long, value_name = "HOST:PORT")]
     pub replica_of: Option<String>,
 
+    /// On a follower: reach the primary over TLS (the address it follows
+    /// is then the primary's --tls-port), trusting the certificates in
+    /// this PEM file. The stream of buckets is then encrypted, and the
+    /// primary's certificate is checked before anything is sent.
+    #[arg(long, value_name = "PEM")]
+    pub replica_tls_ca: Option<PathBuf>,
+
+    /// With --replica-tls-ca: the name the primary's certificate must
+    /// carry. Default: the host of the address followed (an IP address
+    /// must then be in the certificate's subjectAltName).
+    #[arg(long, value_name = "NAME")]
+    pub replica_tls_name: Option<String>,
+
     /// On a primary: `sync` (a reply that reflects a change waits for the
     /// follower's ack) or `async` (replies never wait).
     #[arg(long, value_enum, default_value_t = Replication::Sync)]
@@ -542,6 +572,11 @@ struct FileConfig {
     rls_allow_unauthenticated: Option<bool>,
     rls_tls_cert: Option<PathBuf>,
     rls_tls_key: Option<PathBuf>,
+    tls_port: Option<u16>,
+    tls_cert: Option<PathBuf>,
+    tls_key: Option<PathBuf>,
+    replica_tls_ca: Option<PathBuf>,
+    replica_tls_name: Option<String>,
     rls_connections_max: Option<usize>,
     rls_request_timeout_ms: Option<u64>,
     rls_buffer_bytes_max: Option<usize>,
@@ -792,6 +827,11 @@ impl Config {
             rls_config,
             rls_tls_cert,
             rls_tls_key,
+            tls_port,
+            tls_cert,
+            tls_key,
+            replica_tls_ca,
+            replica_tls_name,
             replica_of,
             peer,
             advertise,
@@ -888,6 +928,66 @@ impl Config {
         }
         if let Some(t) = &self.auth_token {
             check("auth-token length", t.len(), 1, TOKEN_BYTES_MAX)?;
+        }
+        self.validate_tls()
+    }
+
+    /// The binary port's TLS (`--tls-*`) and a follower's
+    /// (`--replica-tls-*`).
+    fn validate_tls(&self) -> Result<(), ConfigError> {
+        let bad = |field: &'static str, range: &str, got: String| ConfigError {
+            field,
+            range: range.to_owned(),
+            got,
+        };
+        let shown = |p: &Option<PathBuf>| {
+            p.as_ref()
+                .map_or(String::new(), |p| p.display().to_string())
+        };
+        match (
+            self.tls_port,
+            self.tls_cert.is_some(),
+            self.tls_key.is_some(),
+        ) {
+            (None, false, false) => {}
+            (Some(port), true, true) => {
+                if port != 0
+                    && [
+                        Some(self.port),
+                        self.resp_port,
+                        self.admin_port,
+                        self.rls_port,
+                    ]
+                    .contains(&Some(port))
+                {
+                    return Err(bad(
+                        "tls-port",
+                        "a port no other listener uses",
+                        port.to_string(),
+                    ));
+                }
+            }
+            (Some(port), _, _) => {
+                return Err(bad(
+                    "tls-port",
+                    "given with --tls-cert and --tls-key",
+                    port.to_string(),
+                ))
+            }
+            (None, _, _) => {
+                return Err(bad(
+                    "tls-cert",
+                    "given with --tls-port (and --tls-key)",
+                    shown(&self.tls_cert) + &shown(&self.tls_key),
+                ))
+            }
+        }
+        if self.replica_tls_name.is_some() && self.replica_tls_ca.is_none() {
+            return Err(bad(
+                "replica-tls-name",
+                "given with --replica-tls-ca",
+                self.replica_tls_name.clone().unwrap_or_default(),
+            ));
         }
         Ok(())
     }

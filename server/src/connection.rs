@@ -22,6 +22,7 @@
 
 use std::rc::Rc;
 
+use crate::stream::Stream;
 use bytes::BytesMut;
 use sluice_protocol::auth;
 use sluice_protocol::codec::{Frame, FrameDecoder, FrameWriter};
@@ -32,7 +33,6 @@ use sluice_protocol::message::{
 };
 use sluice_protocol::routing::{key_hash, shard_of, ROUTING_XXH3_128_MULSHIFT};
 use sluice_protocol::{Clock, Status, PROTOCOL_VERSION};
-use tokio::net::TcpStream;
 use tokio_util::codec::Decoder;
 
 use crate::coordinator::{self, constant_time_eq, Handler, ReplyShare, READ_CHUNK_BYTES};
@@ -340,7 +340,7 @@ impl Handler for Connection {
         self.migrate.take()
     }
 
-    async fn hand_off(self, stream: TcpStream, rbuf: BytesMut, handoff: Handoff) {
+    async fn hand_off(self, stream: Stream, rbuf: BytesMut, handoff: Handoff) {
         let core = self.core.clone();
         match handoff {
             Handoff::Move(m) => {
@@ -978,9 +978,9 @@ impl Connection {
     }
 
     /// Hands the socket, and any bytes read past the HELLO, to `m.shard`.
-    fn move_to(self, stream: TcpStream, rbuf: BytesMut, m: Migration) {
+    fn move_to(self, stream: Stream, rbuf: BytesMut, m: Migration) {
         let core = self.core.clone();
-        let stream = match stream.into_std() {
+        let stream = match stream.park() {
             Ok(s) => s,
             Err(e) => return tracing::warn!(error = %e, "could not move a connection"),
         };

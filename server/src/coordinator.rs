@@ -19,13 +19,12 @@
 
 use std::cell::Cell;
 use std::future::Future;
-use std::net::TcpStream as StdTcpStream;
 use std::pin::Pin;
 use std::rc::Rc;
 
+use crate::stream::{Moving, Stream};
 use bytes::BytesMut;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
-use tokio::net::TcpStream;
 
 use crate::pipeline::{Pipeline, Protocol};
 use crate::replication::primary::replication_wait;
@@ -107,7 +106,7 @@ pub(crate) trait Handler: Sized {
     /// connection of this shard.
     fn hand_off(
         self,
-        stream: TcpStream,
+        stream: Stream,
         rbuf: BytesMut,
         handoff: Self::Handoff,
     ) -> impl Future<Output = ()>;
@@ -211,9 +210,9 @@ impl Drop for ReplyShare {
 
 /// Serves one connection until it closes, or until the handler takes the
 /// socket on; then the connection stops counting on its shard.
-pub(crate) async fn run<H: Handler>(stream: StdTcpStream, mut rbuf: BytesMut, mut handler: H) {
+pub(crate) async fn run<H: Handler>(stream: Moving, mut rbuf: BytesMut, mut handler: H) {
     let core = handler.core().clone();
-    let mut stream = match TcpStream::from_std(stream) {
+    let mut stream = match stream.attach() {
         Ok(s) => s,
         Err(e) => {
             tracing::warn!(error = %e, "could not register a {}", H::NAME);
@@ -237,7 +236,7 @@ pub(crate) async fn run<H: Handler>(stream: StdTcpStream, mut rbuf: BytesMut, mu
 
 /// The read-decide-write loop. `Ok(Some(h))` when the socket moves on.
 async fn serve<H: Handler>(
-    stream: &mut TcpStream,
+    stream: &mut Stream,
     rbuf: &mut BytesMut,
     h: &mut H,
 ) -> std::io::Result<Option<H::Handoff>> {
@@ -371,7 +370,7 @@ fn close_for<H: Handler>(h: &mut H, why: Closed) {
 
 /// Ends the stream: FIN, then (`linger`) reads until the peer closes too,
 /// so that its last requests' replies are not lost to a reset.
-async fn finish(stream: &mut TcpStream, linger_on: bool) {
+async fn finish(stream: &mut Stream, linger_on: bool) {
     let _ = stream.shutdown().await;
     if linger_on {
         linger(stream).await;
@@ -382,7 +381,7 @@ async fn finish(stream: &mut TcpStream, linger_on: bool) {
 /// reflects (sync mode). `false`: the connection is over (the follower
 /// may be promoted without those changes, or the peer does not read).
 async fn flush<H: Handler>(
-    stream: &mut TcpStream,
+    stream: &mut Stream,
     h: &mut H,
     core: &ShardCore,
     reply_timeout: std::time::Duration,
@@ -499,7 +498,7 @@ fn after_read(rbuf: &mut BytesMut, half_sent_on: &mut bool, grown: &mut bool, t:
 /// with no timer), else within `timeout`. `false`: the peer did not read
 /// it in time.
 async fn write_within(
-    stream: &mut TcpStream,
+    stream: &mut Stream,
     out: &[u8],
     timeout: std::time::Duration,
 ) -> std::io::Result<bool> {
@@ -511,7 +510,12 @@ async fn write_within(
     if rest.is_empty() {
         return Ok(true);
     }
-    match tokio::time::timeout(timeout, stream.write_all(rest)).await {
+    let write = async {
+        stream.write_all(rest).await?;
+        // A TLS stream may hold the last record until flushed.
+        stream.flush().await
+    };
+    match tokio::time::timeout(timeout, write).await {
         Ok(written) => written.map(|()| true),
         Err(_elapsed) => Ok(false),
     }
@@ -519,7 +523,7 @@ async fn write_within(
 
 /// Reads and drops what the peer sends until it closes its side too, or
 /// [`ERROR_LINGER_MS`] pass.
-async fn linger(stream: &mut TcpStream) {
+async fn linger(stream: &mut Stream) {
     let deadline = tokio::time::sleep(std::time::Duration::from_millis(ERROR_LINGER_MS));
     tokio::pin!(deadline);
     let mut sink = [0u8; 4096];

@@ -42,6 +42,7 @@ pub mod server;
 pub mod shard;
 pub mod signal;
 pub mod snapshot;
+pub mod stream;
 mod sync;
 pub mod tiers;
 pub mod worker;

@@ -86,6 +86,10 @@ fn main() -> std::process::ExitCode {
         if let Some(admin_addr) = server.admin_addr() {
             println!("sluiced admin listening on {admin_addr}");
         }
+        // Only with --tls-port (protocol v1 over TLS).
+        if let Some(tls_addr) = server.tls_addr() {
+            println!("sluiced tls listening on {tls_addr}");
+        }
         // Only with --rls-port (Envoy's rate limit service, gRPC).
         if let Some(rls_addr) = server.rls_addr() {
             println!("sluiced rls listening on {rls_addr}");

@@ -33,6 +33,8 @@ enum Listener {
     V1,
     /// RESP2.
     Resp,
+    /// Protocol v1 over TLS (`--tls-port`).
+    Tls,
 }
 
 /// Why the server could not start.
@@ -51,6 +53,8 @@ pub enum StartError {
     Rls(String),
     #[error("{0}")]
     RlsTls(String),
+    #[error("{0}")]
+    Tls(String),
     #[error("--cluster: {0}")]
     Cluster(String),
     #[error("snapshot {path}: {reason}; fix or remove the file, or start with --snapshot-ignore-corrupt to start empty (the next snapshot replaces it)")]
@@ -77,6 +81,8 @@ pub struct Server {
     listener: TcpListener,
     /// The RESP listening socket, when `--resp-port` enabled it.
     resp_listener: Option<TcpListener>,
+    /// Protocol v1 over TLS, when `--tls-port` enabled it.
+    tls_listener: Option<(TcpListener, crate::stream::Acceptor)>,
     /// What the shards share.
     node: Arc<Node>,
     /// The shard threads, joined at shutdown.
@@ -106,6 +112,20 @@ impl Server {
         let listener = listen(SocketAddr::new(config.bind, config.port))?;
         let resp_listener = match config.resp_port {
             Some(port) => Some(listen(SocketAddr::new(config.bind, port))?),
+            None => None,
+        };
+        let tls_listener = match (config.tls_port, &config.tls_cert, &config.tls_key) {
+            (Some(port), Some(cert), Some(key)) => {
+                let acceptor = crate::stream::acceptor(cert, key).map_err(StartError::Tls)?;
+                Some((listen(SocketAddr::new(config.bind, port))?, acceptor))
+            }
+            _ => None,
+        };
+        let replica_tls = match &config.replica_tls_ca {
+            Some(ca) => Some(
+                crate::stream::connector(ca, config.replica_tls_name.clone())
+                    .map_err(StartError::Tls)?,
+            ),
             None => None,
         };
         let admin_listener = match config.admin_port {
@@ -143,6 +163,7 @@ impl Server {
             stats: (0..shard_count).map(|_| Default::default()).collect(),
             forward,
             auth_failures: Default::default(),
+            replica_tls,
         });
         for tx in shards.node_txs {
             tx.send(node.clone())
@@ -162,6 +183,7 @@ impl Server {
             rls,
             listener,
             resp_listener,
+            tls_listener,
             admin_listener,
             admin,
             node,
@@ -185,6 +207,11 @@ impl Server {
     /// The RESP listener's address, when `--resp-port` enabled it.
     pub fn resp_addr(&self) -> Option<SocketAddr> {
         self.node.resp_addr
+    }
+
+    /// The TLS listener's address, when `--tls-port` enabled it.
+    pub fn tls_addr(&self) -> Option<SocketAddr> {
+        self.tls_listener.as_ref().map(|(l, _)| bound_addr(l))
     }
 
     /// The rate limit service's address, when `--rls-port` enabled it.
@@ -220,6 +247,7 @@ impl Server {
             let accepted = tokio::select! {
                 accepted = self.listener.accept() => (Listener::V1, accepted),
                 accepted = accept(self.resp_listener.as_ref()) => (Listener::Resp, accepted),
+                accepted = accept(self.tls_listener.as_ref().map(|(l, _)| l)) => (Listener::Tls, accepted),
                 () = hangup.recv() => {
                     #[cfg(feature = "rls")]
                     let rls_only = match &rls {
@@ -260,6 +288,7 @@ impl Server {
             .store(true, crate::sync::Ordering::Release);
         drop(self.listener);
         drop(self.resp_listener);
+        drop(self.tls_listener);
         drain_shards(&self.node, &mut self.drained_rx).await;
         let stopped = final_snapshot(&self.node, &self.admin, &snapshots).await;
         for tx in &self.node.shards {
@@ -343,29 +372,62 @@ impl Server {
             guard
         };
         let _ = stream.set_nodelay(true);
+        if let (Listener::Tls, Some((_, acceptor))) = (kind, &self.tls_listener) {
+            // The handshake on this runtime (its CPU is not a shard's),
+            // within the time a client has to authenticate, holding the
+            // connection's slot; then the session moves to its shard.
+            let (node, acceptor) = (self.node.clone(), acceptor.clone());
+            tokio::spawn(async move {
+                let limit = Duration::from_millis(node.config.auth_timeout_ms);
+                let session = match tokio::time::timeout(limit, acceptor.accept(stream)).await {
+                    Ok(Ok(session)) => session,
+                    Ok(Err(e)) => return tracing::debug!(error = %e, "TLS handshake failed"),
+                    Err(_) => return tracing::debug!("TLS handshake timed out"),
+                };
+                match session.park() {
+                    Ok(moving) => adopt_v1(&node, shard, moving, guard),
+                    Err(e) => tracing::warn!(error = %e, "could not hand a connection over"),
+                }
+            });
+            return;
+        }
         let stream = match stream.into_std() {
             Ok(s) => s,
             Err(e) => return tracing::warn!(error = %e, "could not hand a connection over"),
         };
-        let msg = match kind {
-            Listener::V1 => ShardMsg::Adopt(Adopt {
-                stream,
-                read_buf: BytesMut::new(),
-                hello_request_id: None,
-                authed: self.node.config.auth_token.is_none(),
-                forwarded: false,
-                guard,
-            }),
-            Listener::Resp => ShardMsg::AdoptResp(AdoptResp { stream, guard }),
-        };
-        // Refused only while shutting down; the socket then just closes.
-        let _ = self.node.shards[shard].send(msg);
+        match kind {
+            Listener::V1 | Listener::Tls => {
+                adopt_v1(
+                    &self.node,
+                    shard,
+                    crate::stream::Moving::Plain(stream),
+                    guard,
+                );
+            }
+            Listener::Resp => {
+                // Refused only while shutting down; the socket then just
+                // closes.
+                let _ =
+                    self.node.shards[shard].send(ShardMsg::AdoptResp(AdoptResp { stream, guard }));
+            }
+        }
     }
 }
 
-/// Loads `dir`'s snapshot, if there is one, into the shards (before any
-/// connection): all of it checked first, each bucket to the shard that owns
-/// it now.
+/// Hands a protocol v1 connection (plain or TLS) to `shard`.
+fn adopt_v1(node: &Node, shard: usize, stream: crate::stream::Moving, guard: ConnectionGuard) {
+    let msg = ShardMsg::Adopt(Adopt {
+        stream,
+        read_buf: BytesMut::new(),
+        hello_request_id: None,
+        authed: node.config.auth_token.is_none(),
+        forwarded: false,
+        guard,
+    });
+    // Refused only while shutting down; the socket then just closes.
+    let _ = node.shards[shard].send(msg);
+}
+
 /// The rate limit service's socket, rules and TLS, bound and read before
 /// anything starts.
 #[cfg(feature = "rls")]
@@ -547,6 +609,9 @@ async fn final_snapshot(
         })
 }
 
+/// Loads `dir`'s snapshot, if there is one, into the shards (before any
+/// connection): all of it checked first, each bucket to the shard that owns
+/// it now.
 fn load_snapshot(node: &Node, dir: &std::path::Path) -> Result<(), StartError> {
     let path = crate::snapshot::path(dir);
     let marker = crate::snapshot::failed_path(dir);
@@ -742,6 +807,9 @@ async fn accept(
 async fn refuse(mut stream: TcpStream, kind: Listener) {
     let mut buf = BytesMut::new();
     match kind {
+        // A TLS client would read clear bytes as a broken record: it is
+        // just closed.
+        Listener::Tls => return,
         Listener::V1 => {
             let mut w = FrameWriter::new();
             message::put_error(

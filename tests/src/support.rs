@@ -118,6 +118,8 @@ pub struct Sluiced {
     /// Where its Envoy rate limit service is, when started with
     /// `--rls-port`.
     pub rls_addr: Option<SocketAddr>,
+    /// Where protocol v1 over TLS is, when started with `--tls-port`.
+    pub tls_addr: Option<SocketAddr>,
     /// How many shards it runs.
     pub shards: u16,
 }
@@ -182,36 +184,26 @@ impl Sluiced {
             .and_then(|s| s.strip_prefix("shards="))
             .and_then(|s| s.parse().ok())
             .unwrap_or_else(|| panic!("bad line {line:?}"));
-        let resp_addr = args.contains(&"--resp-port").then(|| {
-            let line = rx
-                .recv_timeout(START_TIMEOUT)
-                .expect("sluiced printed its RESP listening line");
-            // "sluiced resp listening on 127.0.0.1:PORT"
-            line.strip_prefix("sluiced resp listening on ")
-                .and_then(|a| a.parse().ok())
-                .unwrap_or_else(|| panic!("bad line {line:?}"))
-        });
-        let admin_addr = args.contains(&"--admin-port").then(|| {
-            let line = rx
-                .recv_timeout(START_TIMEOUT)
-                .expect("sluiced printed its admin listening line");
-            // "sluiced admin listening on 127.0.0.1:PORT"
-            line.strip_prefix("sluiced admin listening on ")
-                .and_then(|a| a.parse().ok())
-                .unwrap_or_else(|| panic!("bad line {line:?}"))
-        });
-        let rls_addr = args.contains(&"--rls-port").then(|| {
-            let line = rx
-                .recv_timeout(START_TIMEOUT)
-                .expect("sluiced printed its rls listening line");
-            // "sluiced rls listening on 127.0.0.1:PORT"
-            line.strip_prefix("sluiced rls listening on ")
-                .and_then(|a| a.parse().ok())
-                .unwrap_or_else(|| panic!("bad line {line:?}"))
-        });
+        // One line per listener asked for, in the order sluiced prints
+        // them: "sluiced NAME listening on 127.0.0.1:PORT".
+        let next = |flag: &str, name: &str| {
+            args.contains(&flag).then(|| {
+                let line = rx
+                    .recv_timeout(START_TIMEOUT)
+                    .unwrap_or_else(|_| panic!("sluiced printed its {name} listening line"));
+                line.strip_prefix(&format!("sluiced {name} listening on "))
+                    .and_then(|a| a.parse().ok())
+                    .unwrap_or_else(|| panic!("bad line {line:?}"))
+            })
+        };
+        let resp_addr = next("--resp-port", "resp");
+        let admin_addr = next("--admin-port", "admin");
+        let tls_addr = next("--tls-port", "tls");
+        let rls_addr = next("--rls-port", "rls");
         Sluiced {
             child,
             rls_addr,
+            tls_addr,
             admin_addr,
             addr,
             resp_addr,

@@ -16,6 +16,7 @@ use std::rc::Rc;
 use std::time::Duration;
 
 use crate::inbox::{self, oneshot, OnceSender};
+use crate::stream::Stream;
 use bytes::BytesMut;
 use sluice_protocol::auth;
 use sluice_protocol::codec::{FrameDecoder, FrameWriter};
@@ -26,7 +27,6 @@ use sluice_protocol::replication::{
 use sluice_protocol::routing::shard_of;
 use sluice_protocol::{Bucket, Clock, Kind, PROTOCOL_VERSION};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
-use tokio::net::TcpStream;
 use tokio_util::codec::Decoder;
 
 use super::RECONNECT_MS;
@@ -157,7 +157,7 @@ pub async fn query_role(
         let mut buf = BytesMut::new();
         Request::Role.encode(&mut w, &mut buf, 2);
         w.finish(&mut buf);
-        stream.write_all(&buf).await.map_err(|e| e.to_string())?;
+        send(&mut stream, &buf).await.map_err(|e| e.to_string())?;
         let mut decoder = FrameDecoder::new(core.node.config.frame_bytes_max);
         loop {
             if let Some(frame) = decoder.decode(&mut rbuf).map_err(|e| e.to_string())? {
@@ -276,7 +276,7 @@ async fn connect(
     core: &ShardCore,
     primary: &str,
     shard: Option<u16>,
-) -> Result<(TcpStream, sluice_protocol::HelloOk, BytesMut), FollowError> {
+) -> Result<(Stream, sluice_protocol::HelloOk, BytesMut), FollowError> {
     // A node that accepts and never answers must not hold the follower:
     // the handshake has what a client has to authenticate.
     let limit = Duration::from_millis(core.node.config.auth_timeout_ms);
@@ -294,9 +294,10 @@ async fn handshake(
     core: &ShardCore,
     primary: &str,
     shard: Option<u16>,
-) -> Result<(TcpStream, sluice_protocol::HelloOk, BytesMut), FollowError> {
-    let mut stream = TcpStream::connect(primary).await?;
-    stream.set_nodelay(true)?;
+) -> Result<(Stream, sluice_protocol::HelloOk, BytesMut), FollowError> {
+    // TLS with --replica-tls-ca: the primary's certificate is checked
+    // before anything of ours is sent.
+    let mut stream = crate::stream::connect(primary, core.node.replica_tls.as_ref()).await?;
     let mut decoder = FrameDecoder::new(core.node.config.frame_bytes_max);
     let mut rbuf = BytesMut::with_capacity(4096);
     let mut w = FrameWriter::new();
@@ -309,7 +310,7 @@ async fn handshake(
         let ours = crate::challenge::random_nonce()?;
         Request::Challenge { nonce: ours }.encode(&mut w, &mut buf, 1);
         w.finish(&mut buf);
-        stream.write_all(&buf).await?;
+        send(&mut stream, &buf).await?;
         buf.clear();
         let theirs = match read_reply(&mut stream, &mut decoder, &mut rbuf).await? {
             Reply::Challenge { nonce, proof }
@@ -347,7 +348,7 @@ async fn handshake(
     });
     hello.encode(&mut w, &mut buf, 2);
     w.finish(&mut buf);
-    stream.write_all(&buf).await?;
+    send(&mut stream, &buf).await?;
     match read_reply(&mut stream, &mut decoder, &mut rbuf).await? {
         Reply::HelloOk(ok) => {
             check_hello_ok(core, primary, &ok)?;
@@ -385,9 +386,16 @@ fn check_hello_ok(
     Ok(())
 }
 
+/// Writes all of `buf` and flushes it (a TLS stream may otherwise hold
+/// its last record).
+async fn send(stream: &mut Stream, buf: &[u8]) -> std::io::Result<()> {
+    stream.write_all(buf).await?;
+    stream.flush().await
+}
+
 /// Reads the first message of the next frame as a reply.
 async fn read_reply(
-    stream: &mut TcpStream,
+    stream: &mut Stream,
     decoder: &mut FrameDecoder,
     rbuf: &mut BytesMut,
 ) -> Result<Reply, FollowError> {
@@ -436,7 +444,7 @@ async fn flow(core: &Rc<ShardCore>, start: &StartFlow) -> Result<(), FollowError
     let mut wbuf = BytesMut::new();
     subscription(core, start).encode(&mut w, &mut wbuf, 2);
     w.finish(&mut wbuf);
-    stream.write_all(&wbuf).await?;
+    send(&mut stream, &wbuf).await?;
     wbuf.clear();
     let mut decoder = FrameDecoder::new(core.node.config.frame_bytes_max);
     let mut reader = SyncReader::new();
@@ -505,7 +513,7 @@ async fn flow(core: &Rc<ShardCore>, start: &StartFlow) -> Result<(), FollowError
             }
             put_ack(&mut w, &mut wbuf, seq);
             w.finish(&mut wbuf);
-            stream.write_all(&wbuf).await?;
+            send(&mut stream, &wbuf).await?;
             wbuf.clear();
         }
         if let Some(epoch) = takeover {

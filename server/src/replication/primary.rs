@@ -32,9 +32,10 @@ use sluice_protocol::replication::{
     SYNC_FIXED_BYTES, SYNC_FULL_DONE, SYNC_HEAD_BYTES, SYNC_TAKEOVER,
 };
 use sluice_protocol::Clock;
+use tokio::io::{AsyncRead, AsyncWrite};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
-use tokio::net::tcp::OwnedReadHalf;
-use tokio::net::TcpStream;
+
+use crate::stream::Stream;
 use tokio::sync::Notify;
 use tokio_util::codec::Decoder;
 
@@ -274,7 +275,7 @@ type Pending = Rc<RefCell<VecDeque<(u64, u64, Instant, u64)>>>;
 /// follower stops acking, or another flow replaces this one.
 pub async fn serve_flow(
     core: Rc<ShardCore>,
-    stream: TcpStream,
+    stream: Stream,
     rbuf: BytesMut,
     request_id: u32,
     sub: Subscribe,
@@ -312,14 +313,40 @@ pub async fn serve_flow(
     repl.set_follower(sub.addr.clone());
     repl.set_state(ReplState::Syncing);
     tracing::info!(shard = core.id, follower = %peer, follower_node = sub.node_id, "follower subscribed: full sync");
-    let (rd, mut wr) = stream.into_split();
+    match stream {
+        // Plain TCP splits without a lock between the halves.
+        Stream::Plain(tcp) => {
+            let (rd, wr) = tcp.into_split();
+            stream_halves(core, rd, wr, rbuf, request_id, generation, peer).await;
+        }
+        tls => {
+            let (rd, wr) = tokio::io::split(tls);
+            stream_halves(core, rd, wr, rbuf, request_id, generation, peer).await;
+        }
+    }
+}
+
+/// The flow once subscribed: the table's sizes, then the full sync and
+/// the drains on `wr`, acks read from `rd` on a task of their own.
+async fn stream_halves<R, W>(
+    core: Rc<ShardCore>,
+    rd: R,
+    mut wr: W,
+    rbuf: BytesMut,
+    request_id: u32,
+    generation: u64,
+    peer: String,
+) where
+    R: AsyncRead + Unpin + 'static,
+    W: AsyncWrite + Unpin,
+{
     // First the table's sizes, so the follower makes room in one step.
     let sizes = core.table.borrow().kind_lens();
     let mut first = BytesMut::new();
     let mut w = FrameWriter::new();
     replication::put_sizes(&mut w, &mut first, request_id, &sizes);
     w.finish(&mut first);
-    if wr.write_all(&first).await.is_err() {
+    if wr.write_all(&first).await.is_err() || wr.flush().await.is_err() {
         detach(&core);
         return;
     }
@@ -350,7 +377,7 @@ pub async fn serve_flow(
 /// drains and heartbeats.
 async fn stream_flow(
     core: &ShardCore,
-    wr: &mut tokio::net::tcp::OwnedWriteHalf,
+    wr: &mut (impl AsyncWrite + Unpin),
     request_id: u32,
     pending: &Pending,
     generation: u64,
@@ -467,7 +494,7 @@ fn next_drain(core: &ShardCore, full_done: bool) -> (u64, Option<u64>) {
 /// [`write_syncs`], failing once the follower has taken no bytes for
 /// [`FLOW_WRITE_TIMEOUT_MS`].
 async fn write_syncs_within(
-    wr: &mut tokio::net::tcp::OwnedWriteHalf,
+    wr: &mut (impl AsyncWrite + Unpin),
     heads: &[[u8; SYNC_HEAD_BYTES]],
     parts: &[(u32, BytesMut)],
 ) -> std::io::Result<()> {
@@ -549,7 +576,7 @@ const WRITE_SLICES_MAX: usize = 512;
 /// records straight from the drained payloads, not copied into a frame
 /// buffer first (that copy was about 33 instructions a decision).
 async fn write_syncs(
-    wr: &mut tokio::net::tcp::OwnedWriteHalf,
+    wr: &mut (impl AsyncWrite + Unpin),
     heads: &[[u8; SYNC_HEAD_BYTES]],
     parts: &[(u32, BytesMut)],
 ) -> std::io::Result<()> {
@@ -587,13 +614,14 @@ async fn write_syncs(
             skip = 0;
         }
     }
-    Ok(())
+    // A TLS stream may hold the last record until flushed.
+    wr.flush().await
 }
 
 /// Reads the follower's ACKs: each releases every drain it covers.
 async fn read_acks(
     core: Rc<ShardCore>,
-    mut rd: OwnedReadHalf,
+    mut rd: impl AsyncRead + Unpin,
     mut rbuf: BytesMut,
     pending: Pending,
     generation: u64,
@@ -829,7 +857,10 @@ mod tests {
                     tokio::task::yield_now().await;
                 }
             });
-            let (_, mut wr) = TcpStream::connect(addr).await.unwrap().into_split();
+            let (_, mut wr) = tokio::net::TcpStream::connect(addr)
+                .await
+                .unwrap()
+                .into_split();
             let mut heads = Vec::new();
             let mut parts = Vec::new();
             let mut want = Vec::new();

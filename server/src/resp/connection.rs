@@ -21,11 +21,11 @@ use std::convert::Infallible;
 use std::fmt::Write as _;
 use std::rc::Rc;
 
+use crate::stream::Stream;
 use bytes::{Buf, BytesMut};
 use sluice_protocol::cell::CellPolicy;
 use sluice_protocol::routing::{key_hash, shard_of};
 use sluice_protocol::{Clock, Status};
-use tokio::net::TcpStream;
 
 use super::command::{self, Command, CommandProbe, Field, Reply};
 use super::parser::{Args, Parser};
@@ -231,7 +231,12 @@ pub async fn run(core: Rc<ShardCore>, adopt: AdoptResp) {
             share: ReplyShare::new(core.clone()),
         },
     };
-    coordinator::run(stream, BytesMut::with_capacity(READ_CHUNK_BYTES), conn).await;
+    coordinator::run(
+        crate::stream::Moving::Plain(stream),
+        BytesMut::with_capacity(READ_CHUNK_BYTES),
+        conn,
+    )
+    .await;
 }
 
 impl RespConnection {
@@ -389,7 +394,7 @@ impl Handler for RespConnection {
         self.session.bad_input
     }
 
-    async fn hand_off(self, _: TcpStream, _: BytesMut, handoff: Infallible) {
+    async fn hand_off(self, _: Stream, _: BytesMut, handoff: Infallible) {
         match handoff {}
     }
 }

@@ -99,8 +99,8 @@ impl std::fmt::Debug for Job {
 /// by its HELLO on another.
 #[derive(Debug)]
 pub struct Adopt {
-    /// The socket, non-blocking, not registered with any runtime.
-    pub stream: StdTcpStream,
+    /// The socket (plain or TLS), registered with no runtime.
+    pub stream: crate::stream::Moving,
     /// Bytes already read from it and not yet decoded.
     pub read_buf: BytesMut,
     /// Set when HELLO moved the connection: the id to answer HELLO_OK to.
@@ -432,6 +432,9 @@ pub struct Node {
     /// Failed authentications by source address: the budget that blocks
     /// a guesser, and `sluice_auth_failures_total`.
     pub auth_failures: crate::auth_failures::AuthFailures,
+    /// With `--replica-tls-ca`: how a follower opens TLS to its primary
+    /// (the trusted certificates, and `--replica-tls-name`).
+    pub replica_tls: Option<crate::stream::ReplicaTls>,
 }
 
 /// A shard's counters, published by its own thread after each batch of
