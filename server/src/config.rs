@@ -436,6 +436,14 @@ pub struct Config {
     #[arg(long, value_name = "NAME")]
     pub replica_tls_name: Option<String>,
 
+    /// With --replica-tls-ca: dial the followed node's host at this port
+    /// (its --tls-port) instead of its address's own port. For followers
+    /// that learn the address from elsewhere: etcd's leader key
+    /// (--coordinator) and --peer carry a node's plain address, which
+    /// gateways use too.
+    #[arg(long, value_name = "PORT")]
+    pub replica_tls_port: Option<u16>,
+
     /// On a primary: `sync` (a reply that reflects a change waits for the
     /// follower's ack) or `async` (replies never wait).
     #[arg(long, value_enum, default_value_t = Replication::Sync)]
@@ -577,6 +585,7 @@ struct FileConfig {
     tls_key: Option<PathBuf>,
     replica_tls_ca: Option<PathBuf>,
     replica_tls_name: Option<String>,
+    replica_tls_port: Option<u16>,
     rls_connections_max: Option<usize>,
     rls_request_timeout_ms: Option<u64>,
     rls_buffer_bytes_max: Option<usize>,
@@ -832,6 +841,7 @@ impl Config {
             tls_key,
             replica_tls_ca,
             replica_tls_name,
+            replica_tls_port,
             replica_of,
             peer,
             advertise,
@@ -982,12 +992,21 @@ impl Config {
                 ))
             }
         }
-        if self.replica_tls_name.is_some() && self.replica_tls_ca.is_none() {
-            return Err(bad(
-                "replica-tls-name",
-                "given with --replica-tls-ca",
-                self.replica_tls_name.clone().unwrap_or_default(),
-            ));
+        if self.replica_tls_ca.is_none() {
+            if let Some(name) = &self.replica_tls_name {
+                return Err(bad(
+                    "replica-tls-name",
+                    "given with --replica-tls-ca",
+                    name.clone(),
+                ));
+            }
+            if let Some(port) = self.replica_tls_port {
+                return Err(bad(
+                    "replica-tls-port",
+                    "given with --replica-tls-ca",
+                    port.to_string(),
+                ));
+            }
         }
         Ok(())
     }

@@ -123,8 +123,12 @@ impl Server {
         };
         let replica_tls = match &config.replica_tls_ca {
             Some(ca) => Some(
-                crate::stream::connector(ca, config.replica_tls_name.clone())
-                    .map_err(StartError::Tls)?,
+                crate::stream::connector(
+                    ca,
+                    config.replica_tls_name.clone(),
+                    config.replica_tls_port,
+                )
+                .map_err(StartError::Tls)?,
             ),
             None => None,
         };

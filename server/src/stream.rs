@@ -273,12 +273,14 @@ impl Acceptor {
 pub struct ReplicaTls {
     connector: tokio_rustls::TlsConnector,
     name: Option<String>,
+    port: Option<u16>,
 }
 
 impl std::fmt::Debug for ReplicaTls {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("ReplicaTls")
             .field("name", &self.name)
+            .field("port", &self.port)
             .finish()
     }
 }
@@ -309,9 +311,11 @@ pub fn acceptor(cert: &Path, key: &Path) -> Result<Acceptor, String> {
 }
 
 /// The client side of a follower's TLS (`--replica-tls-ca`): the
-/// certificates it trusts, read and checked at start, and the name to
-/// check the primary's certificate against (default: the address's host).
-pub fn connector(ca: &Path, name: Option<String>) -> Result<ReplicaTls, String> {
+/// certificates it trusts, read and checked at start, the name to check
+/// the primary's certificate against (default: the address's host), and
+/// the port to dial at the followed address's host (`--replica-tls-port`;
+/// default: the address's own port).
+pub fn connector(ca: &Path, name: Option<String>, port: Option<u16>) -> Result<ReplicaTls, String> {
     use rustls::pki_types::pem::PemObject;
     use rustls::pki_types::CertificateDer;
     let mut roots = rustls::RootCertStore::empty();
@@ -338,6 +342,7 @@ pub fn connector(ca: &Path, name: Option<String>) -> Result<ReplicaTls, String> 
     Ok(ReplicaTls {
         connector: tokio_rustls::TlsConnector::from(Arc::new(config)),
         name,
+        port,
     })
 }
 
@@ -369,16 +374,30 @@ pub fn server_name(
 }
 
 /// Opens a follower's connection to `addr`: TLS when `tls` is given.
+/// With `--replica-tls-port`, the address's host at that port.
 pub async fn connect(addr: &str, tls: Option<&ReplicaTls>) -> io::Result<Stream> {
-    let tcp = TcpStream::connect(addr).await?;
-    tcp.set_nodelay(true)?;
     let Some(tls) = tls else {
+        let tcp = TcpStream::connect(addr).await?;
+        tcp.set_nodelay(true)?;
         return Ok(Stream::Plain(tcp));
     };
+    let dialed = match tls.port {
+        Some(port) => with_port(addr, port),
+        None => addr.to_owned(),
+    };
+    let addr = dialed.as_str();
+    let tcp = TcpStream::connect(addr).await?;
+    tcp.set_nodelay(true)?;
     let name = server_name(addr, tls.name.as_deref())
         .map_err(|e| io::Error::new(io::ErrorKind::InvalidInput, e))?;
     let tls = tls.connector.connect(name, tcp).await?;
     Ok(Stream::TlsClient(Box::new(tls)))
+}
+
+/// `addr` (HOST:PORT, `[v6]:PORT`) with its port replaced.
+fn with_port(addr: &str, port: u16) -> String {
+    let host = addr.rsplit_once(':').map_or(addr, |(h, _)| h);
+    format!("{host}:{port}")
 }
 
 #[cfg(test)]
@@ -401,5 +420,12 @@ mod tests {
             ServerName::try_from("db-a.internal").unwrap()
         );
         assert!(server_name("bad name:1", None).is_err());
+    }
+
+    #[test]
+    fn the_tls_port_replaces_the_followed_address_port() {
+        assert_eq!(with_port("10.0.0.5:7700", 7711), "10.0.0.5:7711");
+        assert_eq!(with_port("db-a.internal:7700", 7711), "db-a.internal:7711");
+        assert_eq!(with_port("[::1]:7700", 7711), "[::1]:7711");
     }
 }

@@ -8,3 +8,4 @@ pub mod etcd;
 pub mod raw;
 pub mod repl;
 pub mod support;
+pub mod tls;

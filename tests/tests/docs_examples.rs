@@ -28,7 +28,7 @@
 //! own) or the test command itself: `the_only_blocks_not_run_are_known`
 //! lists them, so a new example cannot slip past the runner.
 //!
-//! The examples use fixed ports (7700 to 7703, 7710 to 7731, 7750 and
+//! The examples use fixed ports (7700 to 7706, 7710 to 7731, 7750 and
 //! 7751 for the entry-point cluster, and etcd's 2379 and 2380, 6380,
 //! 6390 and 6391 for RESP, 9770 for the admin endpoints, 8080 and
 //! 8081 for the example gateway, 7740 and 8091 for the rate limit

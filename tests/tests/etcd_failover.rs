@@ -506,3 +506,62 @@ async fn a_gateway_moves_off_a_stopped_primary_as_soon_as_the_follower_leads() {
     }
     nodes[p].signal("CONT");
 }
+
+/// An etcd-led group over TLS: each node serves --tls-port, and follows
+/// the leader etcd names at its host and --replica-tls-port (the leader
+/// key carries the plain address gateways use). The first follower's
+/// link, recorded, carries TLS records only; after kill -9 of the leader
+/// the follower takes over, and the old leader, back, follows it over TLS.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_etcd_led_group_replicates_over_tls() {
+    let [ca, cert, key] = sluice_tests::tls::ca_signed("etcd");
+    let etcd = Etcd::start();
+    let ports = [support::port(), support::port()];
+    let tls = [support::port(), support::port()].map(|p| p.to_string());
+    let node = |i: usize, follow_at: &str| {
+        let args = [
+            "--shards",
+            "1",
+            "--tls-port",
+            &tls[i],
+            "--tls-cert",
+            &cert,
+            "--tls-key",
+            &key,
+            "--replica-tls-ca",
+            &ca,
+            "--replica-tls-port",
+            follow_at,
+        ];
+        etcd::node(&etcd, "g", ports[i], &args)
+    };
+    let mut a = node(0, &tls[1]);
+    let until = Instant::now() + Duration::from_secs(20);
+    while !matches!(repl::role(a.addr).await, Ok(r) if admits(&r)) {
+        assert!(Instant::now() < until, "the first node never led");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    let tls_a: SocketAddr = format!("127.0.0.1:{}", tls[0]).parse().unwrap();
+    let (via, seen) = sluice_tests::tls::recording_proxy(tls_a).await;
+    let b = node(1, &via.port().to_string());
+    let addrs = [a.addr, b.addr];
+    assert_eq!(settled(addrs, Duration::from_secs(30)).await, 0);
+    let seen = seen.lock().unwrap().clone();
+    assert!(seen.len() > 100, "{} bytes", seen.len());
+    assert!(
+        sluice_tests::tls::all_tls_records(&seen),
+        "clear bytes on the link"
+    );
+
+    in_sync_in_etcd(&etcd, "g", b.addr).await;
+    a.kill9();
+    let until = Instant::now() + takeover_max();
+    while !matches!(repl::role(b.addr).await, Ok(r) if admits(&r)) {
+        assert!(Instant::now() < until, "no takeover");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    drop(a);
+    let _a = node(0, &tls[1]);
+    assert_eq!(settled(addrs, Duration::from_secs(30)).await, 1);
+    let _ = std::fs::remove_dir_all(std::path::Path::new(&ca).parent().unwrap());
+}
