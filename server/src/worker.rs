@@ -19,11 +19,11 @@ use sluice_protocol::limit::Kind;
 use sluice_protocol::{Clock, MonotonicClock, Status};
 
 use crate::connection;
-use crate::inbox::Receiver;
+use crate::inbox::{Receiver, Sender};
 use crate::replication::follower;
-use crate::replication::primary::{handed_over, replication_wait};
+use crate::replication::primary::{handed_over, replication_wait, replies_wait};
 use crate::resp;
-use crate::shard::{table, Batch, BatchReply, Node, Outcome, ShardCore, ShardMsg};
+use crate::shard::{table, Batch, BatchReply, DecideOp, Mode, Node, Outcome, ShardCore, ShardMsg};
 use crate::sync::Arc;
 
 /// Starts shard `id`'s thread, pinned to `cpu` when given (`--cpu-list`):
@@ -79,6 +79,7 @@ pub fn spawn(
 /// received, as the inbox promises), connections arriving that late are
 /// closed.
 async fn run(core: Rc<ShardCore>, mut rx: Receiver<ShardMsg>) {
+    HERE.with(|here| *here.borrow_mut() = Some(core.clone()));
     spawn_side_tasks(&core);
     let mut msgs = Vec::new();
     let mut stopped = false;
@@ -240,7 +241,64 @@ fn failpoint_forwarded_panic(core: &ShardCore) {
     );
 }
 
+thread_local! {
+    /// The shard whose thread this is (none on other threads).
+    static HERE: std::cell::RefCell<Option<Rc<ShardCore>>> = const { std::cell::RefCell::new(None) };
+}
+
+/// Decides `ops` (`(seq, DECIDE)`) for shard `shard` at once when called
+/// on that shard's own thread (a task of its runtime: the rate limit
+/// service on the shard threads), as its inbox would have but with no
+/// message, no wake, no task switch and no copy of the DECIDEs. `None`
+/// (nothing done: send them through the shard's inbox) on another thread,
+/// or where the replies would wait for the follower (sync mode: that wait
+/// is a task of the shard's own, which a task of the runtime's cannot
+/// start).
+pub fn decide_here<'a>(
+    shard: usize,
+    ops: impl ExactSizeIterator<Item = (u64, &'a DecideOp)>,
+) -> Option<BatchReply> {
+    HERE.with(|here| match here.borrow().as_ref() {
+        Some(core) if usize::from(core.id) == shard && !replies_wait(core) => {
+            let reply = decide_now(core, ops, |table, (seq, op), admits, now_ns| {
+                match admits || op.mode == Mode::Probe {
+                    true => (seq, table.decide_op(op, now_ns)),
+                    false => (seq, Outcome::Refused(Status::NotPrimary)),
+                }
+            });
+            // Wakes the flow to ship the changes (async mode); never a
+            // wait here.
+            let wait = replication_wait(core);
+            debug_assert!(wait.is_none(), "checked by replies_wait");
+            Some(reply)
+        }
+        _ => None,
+    })
+}
+
 fn decide_batch(core: &Rc<ShardCore>, batch: Batch) {
+    let reply = decide_now(
+        core,
+        batch.items.iter(),
+        |table, it, admits, now_ns| match admits || !it.op.changes() {
+            true => (it.seq, table.decide(it.key, &it.op, now_ns)),
+            false => (it.seq, Outcome::Refused(Status::NotPrimary)),
+        },
+    );
+    match replication_wait(core) {
+        // A connection that has gone away no longer needs its answers.
+        None => drop(batch.reply_to.send(reply)),
+        Some(wait) => answer_when_acked(core, wait, reply, batch.reply_to),
+    }
+}
+
+/// Decides every item by `one` (given whether this shard may admit:
+/// changes are refused if not), counted as one batch.
+fn decide_now<T>(
+    core: &Rc<ShardCore>,
+    items: impl ExactSizeIterator<Item = T>,
+    mut one: impl FnMut(&mut table::Table, T, bool, u64) -> (u64, Outcome),
+) -> BatchReply {
     #[cfg(debug_assertions)]
     failpoint_forwarded_panic(core);
     core.sync_epoch();
@@ -251,35 +309,36 @@ fn decide_batch(core: &Rc<ShardCore>, batch: Batch) {
     // that has since been fenced, or whose flow to its follower is gone.
     let admits = core.admits(now_ns);
     let mut table = core.table.borrow_mut();
-    let outcomes = batch
-        .items
-        .iter()
-        .map(|it| match admits || !it.op.changes() {
-            true => (it.seq, table.decide(it.key, &it.op, now_ns)),
-            false => (it.seq, Outcome::Refused(Status::NotPrimary)),
-        })
+    let n = items.len();
+    let outcomes = items
+        .map(|it| one(&mut table, it, admits, now_ns))
         .collect();
     drop(table);
     let ns = core.clock.now_ns().saturating_sub(now_ns);
-    core.count_batch(batch.items.len(), ns);
+    core.count_batch(n, ns);
     core.publish_stats();
-    let reply = BatchReply { outcomes };
-    match replication_wait(core) {
-        // A connection that has gone away no longer needs its answers.
-        None => drop(batch.reply_to.send(reply)),
-        Some(wait) => {
-            let core = core.clone();
-            tokio::task::spawn_local(async move {
-                let mut reply = reply;
-                if !wait.await && core.node.repl.fencing() {
-                    // Not known to the follower, which may be promoted:
-                    // the clients must not be told these admitted.
-                    for (_, outcome) in &mut reply.outcomes {
-                        *outcome = Outcome::Refused(Status::NotPrimary);
-                    }
-                }
-                let _ = batch.reply_to.send(reply);
-            });
+    BatchReply { outcomes }
+}
+
+/// Sync mode: `reply` reflects changes the follower must have first; it
+/// goes to `reply_to` once they are acked (refused if the follower may be
+/// promoted without them).
+fn answer_when_acked(
+    core: &Rc<ShardCore>,
+    wait: crate::replication::primary::AckWait,
+    reply: BatchReply,
+    reply_to: Sender<BatchReply>,
+) {
+    let core = core.clone();
+    tokio::task::spawn_local(async move {
+        let mut reply = reply;
+        if !wait.await && core.node.repl.fencing() {
+            // Not known to the follower, which may be promoted:
+            // the clients must not be told these admitted.
+            for (_, outcome) in &mut reply.outcomes {
+                *outcome = Outcome::Refused(Status::NotPrimary);
+            }
         }
-    }
+        let _ = reply_to.send(reply);
+    });
 }

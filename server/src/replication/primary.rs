@@ -218,6 +218,14 @@ impl Default for FlowShard {
     }
 }
 
+/// Whether replies that change the table wait for the follower's ack on
+/// this shard (sync mode, a flow streaming): [`replication_wait`] can
+/// then return a wait.
+#[inline]
+pub fn replies_wait(core: &ShardCore) -> bool {
+    core.node.repl.mode == replication::Mode::Sync && core.flow.borrow().is_streaming()
+}
+
 /// Sync mode: the wait for the drain a connection must see acknowledged
 /// before its replies go, if its work changed anything a follower must
 /// have (await it: [`AckWait`]). Also wakes the flow, which ships the

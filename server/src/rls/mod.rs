@@ -410,6 +410,18 @@ pub fn descriptor_key<'e>(
     domain: &str,
     entries: impl IntoIterator<Item = (&'e str, &'e str)>,
 ) -> Vec<u8> {
+    let mut out = Vec::new();
+    descriptor_key_into(&mut out, domain, entries);
+    out
+}
+
+/// [`descriptor_key`] into `out` (cleared first): a buffer reused for a
+/// request's descriptors, not one grown byte by byte for each.
+pub fn descriptor_key_into<'e>(
+    out: &mut Vec<u8>,
+    domain: &str,
+    entries: impl IntoIterator<Item = (&'e str, &'e str)>,
+) {
     fn push(out: &mut Vec<u8>, part: &str) {
         for b in part.bytes() {
             match b {
@@ -420,15 +432,15 @@ pub fn descriptor_key<'e>(
             }
         }
     }
-    let mut out = b"rls/".to_vec();
-    push(&mut out, domain);
+    out.clear();
+    out.extend_from_slice(b"rls/");
+    push(out, domain);
     for (k, v) in entries {
         out.push(b'/');
-        push(&mut out, k);
+        push(out, k);
         out.push(b'=');
-        push(&mut out, v);
+        push(out, v);
     }
-    out
 }
 
 /// Puts limit `r` of `plan` into one of a shard's DECIDEs: one of the
@@ -541,6 +553,9 @@ impl Rls {
             let decides_own = self.node.repl.is_primary();
             (f.view(), decides_own)
         });
+        // One key buffer for the request's descriptors.
+        let mut key = Vec::with_capacity(128);
+        let n = plans.len();
         for (plan, d) in plans.iter_mut().zip(&request.descriptors) {
             let Some(limit) = plan.limit() else { continue };
             if plan.hopeless() {
@@ -551,7 +566,7 @@ impl Rls {
                 .as_deref()
                 .expect("a plan with a limit has a rule");
             let entries = d.entries.iter().map(|e| (e.key.as_str(), e.value.as_str()));
-            let key = descriptor_key(&request.domain, rule.key_entries(entries));
+            descriptor_key_into(&mut key, &request.domain, rule.key_entries(entries));
             let hash = key_hash(&key);
             let remote = match &route {
                 Some((view, decides_own)) => !(*decides_own && view.owns(hash)),
@@ -581,12 +596,18 @@ impl Rls {
                 pending[remote_at].push(Pending {
                     op,
                     joinable: plan.enforced(),
-                    remote: Some(key.into()),
+                    remote: Some(key.as_slice().into()),
                 });
                 plan.at = Some((remote_at, pending[remote_at].len() - 1, 0));
                 continue;
             }
             let shard = usize::from(shard_of(hash, self.node.shard_count));
+            if pending[shard].capacity() == 0 {
+                // Room for every descriptor at once: a DECIDE is 560
+                // bytes, and Vec's first growth (4 of them) is an
+                // allocation too large for malloc's fast path.
+                pending[shard].reserve_exact(n);
+            }
             let (item, index) = join(&mut pending[shard], plan, r, mode);
             plan.at = Some((shard, item, index));
         }
@@ -604,12 +625,20 @@ impl Rls {
             if groups.is_empty() || shard == remote_at {
                 continue;
             }
+            // Which shard and item: the reply does not say.
+            let seq = |item: usize| (shard as u64) << 32 | item as u64;
+            // On the shard threads, the DECIDEs of this thread's own
+            // shard are decided here and now.
+            let here = groups.iter().enumerate().map(|(i, g)| (seq(i), &g.op));
+            if let Some(reply) = crate::worker::decide_here(shard, here) {
+                Self::fill(&mut decided, reply, &self.node)?;
+                continue;
+            }
             let items = groups
                 .iter()
                 .enumerate()
                 .map(|(item, g)| FwdItem {
-                    // Which shard and item: the reply does not say.
-                    seq: (shard as u64) << 32 | item as u64,
+                    seq: seq(item),
                     key: g.op.refs[0].bucket,
                     op: Op::Decide(Box::new(g.op)),
                 })
@@ -637,14 +666,7 @@ impl Rls {
             }
             for reply in got.drain(..) {
                 waiting -= 1;
-                for (seq, outcome) in reply.outcomes {
-                    let (shard, item) = ((seq >> 32) as usize, seq as u32 as usize);
-                    match outcome {
-                        Outcome::Multi(m) => decided[shard][item] = Some(m),
-                        Outcome::Refused(status) => return Err(refused(status, &self.node)),
-                        _ => return Err(tonic::Status::internal("a shard answered out of shape")),
-                    }
-                }
+                Self::fill(&mut decided, reply, &self.node)?;
             }
         }
         Ok(decided)
@@ -688,6 +710,19 @@ impl Rls {
                 Err(e) => Err(tonic::Status::unavailable(e.to_string())),
             })
             .collect()
+    }
+
+    /// A shard's answers, into their places in `decided`.
+    fn fill(decided: &mut Decided, reply: BatchReply, node: &Node) -> Result<(), tonic::Status> {
+        for (seq, outcome) in reply.outcomes {
+            let (shard, item) = ((seq >> 32) as usize, seq as u32 as usize);
+            match outcome {
+                Outcome::Multi(m) => decided[shard][item] = Some(m),
+                Outcome::Refused(status) => return Err(refused(status, node)),
+                _ => return Err(tonic::Status::internal("a shard answered out of shape")),
+            }
+        }
+        Ok(())
     }
 
     /// The reply: a status per descriptor, the overall code, the headers.

@@ -33,7 +33,7 @@ pub use super::bucket_map::Walk;
 use super::bucket_map::{BucketMap, Record, SWEEP_IDLE_NS, SWEEP_SLOTS_PER_TICK};
 use super::changes::Changes;
 use super::tat::{Found, TokenBuckets};
-use super::{Op, Outcome};
+use super::{DecideOp, Op, Outcome};
 
 pub use sluice_protocol::message::LIMITS_MAX;
 
@@ -811,12 +811,7 @@ impl Table {
             Op::Cell { policy, quantity } => self
                 .cell_throttle(key, policy, *quantity, now_ns)
                 .map(Outcome::Cell),
-            Op::Decide(d) => self
-                .decide_many(&d.refs[..usize::from(d.count)], d.mode, d.cost, now_ns)
-                .map(|mut m| {
-                    m.priority = d.priority;
-                    Outcome::Multi(m)
-                }),
+            Op::Decide(d) => return self.decide_op(d, now_ns),
             Op::Release {
                 bucket,
                 limit,
@@ -833,6 +828,18 @@ impl Table {
                 .map(Outcome::Lease),
         };
         result.unwrap_or_else(Outcome::Refused)
+    }
+
+    /// A DECIDE's limits, all or nothing ([`Table::decide_many`]).
+    #[inline]
+    pub fn decide_op(&mut self, d: &DecideOp, now_ns: u64) -> Outcome {
+        match self.decide_many(&d.refs[..usize::from(d.count)], d.mode, d.cost, now_ns) {
+            Ok(mut m) => {
+                m.priority = d.priority;
+                Outcome::Multi(m)
+            }
+            Err(status) => Outcome::Refused(status),
+        }
     }
 
     /// Answers as `throttle` would; creates and changes nothing.
