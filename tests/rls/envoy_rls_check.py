@@ -21,6 +21,10 @@ Usage: envoy_rls_check.py PORT MODE [ARGS]
   open             a call without a token is answered
   tls CA TOKEN     over TLS (CA: the server's certificate, for localhost)
                    a call with the token is answered; in clear, none is
+  concurrent N     N calls at once on each of the six tenants of domain
+                   "conc" (t{i}: 10 + i an hour): each tenant admits exactly
+                   its limit, every answer carries its own tenant's limit,
+                   and the admitted ones' remainders are each left once
 """
 
 import sys
@@ -251,8 +255,30 @@ def examples():
     print("invalid: ok")
 
 
+def concurrent(n):
+    from concurrent.futures import ThreadPoolExecutor
+
+    def call(i):
+        tenant = i % 6
+        r = ask("conc", [("tenant", f"t{tenant}")])
+        s = r.statuses[0]
+        return tenant, s.code, s.current_limit.requests_per_unit, s.limit_remaining
+
+    with ThreadPoolExecutor(max_workers=32) as pool:
+        answers = list(pool.map(call, range(6 * n)))
+    for tenant in range(6):
+        limit = 10 + tenant
+        mine = [a for a in answers if a[0] == tenant]
+        assert all(a[2] == limit for a in mine), (tenant, mine)
+        admitted = sorted(a[3] for a in mine if a[1] == OK)
+        assert admitted == list(range(limit)), (tenant, mine)
+    print("concurrent: ok")
+
+
 if mode == "examples":
     examples()
+elif mode == "concurrent":
+    concurrent(int(sys.argv[3]))
 elif mode == "headers":
     prefix = sys.argv[3]
     r = ask("sluice", [("a", "x")], [("b", "x")])

@@ -102,6 +102,43 @@ fn documented_examples_give_documented_codes_on_the_shard_threads() {
     examples("4", "0");
 }
 
+/// Many calls at once over one connection, on the shard threads of 4
+/// shards: the calls of a turn share one message per other shard and one
+/// reply, split back to each call (rls/outbox.rs). Each tenant admits
+/// exactly its own limit, and every answer is its own call's (its
+/// tenant's limit, each remainder once): an answer given to the wrong
+/// call, or lost, fails it.
+#[test]
+fn concurrent_calls_across_shards_each_get_their_own_answer() {
+    let dir = std::env::temp_dir().join(format!("sluice-rls-conc-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    std::fs::create_dir_all(&dir).unwrap();
+    let mut rules = String::from("domain: conc\ndescriptors:\n");
+    for i in 0..6 {
+        rules.push_str(&format!(
+            "  - key: tenant\n    value: t{i}\n    rate_limit: {{ unit: hour, requests_per_unit: {} }}\n",
+            10 + i
+        ));
+    }
+    write(&dir.join("conc.yaml"), &rules);
+    let d = dir.display().to_string();
+    for threads in ["0", "2"] {
+        let server = Sluiced::start(&[
+            "--shards",
+            "4",
+            "--rls-threads",
+            threads,
+            "--rls-port",
+            "0",
+            "--rls-config",
+            &d,
+        ]);
+        let out = check(&server, &["concurrent", "40"]);
+        assert!(out.contains("concurrent: ok"), "{out}");
+    }
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
 #[test]
 fn rate_limit_headers_are_added_when_asked() {
     let dir = rules_dir();

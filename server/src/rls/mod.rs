@@ -37,6 +37,7 @@
 //! holds the reply until the follower has the state, as for any client.
 
 pub mod guard;
+mod outbox;
 pub mod rules;
 
 use std::borrow::Cow;
@@ -63,7 +64,7 @@ use crate::config::RlsHeaders;
 use crate::forward::{OwnedLimits, RemoteOp};
 use crate::inbox;
 use crate::shard::{
-    Batch, BatchReply, DecideOp, FwdItem, LimitRef, Mode, MultiVerdict, Node, Op, Outcome, ShardMsg,
+    BatchReply, DecideOp, FwdItem, LimitRef, Mode, MultiVerdict, Node, Op, Outcome,
 };
 use rules::{Rule, Rules};
 
@@ -634,25 +635,14 @@ impl Rls {
                 Self::fill(&mut decided, reply, &self.node)?;
                 continue;
             }
-            let items = groups
-                .iter()
-                .enumerate()
-                .map(|(item, g)| FwdItem {
-                    seq: seq(item),
-                    key: g.op.refs[0].bucket,
-                    op: Op::Decide(Box::new(g.op)),
-                })
-                .collect();
-            let batch = Batch {
-                reply_to: reply_tx.clone(),
-                items,
-            };
-            if self.node.shards[shard]
-                .send(ShardMsg::Batch(batch))
-                .is_err()
-            {
-                return Err(tonic::Status::unavailable("sluiced is shutting down"));
-            }
+            // Other shards': queued with the turn's other calls, one
+            // message per shard (outbox.rs).
+            let items = groups.iter().enumerate().map(|(item, g)| FwdItem {
+                seq: seq(item),
+                key: g.op.refs[0].bucket,
+                op: Op::Decide(Box::new(g.op)),
+            });
+            outbox::queue(&self.node, shard, items, &reply_tx);
             waiting += 1;
         }
         drop(reply_tx);

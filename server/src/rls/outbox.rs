@@ -1,0 +1,175 @@
+//! The rate limit service's DECIDEs for other shards, batched per
+//! event-loop turn: every call a thread decodes in one turn queues its
+//! DECIDEs here, and one task, which runs once the turn's calls have run,
+//! sends each shard one message for all of them. The shard answers that
+//! message with one reply, which a task of this thread splits back to
+//! each call's inbox.
+//!
+//! Why: a call's hop to another shard was one message and one wake each
+//! way (a write to the other thread's eventfd, and back), which cost more
+//! than the decision; under load a turn holds several calls, and they now
+//! share the message, the wakes and the reply.
+//!
+//! A call queues once per shard (`queue`) and waits for one
+//! [`BatchReply`] per shard on its own inbox, as it did when it sent its
+//! own batch: nothing else about a call changes. If the shard is gone
+//! (shutting down), the call's sender is dropped unanswered and its inbox
+//! reports the end.
+
+use std::cell::RefCell;
+use std::sync::Arc;
+
+use crate::inbox::{self, Receiver, Sender};
+use crate::shard::{Batch, BatchReply, FwdItem, Node, ShardMsg};
+
+/// Bits of a queued item's sequence number that hold the item's index in
+/// its call's list; the next 16 hold the shard, the top 32 the call.
+const ITEM_BITS: u32 = 16;
+
+/// Most items a call may queue for one shard (the service's descriptor
+/// limit is far below).
+pub const ITEMS_MAX: usize = 1 << ITEM_BITS;
+
+/// One thread's queued DECIDEs and the calls waiting for their answers.
+#[derive(Debug)]
+struct Outbox {
+    node: Arc<Node>,
+    /// Per shard: the items queued this turn.
+    queued: Vec<Vec<FwdItem>>,
+    /// Whether the task that sends them is spawned and has not run yet.
+    flushing: bool,
+    /// Waiting calls' inboxes, by call id (an index; `None`: free).
+    calls: Vec<Option<Sender<BatchReply>>>,
+    /// Free call ids.
+    free: Vec<u32>,
+    /// Every shard's reply comes here (this thread's splitting task
+    /// reads it).
+    replies: Sender<BatchReply>,
+}
+
+thread_local! {
+    static OUTBOX: RefCell<Option<Outbox>> = const { RefCell::new(None) };
+}
+
+/// Queues `items` (each with its call's sequence number, `shard << 32 |
+/// index`) for `shard`; the answer comes to `reply_to` as one
+/// [`BatchReply`] once the turn's batch is decided. Must run inside a
+/// tokio runtime (its tasks are spawned on it).
+pub fn queue(
+    node: &Arc<Node>,
+    shard: usize,
+    items: impl Iterator<Item = FwdItem>,
+    reply_to: &Sender<BatchReply>,
+) {
+    OUTBOX.with(|cell| {
+        let mut cell = cell.borrow_mut();
+        let outbox = cell.get_or_insert_with(|| Outbox::start(node));
+        let call = match outbox.free.pop() {
+            Some(id) => {
+                outbox.calls[id as usize] = Some(reply_to.clone());
+                id
+            }
+            None => {
+                outbox.calls.push(Some(reply_to.clone()));
+                (outbox.calls.len() - 1) as u32
+            }
+        };
+        let tag = u64::from(call) << 32 | (shard as u64) << ITEM_BITS;
+        let list = &mut outbox.queued[shard];
+        list.extend(items.map(|mut it| {
+            debug_assert!((it.seq as u32 as usize) < ITEMS_MAX);
+            it.seq = tag | (it.seq & ((1 << ITEM_BITS) - 1));
+            it
+        }));
+        if !outbox.flushing {
+            outbox.flushing = true;
+            // Runs after the tasks already queued on this thread: the
+            // turn's other calls queue first.
+            tokio::spawn(async { OUTBOX.with(|cell| flush(cell)) });
+        }
+    });
+}
+
+impl Outbox {
+    /// This thread's outbox, and its task that splits the replies.
+    fn start(node: &Arc<Node>) -> Outbox {
+        let (replies, rx) = inbox::inbox();
+        tokio::spawn(split(rx));
+        Outbox {
+            node: node.clone(),
+            queued: (0..node.shards.len()).map(|_| Vec::new()).collect(),
+            flushing: false,
+            calls: Vec::new(),
+            free: Vec::new(),
+            replies,
+        }
+    }
+
+    /// Takes call `id`'s inbox, freeing the id.
+    fn take(&mut self, id: u32) -> Option<Sender<BatchReply>> {
+        let sender = self.calls.get_mut(id as usize)?.take()?;
+        self.free.push(id);
+        Some(sender)
+    }
+}
+
+/// Sends each shard the turn's queued items as one batch.
+fn flush(cell: &RefCell<Option<Outbox>>) {
+    let mut cell = cell.borrow_mut();
+    let Some(outbox) = cell.as_mut() else { return };
+    outbox.flushing = false;
+    for shard in 0..outbox.queued.len() {
+        if outbox.queued[shard].is_empty() {
+            continue;
+        }
+        let items = std::mem::take(&mut outbox.queued[shard]);
+        let batch = Batch {
+            reply_to: outbox.replies.clone(),
+            items,
+        };
+        if let Err(ShardMsg::Batch(batch)) = outbox.node.shards[shard].send(ShardMsg::Batch(batch))
+        {
+            // Shutting down: the calls' inboxes end unanswered.
+            let mut calls: Vec<u32> = batch.items.iter().map(|it| (it.seq >> 32) as u32).collect();
+            calls.dedup();
+            for call in calls {
+                outbox.take(call);
+            }
+        }
+    }
+}
+
+/// Splits every shard's reply back to the calls whose items it answers:
+/// each call's run of outcomes, with its own sequence numbers, to its
+/// inbox. Ends with the thread's runtime.
+async fn split(mut rx: Receiver<BatchReply>) {
+    let mut got = Vec::new();
+    while rx.recv_many(&mut got).await {
+        OUTBOX.with(|cell| {
+            let mut cell = cell.borrow_mut();
+            let Some(outbox) = cell.as_mut() else { return };
+            for reply in got.drain(..) {
+                let mut outcomes = reply.outcomes.into_iter().peekable();
+                while let Some((seq, outcome)) = outcomes.next() {
+                    let call = (seq >> 32) as u32;
+                    let own = |seq: u64| {
+                        let shard = (seq >> ITEM_BITS) & 0xFFFF;
+                        shard << 32 | (seq & ((1 << ITEM_BITS) - 1))
+                    };
+                    let mut mine = vec![(own(seq), outcome)];
+                    while let Some((s, _)) = outcomes.peek() {
+                        if (s >> 32) as u32 != call {
+                            break;
+                        }
+                        let (s, o) = outcomes.next().expect("peeked");
+                        mine.push((own(s), o));
+                    }
+                    if let Some(to) = outbox.take(call) {
+                        // A call that has gone away needs no answer.
+                        let _ = to.send(BatchReply { outcomes: mine });
+                    }
+                }
+            }
+        });
+    }
+}
