@@ -85,7 +85,7 @@ pub fn queue(
             outbox.flushing = true;
             // Runs after the tasks already queued on this thread: the
             // turn's other calls queue first.
-            tokio::spawn(async { OUTBOX.with(|cell| flush(cell)) });
+            tokio::spawn(async { OUTBOX.with(flush) });
         }
     });
 }
