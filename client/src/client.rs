@@ -167,7 +167,7 @@ impl Client {
             .map_err(|e| Error::Invalid(e.to_string()))?;
         let slot = self.slot_of(key);
         let call = Call::Op(Op::Throttle {
-            key: key.into(),
+            key: bytes::Bytes::copy_from_slice(key),
             policy,
             cost,
             peek,
@@ -206,7 +206,7 @@ impl Client {
     ) -> Result<sluice_protocol::cell::CellVerdict, Error> {
         check_key(key)?;
         let call = Call::Op(Op::Cell {
-            key: key.into(),
+            key: bytes::Bytes::copy_from_slice(key),
             policy,
             quantity,
         });
@@ -247,7 +247,7 @@ impl Client {
         check_decide(key, &limits, mode, cost)?;
         let call = Call::Op(Op::Decide {
             mode,
-            key: key.into(),
+            key: bytes::Bytes::copy_from_slice(key),
             limits: OwnedLimits::new(&limits),
             cost,
             priority,
@@ -327,7 +327,7 @@ impl Client {
         check_lease(key, &target, lease_id)?;
         let call = Call::Op(Op::Lease {
             renew,
-            key: key.into(),
+            key: bytes::Bytes::copy_from_slice(key),
             target: OwnedTarget::new(&target),
             lease_id,
         });

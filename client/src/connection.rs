@@ -9,7 +9,7 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use bytes::BytesMut;
+use bytes::{Bytes, BytesMut};
 use sluice_protocol::codec::{FrameDecoder, FrameWriter};
 use sluice_protocol::message::{
     Decide, Hello, HelloOk, LeaseOp, LeaseTarget, LimitSet, Limits, Mode, Reply, Request, Stats,
@@ -57,7 +57,7 @@ pub(crate) enum Call {
 pub enum Op {
     /// THROTTLE (or PEEK, changing nothing): one inline token bucket.
     Throttle {
-        key: Box<[u8]>,
+        key: Bytes,
         policy: Policy,
         cost: u64,
         peek: bool,
@@ -65,7 +65,7 @@ pub enum Op {
     /// DECIDE in any mode.
     Decide {
         mode: Mode,
-        key: Box<[u8]>,
+        key: Bytes,
         limits: OwnedLimits,
         cost: u64,
         priority: Priority,
@@ -73,13 +73,13 @@ pub enum Op {
     /// RELEASE (`renew == false`) or RENEW of one lease.
     Lease {
         renew: bool,
-        key: Box<[u8]>,
+        key: Bytes,
         target: OwnedTarget,
         lease_id: u64,
     },
     /// CELL: redis-cell's CL.THROTTLE (a node forwarding for RESP).
     Cell {
-        key: Box<[u8]>,
+        key: Bytes,
         policy: sluice_protocol::cell::CellPolicy,
         quantity: u64,
     },

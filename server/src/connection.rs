@@ -1102,7 +1102,7 @@ impl Connection {
 /// A keyed request as the forwarder sends it to another node, and what
 /// its slot remembers.
 fn remote_op(request_id: u32, request: &Request<'_>, key: &[u8]) -> (Tag, RemoteOp) {
-    let key: Box<[u8]> = key.into();
+    let key = bytes::Bytes::copy_from_slice(key);
     let mut tag = Tag {
         request_id,
         peek: false,

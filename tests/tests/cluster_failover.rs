@@ -308,7 +308,7 @@ async fn throttle_batch(
     let ops = keys
         .iter()
         .map(|k| Op::Throttle {
-            key: k.as_bytes().into(),
+            key: bytes::Bytes::copy_from_slice(k.as_bytes()),
             policy,
             cost: 1,
             peek: false,
@@ -370,7 +370,7 @@ async fn a_batch_spans_groups_exactly_and_a_group_down_gets_the_policy_op_by_op(
     let mut ops: Vec<Op> = keys[..2]
         .iter()
         .map(|k| Op::Cell {
-            key: k.as_bytes().into(),
+            key: bytes::Bytes::copy_from_slice(k.as_bytes()),
             policy: sluice_protocol::cell::CellPolicy::new(5, 5, 60).unwrap(),
             quantity: 0,
         })

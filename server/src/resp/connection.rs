@@ -111,6 +111,10 @@ struct RespConnection {
     backlog: bool,
     /// CL.THROTTLEs parsed but not yet decided (at most [`AHEAD_MAX`]).
     ahead: Vec<Ahead>,
+    /// With `--cluster`: the keys of `ahead` another node decides, one
+    /// after the other; each forwarded op's key is a slice of it (no
+    /// allocation per key, and none freed on the forwarder's thread).
+    keys: BytesMut,
     /// The rest.
     session: Session,
 }
@@ -123,12 +127,17 @@ struct RespConnection {
 /// gained nothing (benches/notes.md). 16 commands of parse cover a miss.
 const AHEAD_MAX: usize = 16;
 
+/// Bytes at least of each buffer that forwarded keys are gathered in: one
+/// allocation for many keys (a buffer lives until its last key's call is
+/// answered).
+const KEYS_CHUNK_BYTES: usize = 4096;
+
 /// A CL.THROTTLE parsed ahead of its decision.
 #[derive(Clone, Debug)]
 struct Ahead {
     /// With `--cluster`, for a key this node does not decide: the key, for
     /// the forwarder.
-    remote: Option<Box<[u8]>>,
+    remote: Option<std::ops::Range<usize>>,
     /// Its offset in the read buffer: where parsing resumes if the
     /// connection's reply bound stops it before its decision.
     at: usize,
@@ -150,10 +159,18 @@ impl Ahead {
         at: usize,
         route: Option<&(std::sync::Arc<crate::forward::View>, bool)>,
         core: &ShardCore,
+        keys: &mut BytesMut,
     ) -> Ahead {
         let key = key_hash(t.key);
         let remote = match route {
-            Some((view, decides_own)) if !(*decides_own && view.owns(key)) => Some(t.key.into()),
+            Some((view, decides_own)) if !(*decides_own && view.owns(key)) => {
+                if keys.capacity() - keys.len() < t.key.len() {
+                    keys.reserve(KEYS_CHUNK_BYTES.max(t.key.len()));
+                }
+                let start = keys.len();
+                keys.extend_from_slice(t.key);
+                Some(start..keys.len())
+            }
             _ => None,
         };
         if remote.is_none() && shard_of(key, core.node.shard_count) == core.id {
@@ -215,6 +232,7 @@ pub async fn run(core: Rc<ShardCore>, adopt: AdoptResp) {
         command_bytes_max,
         backlog: false,
         ahead: Vec::with_capacity(AHEAD_MAX),
+        keys: BytesMut::new(),
         fresh: true,
         session: Session {
             core: core.clone(),
@@ -318,8 +336,13 @@ impl Handler for RespConnection {
             });
             let queued = match &step {
                 Ok(Some((n, Ok(Some(Command::Throttle(t)))))) if self.session.authed => {
-                    self.ahead
-                        .push(Ahead::new(t, at, route.as_ref(), &self.session.core));
+                    self.ahead.push(Ahead::new(
+                        t,
+                        at,
+                        route.as_ref(),
+                        &self.session.core,
+                        &mut self.keys,
+                    ));
                     at += n;
                     true
                 }
@@ -329,10 +352,13 @@ impl Handler for RespConnection {
                 continue;
             }
             // Anything else goes after the CL.THROTTLEs before it.
-            if let Some(stop) =
-                self.session
-                    .decide_ahead(&mut self.ahead, reply_max, inflight_max, &mut now_ns)
-            {
+            if let Some(stop) = self.session.decide_ahead(
+                &mut self.ahead,
+                &mut self.keys,
+                reply_max,
+                inflight_max,
+                &mut now_ns,
+            ) {
                 // Back to a command boundary: whatever the parser had of a
                 // partial command after it belongs to another offset.
                 at = stop;
@@ -414,17 +440,21 @@ impl Session {
     fn decide_ahead(
         &mut self,
         ahead: &mut Vec<Ahead>,
+        keys: &mut BytesMut,
         reply_max: usize,
         inflight_max: usize,
         now_ns: &mut Option<u64>,
     ) -> Option<usize> {
         let mut stop = None;
+        // The forwarded keys gathered so far, shared by their ops.
+        let keys = (!keys.is_empty()).then(|| keys.split().freeze());
         for a in ahead.iter_mut() {
             if self.owes_too_much(reply_max, inflight_max) {
                 stop = Some(a.at);
                 break;
             }
-            if let Some(key) = a.remote.take() {
+            if let Some(range) = a.remote.take() {
+                let key = keys.as_ref().expect("gathered when parsed").slice(range);
                 let op = RemoteOp::Cell {
                     key,
                     policy: a.policy,

@@ -677,7 +677,7 @@ impl Rls {
                 let set = LimitSet::new(&[p.op.refs[0].limit]).expect("one limit fits");
                 RemoteOp::Decide {
                     mode: p.op.mode,
-                    key: key.into(),
+                    key: bytes::Bytes::copy_from_slice(key),
                     limits: OwnedLimits::Inline(Box::new(set)),
                     cost: p.op.cost,
                     priority: Priority::Normal,
