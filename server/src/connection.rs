@@ -1013,6 +1013,7 @@ impl Connection {
     /// taken (forwarded to another node, or refused WRONG_GROUP), `false`
     /// when it is decided here as on a lone node. `hash`: the key's hash
     /// for a THROTTLE or PEEK (computed by the prefetch pass), else 0.
+    #[inline(never)]
     fn routed(
         &mut self,
         route: &Route,
@@ -1101,6 +1102,7 @@ impl Connection {
 
 /// A keyed request as the forwarder sends it to another node, and what
 /// its slot remembers.
+#[inline(never)]
 fn remote_op(request_id: u32, request: &Request<'_>, key: &[u8]) -> (Tag, RemoteOp) {
     let key = bytes::Bytes::copy_from_slice(key);
     let mut tag = Tag {
