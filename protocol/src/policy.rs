@@ -24,6 +24,35 @@ pub const REFILL_NS_MAX: u64 = 10 * 366 * 86_400 * NS_PER_S;
 /// better than one part in a million (see `gcra`): 10 million per second.
 pub const RATE_PER_S_EXACT_MAX: u64 = 10_000_000;
 
+// The other kinds' bounds (re-exported by `limit`), here beside the token
+// bucket's because PolicyError names them: this module imports no other
+// limit module.
+
+/// Shortest window: the same floor as a token bucket's period, so that any
+/// period the CLI accepts for one kind it accepts for all.
+pub const WINDOW_NS_MIN: u64 = PERIOD_NS_MIN;
+/// Longest window: 366 days, like a token bucket's period.
+pub const WINDOW_NS_MAX: u64 = PERIOD_NS_MAX;
+/// Largest `limit` of a fixed window or sliding counter: the same as a token
+/// bucket's count. Their state is two or three counters whatever the limit.
+pub const WINDOW_LIMIT_MAX: u64 = COUNT_MAX;
+/// Largest `limit` of a sliding log. The log keeps one 16-byte run per
+/// distinct admission instant in the window, at most `limit` runs, so this
+/// bounds a key's memory to 1 MiB.
+pub const SLIDING_LOG_LIMIT_MAX: u64 = 65_536;
+/// Largest `limit` of a concurrency limit. A key keeps one 24-byte lease per
+/// holder, at most `limit`, so this bounds a key's memory to 1.5 MiB, and
+/// release and renew (a scan of the leases) to `limit` steps.
+pub const CONCURRENCY_LIMIT_MAX: u64 = 65_536;
+/// Shortest lease: 1 ms. A shorter lease would expire before its holder
+/// heard it had been granted.
+pub const LEASE_NS_MIN: u64 = NS_PER_MS;
+/// Longest lease: 1 day, the longest a crashed holder can keep a slot.
+pub const LEASE_NS_MAX: u64 = 86_400 * NS_PER_S;
+/// Hundredths of a percent in a whole limit (a reserve's scale;
+/// re-exported by `priority`).
+pub const BP_WHOLE: u16 = 10_000;
+
 /// A token-bucket policy: `count` units per `period_ns`, up to `burst`
 /// units at once.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
@@ -55,39 +84,28 @@ pub enum PolicyError {
     /// status, `COST_EXCEEDS_BURST`.
     #[error("cost {cost} exceeds the {kind} limit of {limit}: it could never be admitted")]
     CostExceedsLimit {
-        kind: crate::limit::Kind,
+        kind: crate::kind::Kind,
         cost: u64,
         limit: u64,
     },
-    #[error("window limit must be 1..={}", crate::limit::WINDOW_LIMIT_MAX)]
+    #[error("window limit must be 1..={}", WINDOW_LIMIT_MAX)]
     WindowLimit,
-    /// A reserved share above the whole limit (see [`crate::priority`]).
+    /// A reserved share above the whole limit (see the `priority` module).
     #[error(
         "a reserve must be 0..={} hundredths of a percent (0..=100 %)",
-        crate::priority::BP_WHOLE
+        BP_WHOLE
     )]
     Reserve,
     #[error(
         "sliding-log limit must be 1..={} (it bounds the log's memory per key)",
-        crate::limit::SLIDING_LOG_LIMIT_MAX
+        SLIDING_LOG_LIMIT_MAX
     )]
     SlidingLogLimit,
-    #[error(
-        "window must be {}..={} ns",
-        crate::limit::WINDOW_NS_MIN,
-        crate::limit::WINDOW_NS_MAX
-    )]
+    #[error("window must be {}..={} ns", WINDOW_NS_MIN, WINDOW_NS_MAX)]
     Window,
-    #[error(
-        "concurrency limit must be 1..={}",
-        crate::limit::CONCURRENCY_LIMIT_MAX
-    )]
+    #[error("concurrency limit must be 1..={}", CONCURRENCY_LIMIT_MAX)]
     ConcurrencyLimit,
-    #[error(
-        "lease must be {}..={} ns",
-        crate::limit::LEASE_NS_MIN,
-        crate::limit::LEASE_NS_MAX
-    )]
+    #[error("lease must be {}..={} ns", LEASE_NS_MIN, LEASE_NS_MAX)]
     Lease,
 }
 

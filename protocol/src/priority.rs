@@ -27,40 +27,24 @@ use crate::gcra::Verdict;
 use crate::limit::{Limit, SpecError};
 use crate::policy::PolicyError;
 
-/// A request's priority class. The numbers are the wire codes (bits 0-1 of
-/// a request header's `flags`; see PROTOCOL.md): never reuse one.
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
-#[repr(u8)]
-pub enum Priority {
-    /// The default, and what a request that names no class gets.
-    #[default]
-    Normal = 0,
-    /// Batch, test and other traffic that is shed first.
-    Low = 1,
-    /// Traffic that must get through: spends every reserve.
-    Critical = 2,
+crate::codes::wire_codes! {
+    /// A request's priority class. The numbers are the wire codes (bits 0-1
+    /// of a request header's `flags`; see PROTOCOL.md): never reuse one.
+    #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
+    pub enum Priority {
+        /// The default, and what a request that names no class gets.
+        #[default]
+        Normal = 0 => "normal",
+        /// Batch, test and other traffic that is shed first.
+        Low = 1 => "low",
+        /// Traffic that must get through: spends every reserve.
+        Critical = 2 => "critical",
+    }
 }
 
 impl Priority {
     /// Every class, lowest first.
     pub const ALL: [Priority; 3] = [Priority::Low, Priority::Normal, Priority::Critical];
-
-    /// The class of a wire code; `None` for an unknown one.
-    #[inline]
-    pub fn from_code(code: u8) -> Option<Priority> {
-        match code {
-            0 => Some(Priority::Normal),
-            1 => Some(Priority::Low),
-            2 => Some(Priority::Critical),
-            _ => None,
-        }
-    }
-
-    /// The wire code.
-    #[inline]
-    pub fn code(self) -> u8 {
-        self as u8
-    }
 
     /// The class's rank: low 0, normal 1, critical 2 (higher goes first).
     #[inline]
@@ -69,15 +53,6 @@ impl Priority {
             Priority::Low => 0,
             Priority::Normal => 1,
             Priority::Critical => 2,
-        }
-    }
-
-    /// The name used in specs, flags and JSON.
-    pub fn name(self) -> &'static str {
-        match self {
-            Priority::Low => "low",
-            Priority::Normal => "normal",
-            Priority::Critical => "critical",
         }
     }
 }
@@ -104,8 +79,7 @@ impl FromStr for Priority {
     }
 }
 
-/// Hundredths of a percent in a whole limit.
-pub const BP_WHOLE: u16 = 10_000;
+pub use crate::policy::BP_WHOLE;
 
 /// What `retry_after_ns` says when the class can never be admitted at this
 /// cost: the cost plus its floor is more than the whole limit.

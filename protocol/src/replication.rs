@@ -88,120 +88,45 @@ const _: () = assert!(
 );
 const _: () = assert!(SYNC_PAYLOAD_BYTES_MAX < u16::MAX as usize);
 
-/// A node's role (ROLE_OK).
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
-#[repr(u8)]
-pub enum Role {
-    /// Admits: spends, refunds, resets.
-    Primary = 1,
-    /// Holds a copy of its primary's buckets; refuses to spend
-    /// (NOT_PRIMARY) until promoted.
-    Follower = 2,
-}
-
-impl Role {
-    /// The wire code.
-    pub const fn code(self) -> u8 {
-        self as u8
-    }
-
-    /// From the wire code.
-    pub const fn from_code(code: u8) -> Option<Role> {
-        match code {
-            1 => Some(Role::Primary),
-            2 => Some(Role::Follower),
-            _ => None,
-        }
-    }
-
-    /// `primary` or `follower` (the CLI's and JSON's word).
-    pub const fn name(self) -> &'static str {
-        match self {
-            Role::Primary => "primary",
-            Role::Follower => "follower",
-        }
+crate::codes::wire_codes! {
+    /// A node's role (ROLE_OK).
+    #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+    pub enum Role {
+        /// Admits: spends, refunds, resets.
+        Primary = 1 => "primary",
+        /// Holds a copy of its primary's buckets; refuses to spend
+        /// (NOT_PRIMARY) until promoted.
+        Follower = 2 => "follower",
     }
 }
 
-/// How a node's replication stands (ROLE_OK).
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
-#[repr(u8)]
-pub enum ReplState {
-    /// A primary with no follower configured or connected: it serves alone.
-    Alone = 0,
-    /// A full sync is in progress (primary: sending; follower: receiving).
-    Syncing = 1,
-    /// The full sync is done and changes stream as they happen.
-    Streaming = 2,
-    /// A follower that has lost its primary (and keeps trying).
-    Down = 3,
-    /// A primary whose lease has run out (no ack from its follower in
-    /// time: the follower may be promoting): it admits nothing.
-    Fenced = 4,
-}
-
-impl ReplState {
-    /// The wire code.
-    pub const fn code(self) -> u8 {
-        self as u8
-    }
-
-    /// From the wire code.
-    pub const fn from_code(code: u8) -> Option<ReplState> {
-        match code {
-            0 => Some(ReplState::Alone),
-            1 => Some(ReplState::Syncing),
-            2 => Some(ReplState::Streaming),
-            3 => Some(ReplState::Down),
-            4 => Some(ReplState::Fenced),
-            _ => None,
-        }
-    }
-
-    /// The CLI's and JSON's word.
-    pub const fn name(self) -> &'static str {
-        match self {
-            ReplState::Alone => "alone",
-            ReplState::Syncing => "syncing",
-            ReplState::Streaming => "streaming",
-            ReplState::Down => "down",
-            ReplState::Fenced => "fenced",
-        }
+crate::codes::wire_codes! {
+    /// How a node's replication stands (ROLE_OK).
+    #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+    pub enum ReplState {
+        /// A primary with no follower configured or connected: it serves alone.
+        Alone = 0 => "alone",
+        /// A full sync is in progress (primary: sending; follower: receiving).
+        Syncing = 1 => "syncing",
+        /// The full sync is done and changes stream as they happen.
+        Streaming = 2 => "streaming",
+        /// A follower that has lost its primary (and keeps trying).
+        Down = 3 => "down",
+        /// A primary whose lease has run out (no ack from its follower in
+        /// time: the follower may be promoting): it admits nothing.
+        Fenced = 4 => "fenced",
     }
 }
 
-/// A primary's replication mode (ROLE_OK).
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
-#[repr(u8)]
-pub enum Mode {
-    /// Replies do not wait for the follower.
-    Async = 0,
-    /// A reply that reflects a change leaves only after the follower has
-    /// acknowledged that change.
-    Sync = 1,
-}
-
-impl Mode {
-    /// The wire code.
-    pub const fn code(self) -> u8 {
-        self as u8
-    }
-
-    /// From the wire code.
-    pub const fn from_code(code: u8) -> Option<Mode> {
-        match code {
-            0 => Some(Mode::Async),
-            1 => Some(Mode::Sync),
-            _ => None,
-        }
-    }
-
-    /// `async` or `sync`.
-    pub const fn name(self) -> &'static str {
-        match self {
-            Mode::Async => "async",
-            Mode::Sync => "sync",
-        }
+crate::codes::wire_codes! {
+    /// A primary's replication mode (ROLE_OK).
+    #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+    pub enum Mode {
+        /// Replies do not wait for the follower.
+        Async = 0 => "async",
+        /// A reply that reflects a change leaves only after the follower has
+        /// acknowledged that change.
+        Sync = 1 => "sync",
     }
 }
 

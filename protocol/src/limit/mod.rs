@@ -46,27 +46,14 @@ use crate::policy::{self, format_period, parse_period_ns, ParseError, Policy, Po
 /// Nanoseconds per second, for the constants below.
 const NS_PER_S: u64 = 1_000_000_000;
 
-/// Shortest window: the same floor as a token bucket's period, so that any
-/// period the CLI accepts for one kind it accepts for all.
-pub const WINDOW_NS_MIN: u64 = policy::PERIOD_NS_MIN;
-/// Longest window: 366 days, like a token bucket's period.
-pub const WINDOW_NS_MAX: u64 = policy::PERIOD_NS_MAX;
-/// Largest `limit` of a fixed window or sliding counter: the same as a token
-/// bucket's count. Their state is two or three counters whatever the limit.
-pub const WINDOW_LIMIT_MAX: u64 = policy::COUNT_MAX;
-/// Largest `limit` of a sliding log. The log keeps one 16-byte run per
-/// distinct admission instant in the window, at most `limit` runs, so this
-/// bounds a key's memory to 1 MiB.
-pub const SLIDING_LOG_LIMIT_MAX: u64 = 65_536;
-/// Largest `limit` of a concurrency limit. A key keeps one 24-byte lease per
-/// holder, at most `limit`, so this bounds a key's memory to 1.5 MiB, and
-/// release and renew (a scan of the leases) to `limit` steps.
-pub const CONCURRENCY_LIMIT_MAX: u64 = 65_536;
-/// Shortest lease: 1 ms. A shorter lease would expire before its holder
-/// heard it had been granted.
-pub const LEASE_NS_MIN: u64 = NS_PER_S / 1_000;
-/// Longest lease: 1 day, the longest a crashed holder can keep a slot.
-pub const LEASE_NS_MAX: u64 = 86_400 * NS_PER_S;
+// The bounds every kind's numbers must keep, kept with the policy's
+// (PolicyError names them).
+pub use crate::kind::Kind;
+pub use crate::policy::{
+    CONCURRENCY_LIMIT_MAX, LEASE_NS_MAX, LEASE_NS_MIN, SLIDING_LOG_LIMIT_MAX, WINDOW_LIMIT_MAX,
+    WINDOW_NS_MAX, WINDOW_NS_MIN,
+};
+
 /// The lease when the spec names none (`concurrency:10`): 60 s, longer than
 /// the usual HTTP request timeout, short enough that a holder that crashes
 /// without releasing frees its slot within a minute.
@@ -118,22 +105,6 @@ pub struct Concurrency {
     /// How long a lease lives without a renew: a holder that dies frees its
     /// slots this long after its last acquire or renew.
     pub lease_ns: u64,
-}
-
-/// A limit's kind. The numbers are the wire codes: never reuse one.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
-#[repr(u8)]
-pub enum Kind {
-    /// [`Limit::TokenBucket`].
-    TokenBucket = 1,
-    /// [`Limit::FixedWindow`].
-    FixedWindow = 2,
-    /// [`Limit::SlidingLog`].
-    SlidingLog = 3,
-    /// [`Limit::SlidingCounter`].
-    SlidingCounter = 4,
-    /// [`Limit::Concurrency`].
-    Concurrency = 5,
 }
 
 /// A decision: the verdict, and the state as it must be stored afterwards.
@@ -254,53 +225,6 @@ impl Limit {
     }
 }
 
-impl Kind {
-    /// Every kind, in code order.
-    pub const ALL: [Kind; 5] = [
-        Kind::TokenBucket,
-        Kind::FixedWindow,
-        Kind::SlidingLog,
-        Kind::SlidingCounter,
-        Kind::Concurrency,
-    ];
-
-    /// The wire code.
-    #[inline]
-    pub const fn code(self) -> u8 {
-        self as u8
-    }
-
-    /// Looks a wire code up; `None` for a code this version does not know.
-    #[inline]
-    pub const fn from_code(code: u8) -> Option<Kind> {
-        match code {
-            1 => Some(Kind::TokenBucket),
-            2 => Some(Kind::FixedWindow),
-            3 => Some(Kind::SlidingLog),
-            4 => Some(Kind::SlidingCounter),
-            5 => Some(Kind::Concurrency),
-            _ => None,
-        }
-    }
-
-    /// The name in the spec syntax (`token-bucket`, `sliding-log`, ...).
-    pub const fn name(self) -> &'static str {
-        match self {
-            Kind::TokenBucket => "token-bucket",
-            Kind::FixedWindow => "fixed-window",
-            Kind::SlidingLog => "sliding-log",
-            Kind::SlidingCounter => "sliding-counter",
-            Kind::Concurrency => "concurrency",
-        }
-    }
-}
-
-impl fmt::Display for Kind {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str(self.name())
-    }
-}
-
 /// Why a limit spec (`token-bucket:10/s,burst=20`, ...) is not acceptable.
 #[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
 pub enum SpecError {
@@ -321,7 +245,7 @@ pub enum SpecError {
         allowed: &'static str,
     },
     /// A `reserve=CLASS:P%` option that is not one (see
-    /// [`crate::priority::Reserved`]).
+    /// `priority::Reserved`).
     #[error("reserve {0}")]
     Reserve(String),
     #[error(transparent)]

@@ -69,40 +69,23 @@ pub struct Throttle<'a> {
     pub cost: u64,
 }
 
-/// What a DECIDE does with its limits. The numbers are the wire codes.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
-#[repr(u8)]
-pub enum Mode {
-    /// Check every limit and, if all admit, apply all; if any denies,
-    /// nothing is consumed. Admitted concurrency limits acquire a lease.
-    Spend = 0,
-    /// Answer exactly as `Spend` would; change and create nothing.
-    Probe = 1,
-    /// Give `cost` units back to every limit (never above its limit).
-    Refund = 2,
-    /// Clear the buckets (concurrency: drop every lease). Cost must be 0.
-    Reset = 3,
+crate::codes::wire_codes! {
+    /// What a DECIDE does with its limits. The numbers are the wire codes.
+    #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+    pub enum Mode {
+        /// Check every limit and, if all admit, apply all; if any denies,
+        /// nothing is consumed. Admitted concurrency limits acquire a lease.
+        Spend = 0,
+        /// Answer exactly as `Spend` would; change and create nothing.
+        Probe = 1,
+        /// Give `cost` units back to every limit (never above its limit).
+        Refund = 2,
+        /// Clear the buckets (concurrency: drop every lease). Cost must be 0.
+        Reset = 3,
+    }
 }
 
 impl Mode {
-    /// The wire code.
-    #[inline]
-    pub const fn code(self) -> u8 {
-        self as u8
-    }
-
-    /// Looks a wire code up; `None` for a code this version does not know.
-    #[inline]
-    pub const fn from_code(code: u8) -> Option<Mode> {
-        match code {
-            0 => Some(Mode::Spend),
-            1 => Some(Mode::Probe),
-            2 => Some(Mode::Refund),
-            3 => Some(Mode::Reset),
-            _ => None,
-        }
-    }
-
     /// Whether the cost is a request to admit, and so must fit every limit
     /// (COST_EXCEEDS_BURST otherwise). A refund's cost is units to give
     /// back, any number; a reset has none.
