@@ -29,11 +29,7 @@ use std::pin::Pin;
 use std::task::{Context, Poll};
 use std::time::Duration;
 
-use axum::extract::State;
-use axum::http::{header, StatusCode};
-use axum::response::{IntoResponse, Response};
-use axum::routing::get;
-use axum::Router;
+use http::{header, Method, Request, Response, StatusCode};
 use sluice_protocol::replication::{ReplState, Role, RoleOk};
 use sluice_protocol::{Clock, MonotonicClock};
 use tokio::io::{AsyncRead, AsyncWrite};
@@ -84,22 +80,71 @@ pub struct RlsStats {
     pub buffered: std::sync::atomic::AtomicUsize,
 }
 
-/// Serves the admin endpoints on `listener` until the runtime stops.
+/// Serves the admin endpoints on `listener` until the runtime stops:
+/// HTTP/1.1 on plain hyper, one task a connection.
 pub async fn serve(listener: tokio::net::TcpListener, state: Arc<AdminState>) {
-    let listener = Capped {
+    let mut listener = Capped {
         inner: listener,
         timeout: Duration::from_millis(state.node.config.admin_timeout_ms),
         state: state.clone(),
     };
-    let app = Router::new()
-        .route("/metrics", get(metrics))
-        .route("/health", get(|| async { "ok\n" }))
-        .route("/ready", get(ready))
-        .route("/role", get(role))
-        .with_state(state);
-    if let Err(e) = axum::serve(listener, app).await {
-        tracing::warn!(error = %e, "the admin listener stopped");
+    loop {
+        let (io, _peer) = listener.accept().await;
+        let state = state.clone();
+        tokio::spawn(async move {
+            let service = hyper::service::service_fn(move |request| {
+                let response = answer(&state, &request);
+                std::future::ready(Ok::<_, std::convert::Infallible>(response))
+            });
+            // Ends with the connection: closed by the client, or by
+            // `Timed` at its deadline.
+            let _ = hyper::server::conn::http1::Builder::new()
+                .serve_connection(hyper_util::rt::TokioIo::new(io), service)
+                .await;
+        });
     }
+}
+
+/// The endpoints: GET (and HEAD) of the four paths; any other method on
+/// them is 405, any other path 404.
+fn answer<B>(state: &AdminState, request: &Request<B>) -> Response<String> {
+    let path = request.uri().path();
+    let known = matches!(path, "/metrics" | "/health" | "/ready" | "/role");
+    if !known {
+        return plain(StatusCode::NOT_FOUND, String::new());
+    }
+    if !matches!(*request.method(), Method::GET | Method::HEAD) {
+        let mut response = plain(StatusCode::METHOD_NOT_ALLOWED, String::new());
+        let allow = header::HeaderValue::from_static("GET,HEAD");
+        response.headers_mut().insert(header::ALLOW, allow);
+        return response;
+    }
+    match path {
+        "/metrics" => typed(
+            "text/plain; version=0.0.4; charset=utf-8",
+            exposition(state),
+        ),
+        "/health" => plain(StatusCode::OK, "ok\n".to_owned()),
+        "/ready" => ready(state),
+        _ => role(state),
+    }
+}
+
+/// A text/plain reply.
+fn plain(status: StatusCode, body: String) -> Response<String> {
+    let mut response = typed("text/plain; charset=utf-8", body);
+    *response.status_mut() = status;
+    response
+}
+
+/// A 200 of `content_type`.
+fn typed(content_type: &'static str, body: String) -> Response<String> {
+    let mut response = Response::new(body);
+    response.headers_mut().insert(
+        header::CONTENT_TYPE,
+        header::HeaderValue::from_static(content_type),
+    );
+    response
 }
 
 /// The admin listener with its connection cap.
@@ -112,10 +157,9 @@ struct Capped {
     state: Arc<AdminState>,
 }
 
-impl axum::serve::Listener for Capped {
-    type Io = Timed;
-    type Addr = std::net::SocketAddr;
-
+impl Capped {
+    /// The next connection under the cap (those past it are closed at
+    /// once and counted).
     async fn accept(&mut self) -> (Timed, std::net::SocketAddr) {
         let max = self.state.node.config.admin_connections_max;
         loop {
@@ -148,10 +192,6 @@ impl axum::serve::Listener for Capped {
             };
             return (timed, peer);
         }
-    }
-
-    fn local_addr(&self) -> std::io::Result<std::net::SocketAddr> {
-        self.inner.local_addr()
     }
 }
 
@@ -235,8 +275,8 @@ fn role_now(state: &AdminState) -> RoleOk {
     state.node.repl.role_ok(state.clock.now_ns())
 }
 
-async fn ready(State(state): State<Arc<AdminState>>) -> Response {
-    let r = role_now(&state);
+fn ready(state: &AdminState) -> Response<String> {
+    let r = role_now(state);
     let serving = match r.role {
         Role::Primary => state.node.repl.admits(state.clock.now_ns()),
         Role::Follower => r.state == ReplState::Streaming,
@@ -249,17 +289,16 @@ async fn ready(State(state): State<Arc<AdminState>>) -> Response {
         Some(format!("{} {}", r.role.name(), r.state.name()))
     };
     match why_not {
-        None => (StatusCode::OK, "ready\n").into_response(),
-        Some(why) => (
+        None => plain(StatusCode::OK, "ready\n".to_owned()),
+        Some(why) => plain(
             StatusCode::SERVICE_UNAVAILABLE,
             format!("not ready: {why}\n"),
-        )
-            .into_response(),
+        ),
     }
 }
 
-async fn role(State(state): State<Arc<AdminState>>) -> Response {
-    let r = role_now(&state);
+fn role(state: &AdminState) -> Response<String> {
+    let r = role_now(state);
     let body = serde_json::json!({
         "role": r.role.name(),
         "state": r.state.name(),
@@ -272,22 +311,7 @@ async fn role(State(state): State<Arc<AdminState>>) -> Response {
         "primary": r.primary,
         "follower": r.follower,
     });
-    (
-        [(header::CONTENT_TYPE, "application/json")],
-        format!("{body}\n"),
-    )
-        .into_response()
-}
-
-async fn metrics(State(state): State<Arc<AdminState>>) -> Response {
-    (
-        [(
-            header::CONTENT_TYPE,
-            "text/plain; version=0.0.4; charset=utf-8",
-        )],
-        exposition(&state),
-    )
-        .into_response()
+    typed("application/json", format!("{body}\n"))
 }
 
 /// One metric family: its HELP and TYPE lines, then its samples.
