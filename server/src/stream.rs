@@ -195,11 +195,6 @@ impl Stream {
             Stream::Tls(_) | Stream::TlsClient(_) => Err(io::ErrorKind::WouldBlock.into()),
         }
     }
-
-    /// Whether bytes written may wait in a TLS buffer until flushed.
-    pub fn buffers(&self) -> bool {
-        !matches!(self, Stream::Plain(_))
-    }
 }
 
 impl AsyncRead for Stream {

@@ -619,7 +619,9 @@ impl Rls {
     /// answer.
     async fn send(&self, pending: &[Vec<Pending>]) -> Result<Decided, tonic::Status> {
         let mut decided: Decided = pending.iter().map(|g| vec![None; g.len()]).collect();
-        let (reply_tx, mut replies) = inbox::inbox::<BatchReply>();
+        // Made only when a DECIDE goes to another shard: a call decided
+        // in place allocates none.
+        let mut inbox = None;
         let mut waiting = 0;
         let remote_at = self.node.shards.len();
         for (shard, groups) in pending.iter().enumerate() {
@@ -642,15 +644,18 @@ impl Rls {
                 key: g.op.refs[0].bucket,
                 op: Op::Decide(Box::new(g.op)),
             });
-            outbox::queue(&self.node, shard, items, &reply_tx);
+            let (reply_tx, _) = inbox.get_or_insert_with(inbox::inbox::<BatchReply>);
+            outbox::queue(&self.node, shard, items, reply_tx);
             waiting += 1;
         }
-        drop(reply_tx);
+        // The outbox holds the senders now: the inbox ends if it drops
+        // them unanswered (shutting down).
+        let mut replies = inbox.map(|(_, replies)| replies);
         if let Some(remote) = pending.get(remote_at).filter(|r| !r.is_empty()) {
             decided[remote_at] = self.send_remote(remote).await?;
         }
         let mut got = Vec::new();
-        while waiting > 0 {
+        while let (true, Some(replies)) = (waiting > 0, replies.as_mut()) {
             if !replies.recv_many(&mut got).await {
                 return Err(tonic::Status::unavailable("sluiced is shutting down"));
             }

@@ -28,7 +28,7 @@ const ITEM_BITS: u32 = 16;
 
 /// Most items a call may queue for one shard (the service's descriptor
 /// limit is far below).
-pub const ITEMS_MAX: usize = 1 << ITEM_BITS;
+const ITEMS_MAX: usize = 1 << ITEM_BITS;
 
 /// One thread's queued DECIDEs and the calls waiting for their answers.
 #[derive(Debug)]
