@@ -435,10 +435,22 @@ impl Client {
     /// applied). Its replies come into `batch`.
     pub(crate) async fn send_batch(&self, batch: &Arc<Batch>) {
         let slots = self.inner.slots.len();
-        let mut items: Vec<Vec<u32>> = (0..slots).map(|_| Vec::new()).collect();
-        for (i, op) in batch.ops.iter().enumerate() {
-            items[self.slot_of(op.key())].push(i as u32);
-        }
+        let items: Vec<Vec<u32>> = if slots == 1 {
+            vec![(0..batch.ops.len() as u32).collect()]
+        } else {
+            // Each slot's list sized once: grown from empty, they were a
+            // forwarding node's most frequent reallocation.
+            let of: Vec<usize> = batch.ops.iter().map(|op| self.slot_of(op.key())).collect();
+            let mut counts = vec![0usize; slots];
+            for &s in &of {
+                counts[s] += 1;
+            }
+            let mut items: Vec<Vec<u32>> = counts.into_iter().map(Vec::with_capacity).collect();
+            for (i, &s) in of.iter().enumerate() {
+                items[s].push(i as u32);
+            }
+            items
+        };
         let deadline = self.inner.config.deadline;
         for (slot, items) in self.inner.slots.iter().zip(items) {
             if items.is_empty() {

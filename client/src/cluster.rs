@@ -369,6 +369,8 @@ struct Layout {
     groups: Vec<Arc<Group>>,
     /// [`Topology::layout_hash`] of the topology it was made from.
     hash: u64,
+    /// [`Cluster::generation`] when it was taken.
+    generation: u64,
 }
 
 #[derive(Debug)]
@@ -393,7 +395,7 @@ impl Cluster {
     /// down at start is served by the failure policy until it answers.
     pub fn new(topology: &Topology, config: ClusterConfig) -> Result<Cluster, Error> {
         topology.validate()?;
-        let layout = layout(topology, &HashMap::new());
+        let layout = layout(topology, &HashMap::new(), 0);
         Ok(Cluster {
             inner: Arc::new(Inner {
                 config,
@@ -417,9 +419,10 @@ impl Cluster {
             .filter(|g| topology.groups.iter().any(|s| s == &g.spec))
             .map(|g| (g.spec.name.clone(), g.clone()))
             .collect();
-        let new = layout(topology, &by_name);
-        *self.inner.layout.write().expect("not poisoned") = Arc::new(new);
-        self.inner.generation.fetch_add(1, Ordering::Release);
+        let mut current = self.inner.layout.write().expect("not poisoned");
+        let generation = current.generation + 1;
+        *current = Arc::new(layout(topology, &by_name, generation));
+        self.inner.generation.store(generation, Ordering::Release);
         Ok(())
     }
 
@@ -1091,7 +1094,7 @@ impl Cluster {
 }
 
 /// The layout for `topology`, reusing `keep`'s groups by name.
-fn layout(topology: &Topology, keep: &HashMap<String, Arc<Group>>) -> Layout {
+fn layout(topology: &Topology, keep: &HashMap<String, Arc<Group>>, generation: u64) -> Layout {
     let ring = Ring::new(topology.groups.iter().map(|g| g.name.as_str()));
     let groups = (0..ring.group_count())
         .map(|i| {
@@ -1121,6 +1124,7 @@ fn layout(topology: &Topology, keep: &HashMap<String, Arc<Group>>) -> Layout {
         ring,
         groups,
         hash: topology.layout_hash(),
+        generation,
     }
 }
 

@@ -119,6 +119,23 @@ pub enum ForwardFailure {
     Closed,
 }
 
+/// Which connections an entry node forwards over
+/// (`--forward-connections`).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, clap::ValueEnum, Deserialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum ForwardConnections {
+    /// Every thread that forwards (each shard's, a rate limit service
+    /// thread's) has its own connections to each owner's shards: a
+    /// forward and its answer cross no thread on this node. A node opens
+    /// (threads) x (other groups) x (their shards) connections.
+    #[default]
+    PerThread,
+    /// One set of connections, on the forwarder thread, which every other
+    /// thread hands its forwards to (a hop there and back): a node opens
+    /// (other groups) x (their shards), for clusters of very many groups.
+    Shared,
+}
+
 /// Default `--forward-deadline-ms`.
 pub const FORWARD_DEADLINE_MS_DEFAULT: u64 = 500;
 
@@ -503,6 +520,13 @@ pub struct Config {
     #[arg(long, value_enum, default_value_t = ForwardFailure::Error)]
     pub forward_failure: ForwardFailure,
 
+    /// With --cluster: `per-thread`, every thread that forwards keeps its
+    /// own connections to the owners (no hop between threads; more
+    /// connections), or `shared`, one set on the forwarder thread
+    /// (docs/ARCHITECTURE.md weighs the two).
+    #[arg(long, value_enum, default_value_t = ForwardConnections::PerThread)]
+    pub forward_connections: ForwardConnections,
+
     /// With --cluster: how long a forwarded request may wait for its
     /// owner's answer (then: outcome unknown, never resent).
     #[arg(long, value_name = "MS", default_value_t = FORWARD_DEADLINE_MS_DEFAULT)]
@@ -620,6 +644,7 @@ struct FileConfig {
     group: Option<String>,
     cluster: Option<PathBuf>,
     forward_failure: Option<ForwardFailure>,
+    forward_connections: Option<ForwardConnections>,
     forward_deadline_ms: Option<u64>,
     forward_stall_after_ms: Option<u64>,
     cluster_name: Option<String>,
@@ -823,6 +848,7 @@ impl Config {
             rls_request_timeout_ms,
             rls_buffer_bytes_max,
             forward_failure,
+            forward_connections,
             forward_deadline_ms,
             forward_stall_after_ms,
             cluster_name,

@@ -1029,7 +1029,8 @@ impl Connection {
             _ => return false,
         };
         let hash = if hash != 0 { hash } else { key_hash(key) };
-        let own = route.view.owns(hash);
+        let group = route.view.group_of(hash);
+        let own = route.view.is_own(group);
         if route.forwarded {
             if own {
                 return false;
@@ -1056,7 +1057,7 @@ impl Connection {
             return false;
         }
         let (tag, op) = remote_op(request_id, request, key);
-        self.pipe.forward_remote(tag, op);
+        self.pipe.forward_remote(tag, op, &route.view, group);
         true
     }
 

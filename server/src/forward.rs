@@ -11,13 +11,20 @@
 //! crate's [`Cluster`]: the same batching, deadlines, epochs and failover
 //! search as a gateway's, not a second implementation.
 //!
-//! How it runs: the [`Forwarder`] owns a thread with a current-thread
-//! runtime on which every connection to another node lives. A coordinator
-//! gathers a read's forwarded requests into one [`RemoteBatch`]; the
-//! forwarder runs its calls concurrently (the client's writer puts calls
+//! How it runs: every thread that forwards (each shard thread, the
+//! forwarder's own thread, a rate limit service thread) has a cluster
+//! client of its own, so a forward's connections live on the thread that
+//! forwards and no request or reply crosses a thread on its way out
+//! ([`Forwarder::cluster_here`]). A coordinator gathers a read's forwarded
+//! requests into one [`RemoteBatch`]; a task of its own thread runs them
+//! through that client's batch path (the client's writer puts calls
 //! queued together into one frame) and answers the batch as one
 //! [`BatchReply`], which fills the connection's pipeline slots like an
-//! answer from another shard.
+//! answer from another shard. The price is connections: a node keeps one
+//! to each shard of each node it forwards to *per forwarding thread*
+//! (docs/ARCHITECTURE.md weighs it). The forwarder's thread keeps the
+//! cluster client that follows etcd's layout (or the file's reloads); the
+//! others take each new layout from it on their next forward.
 //!
 //! Safety rules:
 //! - Nodes agree on the layout: every forwarding connection's HELLO carries
@@ -29,6 +36,7 @@
 //! - A forwarded spend that gets no answer is outcome-unknown and never
 //!   resent (the client crate's rule); its caller hears so.
 
+use std::cell::RefCell;
 use std::collections::BTreeMap;
 use std::future::Future;
 use std::path::PathBuf;
@@ -43,7 +51,7 @@ use sluice_protocol::ring::Ring;
 use sluice_protocol::routing::key_hash;
 use sluice_protocol::Status;
 
-use crate::config::{Config, ForwardFailure};
+use crate::config::{Config, ForwardConnections, ForwardFailure};
 use crate::inbox::Sender;
 use crate::shard::{BatchReply, MultiVerdict, Outcome};
 
@@ -62,8 +70,49 @@ pub use sluice_client::{OwnedLimits, OwnedTarget};
 pub struct RemoteBatch {
     /// The connection's reply inbox.
     pub reply_to: Sender<BatchReply>,
-    /// `(seq, op)` in the connection's order.
-    pub items: Vec<(u64, RemoteOp)>,
+    /// The requests, in the connection's order.
+    pub items: RemoteItems,
+}
+
+/// Requests gathered for other nodes: each one's pipeline seq, op and
+/// group (its ring index in `view`, looked up once, when the read told
+/// its own keys from others').
+#[derive(Debug, Default)]
+pub struct RemoteItems {
+    seqs: Vec<u64>,
+    /// The ops (public: the tests of the pipeline read them).
+    pub ops: Vec<RemoteOp>,
+    groups: Vec<usize>,
+    /// The view `groups` index, `None` when the items came under two
+    /// views (a layout changed mid-read): then they are looked up again.
+    view: Option<Arc<View>>,
+    mixed: bool,
+}
+
+impl RemoteItems {
+    /// Empty, with room for `n` requests.
+    pub fn with_capacity(n: usize) -> RemoteItems {
+        RemoteItems {
+            seqs: Vec::with_capacity(n),
+            ops: Vec::with_capacity(n),
+            groups: Vec::with_capacity(n),
+            view: None,
+            mixed: false,
+        }
+    }
+
+    /// Adds request `seq`, whose key is of group `group` in `view`.
+    #[inline]
+    pub fn push(&mut self, seq: u64, op: RemoteOp, view: &Arc<View>, group: usize) {
+        match &self.view {
+            None => self.view = Some(view.clone()),
+            Some(v) if !Arc::ptr_eq(v, view) => self.mixed = true,
+            Some(_) => {}
+        }
+        self.seqs.push(seq);
+        self.ops.push(op);
+        self.groups.push(group);
+    }
 }
 
 /// The cluster as this node sees it, made anew whenever the cluster
@@ -87,7 +136,19 @@ impl View {
     /// Whether this node's group owns the key of hash `key`.
     #[inline]
     pub fn owns(&self, key: u128) -> bool {
-        Some(self.ring.group_of(key)) == self.own
+        self.is_own(self.group_of(key))
+    }
+
+    /// The ring index of the group that owns the key of hash `key`.
+    #[inline]
+    pub fn group_of(&self, key: u128) -> usize {
+        self.ring.group_of(key)
+    }
+
+    /// Whether group `group` (a ring index) is this node's.
+    #[inline]
+    pub fn is_own(&self, group: usize) -> bool {
+        Some(group) == self.own
     }
 
     /// The name of the group that owns `key`.
@@ -155,17 +216,32 @@ pub struct Forwarder {
     /// What a key gets when its group cannot answer.
     failure: FailurePolicy,
     /// Routes, batches and fails over; its connections carry the layout
-    /// hash in HELLO.
+    /// hash in HELLO. The forwarder thread's own, and the one that follows
+    /// the layout (etcd's watch, the file's reloads).
     cluster: Cluster,
+    /// How the other threads' cluster clients are made.
+    base: ClusterConfig,
+    /// `--forward-connections per-thread`: every thread forwards through
+    /// a cluster client of its own; else all through the forwarder
+    /// thread's.
+    per_thread: bool,
+    /// Every other thread's cluster client (see [`Forwarder::cluster_here`]),
+    /// for what the node reports of the groups (primaries, epochs).
+    locals: Mutex<Vec<Cluster>>,
     /// The current view.
     view: RwLock<Arc<View>>,
     /// The forwarder thread's runtime.
     runtime: tokio::runtime::Handle,
     /// The forwarder thread (where the cluster client's connections live).
     thread: std::thread::ThreadId,
+    /// Tells this forwarder's thread-local cluster clients from another's.
+    id: u64,
     /// For the admin port.
     pub stats: ForwardStats,
 }
+
+/// Forwarders made in this process (ids for [`Forwarder::cluster_here`]).
+static FORWARDERS: AtomicU64 = AtomicU64::new(0);
 
 impl Forwarder {
     /// Reads the cluster (the file of `--cluster`, else etcd's layout of
@@ -200,11 +276,11 @@ impl Forwarder {
             (Some(path), _) => {
                 let topology = load(path, &group, &own_addr)?;
                 let _enter = runtime.enter();
-                Cluster::new(&topology, base).map_err(|e| e.to_string())?
+                Cluster::new(&topology, base.clone()).map_err(|e| e.to_string())?
             }
             (None, Some(url)) => {
                 let own = Topology::new().group(&group, &own_addr, None);
-                etcd_cluster(&runtime, url, &config.cluster_name, base, own)?
+                etcd_cluster(&runtime, url, &config.cluster_name, base.clone(), own)?
             }
             (None, None) => unreachable!("started with --cluster or --coordinator"),
         };
@@ -222,9 +298,13 @@ impl Forwarder {
             own_addr,
             failure,
             cluster,
+            base,
+            per_thread: config.forward_connections == ForwardConnections::PerThread,
+            locals: Mutex::default(),
             view: RwLock::new(Arc::new(view)),
             runtime,
             thread,
+            id: FORWARDERS.fetch_add(1, Ordering::Relaxed),
             stats: ForwardStats::default(),
         }))
     }
@@ -280,7 +360,20 @@ impl Forwarder {
     /// the file says), follower, epoch.
     pub fn groups(&self) -> Vec<(String, String, Option<String>, u64)> {
         let view = self.view();
-        let known = self.cluster.known();
+        let mut known = self.cluster.known();
+        for local in self.locals.lock().expect("not poisoned").iter() {
+            // Each thread's client learns primaries on its own: the
+            // highest epoch any of them saw is the group's.
+            for (name, primary, epoch) in local.known() {
+                match known.iter_mut().find(|(n, _, _)| *n == name) {
+                    Some(k) if epoch > k.2 || (epoch == k.2 && k.1.is_none()) => {
+                        *k = (name, primary, epoch);
+                    }
+                    Some(_) => {}
+                    None => known.push((name, primary, epoch)),
+                }
+            }
+        }
         view.topology
             .groups
             .iter()
@@ -300,20 +393,97 @@ impl Forwarder {
             .collect()
     }
 
-    /// Runs `batch`'s calls on the forwarder thread and answers it as one
-    /// [`BatchReply`] (in the batch's order).
-    pub fn submit(self: &Arc<Self>, view: Arc<View>, batch: RemoteBatch) {
+    /// Runs `batch`'s calls in a task of the calling thread (through its
+    /// own cluster client: no hop) and answers it as one [`BatchReply`]
+    /// (in the batch's order).
+    pub fn submit(self: &Arc<Self>, batch: RemoteBatch) {
         let this = self.clone();
-        self.runtime.spawn(async move {
+        let task = async move {
             let RemoteBatch { reply_to, items } = batch;
-            let (seqs, ops): (Vec<u64>, Vec<RemoteOp>) = items.into_iter().unzip();
-            let answers = this.forward(&view, ops).await;
+            let RemoteItems {
+                seqs,
+                ops,
+                groups,
+                view,
+                mixed,
+            } = items;
+            let answers = match view {
+                Some(view) if !mixed => this.forward(&view, ops, Some(&groups)).await,
+                _ => this.forward(&this.view(), ops, None).await,
+            };
             let outcomes = seqs.into_iter().zip(answers.into_iter().map(outcome));
             // The connection may be gone: nothing waits for the answer then.
             let _ = reply_to.send(BatchReply {
                 outcomes: outcomes.collect(),
             });
-        });
+        };
+        match tokio::runtime::Handle::try_current() {
+            Ok(here) if self.forwards_here() => drop(here.spawn(task)),
+            _ => drop(self.runtime.spawn(task)),
+        }
+    }
+
+    /// Whether the calling thread may call [`Forwarder::forward`] itself
+    /// (it has connections of its own, or it is the forwarder thread);
+    /// else [`Forwarder::run`] it there.
+    pub fn forwards_here(&self) -> bool {
+        self.per_thread || self.on_thread()
+    }
+
+    /// Runs `f` on the forwarder thread (`--forward-connections shared`:
+    /// where the node's connections to its peers live) and waits for it.
+    pub async fn run<T, F>(&self, f: F) -> T
+    where
+        F: Future<Output = T> + Send + 'static,
+        T: Send + 'static,
+    {
+        self.runtime
+            .spawn(f)
+            .await
+            .expect("a forwarded call does not panic")
+    }
+
+    /// The calling thread's cluster client: the forwarder thread's own, or
+    /// one made for this thread at its first forward (from the layout in
+    /// force, with the same settings) and brought up to date with every
+    /// later layout as it is used. Its connections are made, and live, on
+    /// this thread. With it, the client's generation under which `view`'s
+    /// ring indices are the client's own, if they are (both were made from
+    /// the same layout).
+    pub fn cluster_here(&self, view: &View) -> (Cluster, Option<u64>) {
+        let generation = self.cluster.generation();
+        if !self.per_thread || self.on_thread() {
+            let same = (view.generation == generation).then_some(generation);
+            return (self.cluster.clone(), same);
+        }
+        let me = self.id;
+        HERE.with(|here| {
+            let mut here = here.borrow_mut();
+            if let Some((owner, seen, cluster)) = here.as_mut() {
+                if *owner == me {
+                    if *seen != generation {
+                        // Groups whose members did not change keep their
+                        // connections (Cluster::reload).
+                        if let Err(e) = cluster.reload(&self.cluster.topology().0) {
+                            tracing::warn!(error = %e, "a thread's cluster client kept its layout");
+                        }
+                        *seen = generation;
+                    }
+                    let same = (view.generation == generation).then(|| cluster.generation());
+                    return (cluster.clone(), same);
+                }
+            }
+            let (topology, _) = self.cluster.topology();
+            let cluster = Cluster::new(&topology, self.base.clone())
+                .expect("the layout in force was validated when it was taken");
+            self.locals
+                .lock()
+                .expect("not poisoned")
+                .push(cluster.clone());
+            *here = Some((me, generation, cluster.clone()));
+            let same = (view.generation == generation).then(|| cluster.generation());
+            (cluster, same)
+        })
     }
 
     /// Whether the caller runs on the forwarder thread: then it may call
@@ -331,30 +501,32 @@ impl Forwarder {
         self.runtime.spawn(f);
     }
 
-    /// Runs `f` on the forwarder thread (where the node's connections to
-    /// its peers live) and waits for it.
-    pub async fn run<T, F>(&self, f: F) -> T
-    where
-        F: Future<Output = T> + Send + 'static,
-        T: Send + 'static,
-    {
-        self.runtime
-            .spawn(f)
-            .await
-            .expect("a forwarded call does not panic")
-    }
-
-    /// Decides `ops` on their owners through the cluster client's batch
-    /// path (one frame and one deadline per owner connection), counted.
-    /// Call it on the forwarder thread.
-    pub async fn forward(&self, view: &View, ops: Vec<RemoteOp>) -> Vec<Answered> {
-        let groups: Vec<usize> = ops
-            .iter()
-            .map(|op| view.ring.group_of(key_hash(op.key())))
-            .collect();
+    /// Decides `ops` on their owners through the calling thread's cluster
+    /// client's batch path (one frame and one deadline per owner
+    /// connection), counted.
+    /// `groups`: each op's group in `view`, if the caller looked them up.
+    pub async fn forward(
+        &self,
+        view: &View,
+        ops: Vec<RemoteOp>,
+        groups: Option<&[usize]>,
+    ) -> Vec<Answered> {
+        let looked_up: Vec<usize>;
+        let groups = match groups {
+            Some(groups) => groups,
+            None => {
+                looked_up = ops
+                    .iter()
+                    .map(|op| view.group_of(key_hash(op.key())))
+                    .collect();
+                &looked_up
+            }
+        };
+        let (cluster, generation) = self.cluster_here(view);
         let start = Instant::now();
-        let answers = self.cluster.batch(ops, self.failure).await;
-        self.count(view, &groups, start.elapsed(), &answers);
+        let route = generation.map(|g| (g, groups));
+        let answers = cluster.batch_routed(ops, route, self.failure).await;
+        self.count(view, groups, start.elapsed(), &answers);
         answers
     }
 
@@ -557,6 +729,13 @@ fn etcd_cluster(
     _: Topology,
 ) -> Result<Cluster, String> {
     Err("this sluiced was built without etcd".to_owned())
+}
+
+thread_local! {
+    /// This thread's cluster client ([`Forwarder::cluster_here`]): the
+    /// forwarder it belongs to (its id), the layout generation it last
+    /// took, the client.
+    static HERE: RefCell<Option<(u64, u64, Cluster)>> = const { RefCell::new(None) };
 }
 
 /// The forwarder thread: a current-thread runtime that runs until the

@@ -21,7 +21,7 @@
 use std::collections::VecDeque;
 use std::fmt::Debug;
 
-use crate::forward::{RemoteBatch, RemoteOp};
+use crate::forward::{RemoteBatch, RemoteItems, RemoteOp, View};
 use crate::inbox::{self, Receiver, Sender};
 use crate::shard::{Batch, BatchReply, FwdItem, Node, Op, Outcome, ShardMsg};
 
@@ -70,7 +70,7 @@ pub struct Pipeline<P: Protocol> {
     held_bytes: usize,
     /// Requests for other nodes (`--cluster`), gathered while handling
     /// one read and sent to the forwarder as one batch.
-    remote: Vec<(u64, RemoteOp)>,
+    remote: RemoteItems,
 }
 
 impl<P: Protocol> Pipeline<P> {
@@ -85,7 +85,7 @@ impl<P: Protocol> Pipeline<P> {
             replies_rx,
             batches_out: 0,
             held_bytes: 0,
-            remote: Vec::new(),
+            remote: RemoteItems::default(),
         }
     }
 
@@ -110,7 +110,7 @@ impl<P: Protocol> Pipeline<P> {
 
     /// Whether requests gathered for other shards have not been sent yet.
     pub fn has_unsent(&self) -> bool {
-        !self.remote.is_empty() || self.fwd.iter().any(|f| !f.is_empty())
+        !self.remote.ops.is_empty() || self.fwd.iter().any(|f| !f.is_empty())
     }
 
     /// Whether batches are out, so that [`Pipeline::recv`] will yield.
@@ -168,11 +168,18 @@ impl<P: Protocol> Pipeline<P> {
 
     /// Takes the next request, for another node to decide (its key's
     /// group, through the node's forwarder): its reply waits in order, and
-    /// the request joins this read's remote batch.
-    pub fn forward_remote(&mut self, tag: P::Tag, op: RemoteOp) {
+    /// the request joins this read's remote batch. `group`: the key's
+    /// group, the ring index in the view the read routed by.
+    pub fn forward_remote(
+        &mut self,
+        tag: P::Tag,
+        op: RemoteOp,
+        view: &std::sync::Arc<View>,
+        group: usize,
+    ) {
         let seq = self.head_seq + self.pending.len() as u64;
         self.pending.push_back(Slot::Waiting(tag));
-        self.remote.push((seq, op));
+        self.remote.push(seq, op, view, group);
     }
 
     /// Takes the next request, to be answered later by a task of this
@@ -189,21 +196,19 @@ impl<P: Protocol> Pipeline<P> {
     /// (shutting down) are answered [`Protocol::refused`]. Then hands the
     /// ready prefix to `emit`.
     pub fn send_forwards(&mut self, node: &Node, emit: impl FnMut(&P::Reply)) {
-        if !self.remote.is_empty() {
+        if !self.remote.ops.is_empty() {
             let forwarder = node
                 .forward
                 .as_ref()
                 .expect("remote requests need --cluster");
+            // The next read's room, sized as this one's: a Vec grown from
+            // empty took seven reallocations for a read of 64.
+            let room = RemoteItems::with_capacity(self.remote.ops.len());
             let batch = RemoteBatch {
                 reply_to: self.replies_tx.clone(),
-                // The next read's room, sized as this one's: a Vec grown
-                // from empty took seven reallocations for a read of 64.
-                items: {
-                    let room = Vec::with_capacity(self.remote.len());
-                    std::mem::replace(&mut self.remote, room)
-                },
+                items: std::mem::replace(&mut self.remote, room),
             };
-            forwarder.submit(forwarder.view(), batch);
+            forwarder.submit(batch);
             self.batches_out += 1;
         }
         for shard in 0..self.fwd.len() {

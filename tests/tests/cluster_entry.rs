@@ -203,6 +203,37 @@ async fn redis_and_envoy_clients_spread_over_every_node_get_exactly_the_limit() 
     }
 }
 
+/// The same exactness whichever threads forward: every thread over its
+/// own connections, the rate limit service on the shard threads
+/// (`--rls-threads 0`); and one shared set on the forwarder thread, which
+/// a second rate limit thread hands its calls to (`--forward-connections
+/// shared --rls-threads 2`).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn every_forwarding_thread_layout_is_exact() {
+    for extra in [
+        &["--rls-threads", "0"][..],
+        &["--forward-connections", "shared", "--rls-threads", "2"][..],
+    ] {
+        let cluster = TwoGroups::start_with(true, extra).await;
+        let (grants, errors) = resp_round_robin(&cluster, "resp");
+        assert_eq!(errors, 0, "{extra:?}: every node answers every key");
+        for (key, n) in grants {
+            assert_eq!(
+                n, 5,
+                "{extra:?}: CL.THROTTLE {key}: granted {n}, the limit is 5"
+            );
+        }
+        let (grants, errors) = rls_round_robin(&cluster, "rls");
+        assert_eq!(errors, 0, "{extra:?}: every node answers every descriptor");
+        for (value, n) in grants {
+            assert_eq!(
+                n, 5,
+                "{extra:?}: descriptor user={value}: granted {n}, the limit is 5"
+            );
+        }
+    }
+}
+
 /// The control: the same nodes and load without `--cluster` grant every
 /// key more than its limit (each primary counts it alone: 3 tries reach
 /// each, 6 in all; the followers refuse), so the exactness above is the

@@ -51,6 +51,22 @@ impl Cluster {
     /// `ops`'s order; `failure` answers the ops of a group that cannot.
     /// Groups are asked at once.
     pub async fn batch(&self, ops: Vec<Op>, failure: FailurePolicy) -> Vec<Answered> {
+        self.batch_routed(ops, None, failure).await
+    }
+
+    /// [`Cluster::batch`] with each op's group already looked up: `route`
+    /// is `(generation, groups)`, `groups[i]` the ring index of `ops[i]`'s
+    /// key in this client's layout of [`Cluster::generation`]
+    /// `generation`. Under another layout (a reload came between) the
+    /// groups are looked up again, so a stale route never misroutes. An
+    /// entry point, which looked the groups up to tell its own keys from
+    /// others', passes them on.
+    pub async fn batch_routed(
+        &self,
+        ops: Vec<Op>,
+        route: Option<(u64, &[usize])>,
+        failure: FailurePolicy,
+    ) -> Vec<Answered> {
         let n = ops.len();
         self.inner
             .stats
@@ -60,6 +76,16 @@ impl Cluster {
             crate::metrics::call();
         }
         let layout = self.layout();
+        let known = match route {
+            Some((generation, groups)) if generation == layout.generation && groups.len() == n => {
+                Some(groups)
+            }
+            _ => None,
+        };
+        let group_of = |i: usize, op: &Op| match known {
+            Some(groups) => groups[i],
+            None => layout.ring.group_of(key_hash(op.key())),
+        };
         let mut out: Vec<Option<Answered>> = (0..n).map(|_| None).collect();
         // Ops by group, in order: (ring index, positions in `ops`).
         let mut by_group: Vec<(usize, Vec<usize>)> = Vec::new();
@@ -68,10 +94,14 @@ impl Cluster {
                 out[i] = Some(Err(e));
                 continue;
             }
-            let g = layout.ring.group_of(key_hash(op.key()));
+            let g = group_of(i, op);
             match by_group.iter_mut().find(|(at, _)| *at == g) {
                 Some((_, items)) => items.push(i),
-                None => by_group.push((g, vec![i])),
+                None => {
+                    let mut items = Vec::with_capacity(n - i);
+                    items.push(i);
+                    by_group.push((g, items));
+                }
             }
         }
         if let [(g, items)] = by_group.as_slice() {
@@ -122,17 +152,18 @@ impl Cluster {
             self.send_and_wait(group, &node, &client, &batch).await;
             let mut again = Vec::new();
             let mut forgot = false;
+            let mut stored = 0;
             for (pos, reply) in batch.take().into_iter().enumerate() {
                 let op = &batch.ops[pos];
-                let deadline = self.inner.config.client.deadline;
-                let e = match reply.unwrap_or(Err(Error::Timeout(deadline))) {
-                    Ok(reply) => {
-                        self.inner.stats.store_total.fetch_add(1, Ordering::Relaxed);
+                let e = match reply {
+                    Some(Ok(reply)) => {
+                        stored += 1;
                         crate::metrics::verdict(Source::Store);
                         out[at[pos]] = Some(answer(op, reply));
                         continue;
                     }
-                    Err(e) => e,
+                    Some(Err(e)) => e,
+                    None => Error::Timeout(self.inner.config.client.deadline),
                 };
                 crate::metrics::error(&e);
                 let unknown = matches!(e, Error::Timeout(_) | Error::Disconnected);
@@ -155,6 +186,8 @@ impl Cluster {
                     again.push(pos);
                 }
             }
+            let stats = &self.inner.stats;
+            stats.store_total.fetch_add(stored, Ordering::Relaxed);
             let ops: Vec<Op> = again.iter().map(|&p| batch.ops[p].clone()).collect();
             at = again.iter().map(|&p| at[p]).collect();
             batch = Batch::new(ops);
@@ -327,4 +360,71 @@ pub async fn join_all<T>(mut futures: Vec<Pin<Box<dyn Future<Output = T> + Send 
         }
     })
     .await
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::{ClusterConfig, Topology};
+    use bytes::Bytes;
+    use sluice_protocol::Policy;
+
+    /// Groups whose primaries refuse every connection (port 1): each op's
+    /// error names the group it was routed to.
+    fn down(names: &[&str]) -> Topology {
+        names
+            .iter()
+            .fold(Topology::new(), |t, n| t.group(n, "127.0.0.1:1", None))
+    }
+
+    fn routed_to(answers: &[Answered]) -> Vec<String> {
+        answers
+            .iter()
+            .map(|a| match a {
+                Err(Error::Unavailable { group, .. }) => group.clone(),
+                other => panic!("a down group's answer: {other:?}"),
+            })
+            .collect()
+    }
+
+    /// A route looked up under the layout in force is used as given; one
+    /// looked up under an older layout is looked up again, so a reload
+    /// between an entry point's lookup and its batch never misroutes.
+    #[tokio::test]
+    async fn a_route_is_trusted_only_under_the_layout_it_was_made_in() {
+        let cluster = Cluster::new(&down(&["a", "b", "c"]), ClusterConfig::default()).unwrap();
+        let keys: Vec<Bytes> = (0..24).map(|i| Bytes::from(format!("k{i}"))).collect();
+        let ops = || -> Vec<Op> {
+            keys.iter()
+                .map(|k| Op::Throttle {
+                    key: k.clone(),
+                    policy: Policy::new(10, 1_000_000_000, 10).unwrap(),
+                    cost: 1,
+                    peek: false,
+                })
+                .collect()
+        };
+        let owners =
+            |c: &Cluster| -> Vec<String> { keys.iter().map(|k| c.owner_of(key_hash(k))).collect() };
+        let policy = FailurePolicy::Error;
+        let looked_up = routed_to(&cluster.batch(ops(), policy).await);
+        assert_eq!(looked_up, owners(&cluster));
+        // Every op said to be the first group's, under the current layout:
+        // taken as given.
+        let first = cluster.layout().ring.name(0).to_owned();
+        let all_first = vec![0; keys.len()];
+        let gen = cluster.generation();
+        let given = cluster
+            .batch_routed(ops(), Some((gen, &all_first)), policy)
+            .await;
+        assert!(routed_to(&given).iter().all(|g| *g == first));
+        // After a reload (another layout), the same route is stale: looked
+        // up again, by the new ring.
+        cluster.reload(&down(&["a", "c", "d"])).unwrap();
+        let stale = cluster
+            .batch_routed(ops(), Some((gen, &all_first)), policy)
+            .await;
+        assert_eq!(routed_to(&stale), owners(&cluster));
+        assert_ne!(owners(&cluster), vec![first; keys.len()], "the keys spread");
+    }
 }

@@ -136,8 +136,8 @@ const KEYS_CHUNK_BYTES: usize = 4096;
 #[derive(Clone, Debug)]
 struct Ahead {
     /// With `--cluster`, for a key this node does not decide: the key, for
-    /// the forwarder.
-    remote: Option<std::ops::Range<usize>>,
+    /// the forwarder, and its group (a ring index of the read's view).
+    remote: Option<(std::ops::Range<usize>, usize)>,
     /// Its offset in the read buffer: where parsing resumes if the
     /// connection's reply bound stops it before its decision.
     at: usize,
@@ -162,14 +162,18 @@ impl Ahead {
         keys: &mut BytesMut,
     ) -> Ahead {
         let key = key_hash(t.key);
-        let remote = match route {
-            Some((view, decides_own)) if !(*decides_own && view.owns(key)) => {
+        let group = route.map(|(view, decides_own)| {
+            let group = view.group_of(key);
+            (group, *decides_own && view.is_own(group))
+        });
+        let remote = match group {
+            Some((group, false)) => {
                 if keys.capacity() - keys.len() < t.key.len() {
                     keys.reserve(KEYS_CHUNK_BYTES.max(t.key.len()));
                 }
                 let start = keys.len();
                 keys.extend_from_slice(t.key);
-                Some(start..keys.len())
+                Some((start..keys.len(), group))
             }
             _ => None,
         };
@@ -355,6 +359,7 @@ impl Handler for RespConnection {
             if let Some(stop) = self.session.decide_ahead(
                 &mut self.ahead,
                 &mut self.keys,
+                route.as_ref().map(|(view, _)| view),
                 reply_max,
                 inflight_max,
                 &mut now_ns,
@@ -441,6 +446,7 @@ impl Session {
         &mut self,
         ahead: &mut Vec<Ahead>,
         keys: &mut BytesMut,
+        view: Option<&std::sync::Arc<crate::forward::View>>,
         reply_max: usize,
         inflight_max: usize,
         now_ns: &mut Option<u64>,
@@ -453,14 +459,15 @@ impl Session {
                 stop = Some(a.at);
                 break;
             }
-            if let Some(range) = a.remote.take() {
+            if let Some((range, group)) = a.remote.take() {
                 let key = keys.as_ref().expect("gathered when parsed").slice(range);
                 let op = RemoteOp::Cell {
                     key,
                     policy: a.policy,
                     quantity: a.quantity,
                 };
-                self.pipe.forward_remote((), op);
+                let view = view.expect("a remote key was routed by a view");
+                self.pipe.forward_remote((), op, view, group);
                 continue;
             }
             self.throttle(a.key, &a.policy, a.quantity, now_ns);

@@ -689,12 +689,13 @@ impl Rls {
                 }
             })
             .collect();
-        let answers = if forwarder.on_thread() {
-            forwarder.forward(&forwarder.view(), ops).await
+        let answers = if forwarder.forwards_here() {
+            // This thread's own connections: no hop.
+            forwarder.forward(&forwarder.view(), ops, None).await
         } else {
             let f = forwarder.clone();
             forwarder
-                .run(async move { f.forward(&f.view(), ops).await })
+                .run(async move { f.forward(&f.view(), ops, None).await })
                 .await
         };
         answers
