@@ -510,7 +510,7 @@ impl Connection {
                 }
                 Ok(Request::Promote) => self.promote(h.request_id),
                 Ok(Request::Failover) => self.failover(h.request_id),
-                Ok(Request::Cell(c)) => self.cell(h.request_id, c, now_ns),
+                Ok(Request::Cell(c)) => self.cell(h.request_id, c, self.hashes[i], now_ns),
                 Ok(Request::Cluster { key }) => {
                     let ok = crate::forward::cluster_ok(&self.core.node, key);
                     self.push(h.request_id, Local::Cluster(Box::new(ok)));
@@ -520,7 +520,8 @@ impl Connection {
         }
     }
 
-    /// First pass over a frame: hash every THROTTLE/PEEK key and prefetch
+    /// First pass over a frame: hash every THROTTLE/PEEK/CELL key (a CELL
+    /// is what an entry node forwards a CL.THROTTLE as) and prefetch
     /// the table slot of each key this shard owns, so the batch's cache
     /// misses overlap; the second pass then decides on cached slots. A key
     /// that turns out malformed just wasted a hash.
@@ -532,6 +533,7 @@ impl Connection {
                 message::op::THROTTLE | message::op::PEEK => {
                     payload.get(message::THROTTLE_FIXED_BYTES..)
                 }
+                message::op::CELL => payload.get(message::CELL_FIXED_BYTES..),
                 _ => None,
             };
             let hash = key.map_or(0, key_hash);
@@ -1012,7 +1014,8 @@ impl Connection {
     /// Places a keyed request on a node of a cluster: `true` when it was
     /// taken (forwarded to another node, or refused WRONG_GROUP), `false`
     /// when it is decided here as on a lone node. `hash`: the key's hash
-    /// for a THROTTLE or PEEK (computed by the prefetch pass), else 0.
+    /// for a THROTTLE, PEEK or CELL (computed by the prefetch pass), else
+    /// 0.
     #[inline(never)]
     fn routed(
         &mut self,
@@ -1063,8 +1066,8 @@ impl Connection {
 
     /// CELL: a CL.THROTTLE another node forwarded (or a v1 client sent),
     /// decided on the key's shard with redis-cell's arithmetic.
-    fn cell(&mut self, request_id: u32, c: &message::Cell<'_>, now_ns: u64) {
-        let key = key_hash(c.key);
+    fn cell(&mut self, request_id: u32, c: &message::Cell<'_>, hash: u128, now_ns: u64) {
+        let key = if hash != 0 { hash } else { key_hash(c.key) };
         let shard = shard_of(key, self.core.node.shard_count);
         if shard != self.core.id {
             let tag = Tag {

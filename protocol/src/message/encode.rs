@@ -80,13 +80,15 @@ pub fn put_cell_ok(
     request_id: u32,
     v: &crate::cell::CellVerdict,
 ) {
-    w.message(buf, op::CELL_OK, request_id, |b| {
-        b.put_u64_le(u64::from(v.limited));
-        b.put_i64_le(v.limit);
-        b.put_i64_le(v.remaining);
-        b.put_i64_le(v.retry_after_ns);
-        b.put_i64_le(v.reset_after_ns);
-    });
+    // One copy of the 40 bytes, not five capacity checks: a forwarded
+    // CL.THROTTLE's owner writes one per op.
+    let mut m = [0u8; 40];
+    m[..8].copy_from_slice(&u64::from(v.limited).to_le_bytes());
+    m[8..16].copy_from_slice(&v.limit.to_le_bytes());
+    m[16..24].copy_from_slice(&v.remaining.to_le_bytes());
+    m[24..32].copy_from_slice(&v.retry_after_ns.to_le_bytes());
+    m[32..].copy_from_slice(&v.reset_after_ns.to_le_bytes());
+    w.message(buf, op::CELL_OK, request_id, |b| b.put_slice(&m));
 }
 
 /// Appends a DECIDE_OK for `verdicts` (one per limit, in order,
