@@ -145,6 +145,16 @@ impl Window {
         }
         Ok(())
     }
+
+    /// Where the aligned window holding `now_ns` starts: the fixed window
+    /// and the sliding counter align their windows to multiples of
+    /// `window_ns` since the Unix epoch (`[k x W, (k+1) x W)`), so every
+    /// key's windows start at the same instants and a window's start is
+    /// known without storing when the key was first seen.
+    #[inline]
+    pub fn aligned_start_ns(&self, now_ns: u64) -> u64 {
+        now_ns - now_ns % self.window_ns
+    }
 }
 
 impl Concurrency {
