@@ -1,7 +1,8 @@
 //! Fixed window: at most `limit` units per window, where windows are aligned
-//! to multiples of `window_ns` since the Unix epoch (`[k x W, (k+1) x W)`),
-//! so every key's windows start at the same instants and a window's start
-//! is known without storing when the key was first seen.
+//! to multiples of `window_ns` since the Unix epoch (`[k x W, (k+1) x W)`,
+//! [`Window::aligned_start_ns`], shared with the sliding counter), so every
+//! key's windows start at the same instants and a window's start is known
+//! without storing when the key was first seen.
 //!
 //! **The boundary burst is this kind's documented behaviour**: a client that
 //! spends `limit` at the very end of one window and `limit` at the very start
@@ -47,7 +48,7 @@ impl FixedWindowState {
 /// A stored window later than now's (the clock stepped back) stays current.
 #[inline]
 fn current(state: Option<FixedWindowState>, window: &Window, now_ns: u64) -> (u64, u64) {
-    let aligned_ns = now_ns - now_ns % window.window_ns;
+    let aligned_ns = window.aligned_start_ns(now_ns);
     match state {
         Some(s) if s.window_start_ns >= aligned_ns => (s.window_start_ns, s.count),
         _ => (aligned_ns, 0),

@@ -34,6 +34,7 @@
 
 pub mod concurrency;
 pub mod fixed_window;
+pub mod kinds;
 pub mod sliding_counter;
 pub mod sliding_log;
 
@@ -53,6 +54,7 @@ pub use crate::policy::{
     CONCURRENCY_LIMIT_MAX, LEASE_NS_MAX, LEASE_NS_MIN, SLIDING_LOG_LIMIT_MAX, WINDOW_LIMIT_MAX,
     WINDOW_NS_MAX, WINDOW_NS_MIN,
 };
+pub use kinds::LimitKind;
 
 /// The lease when the spec names none (`concurrency:10`): 60 s, longer than
 /// the usual HTTP request timeout, short enough that a holder that crashes
@@ -118,6 +120,7 @@ pub struct Decision<S> {
 }
 
 impl From<gcra::Decision> for Decision<Bucket> {
+    #[inline]
     fn from(d: gcra::Decision) -> Self {
         Decision {
             verdict: d.verdict,
@@ -144,6 +147,16 @@ impl Window {
             return Err(PolicyError::Window);
         }
         Ok(())
+    }
+
+    /// Where the aligned window holding `now_ns` starts: the fixed window
+    /// and the sliding counter align their windows to multiples of
+    /// `window_ns` since the Unix epoch (`[k x W, (k+1) x W)`), so every
+    /// key's windows start at the same instants and a window's start is
+    /// known without storing when the key was first seen.
+    #[inline]
+    pub fn aligned_start_ns(&self, now_ns: u64) -> u64 {
+        now_ns - now_ns % self.window_ns
     }
 }
 

@@ -1,6 +1,6 @@
 //! Sliding window counter: a rolling window estimated from two counters.
-//! Windows are aligned to multiples of `W = window_ns` since the Unix epoch,
-//! as in [`fixed_window`](super::fixed_window); the rolling window ending
+//! Windows are aligned to multiples of `W = window_ns` since the Unix epoch
+//! ([`Window::aligned_start_ns`]); the rolling window ending
 //! now overlaps the previous aligned window by `(W - e) / W`, where `e` is
 //! the time elapsed in the current one, so the estimate of units spent in
 //! the last `W` is
@@ -82,7 +82,7 @@ struct Current {
 /// back) stays current, at `e = 0`, the most conservative estimate.
 #[inline]
 fn current(state: Option<SlidingCounterState>, window: &Window, now_ns: u64) -> Current {
-    let aligned_ns = now_ns - now_ns % window.window_ns;
+    let aligned_ns = window.aligned_start_ns(now_ns);
     let fresh = |prev| Current {
         start_ns: aligned_ns,
         elapsed_ns: now_ns - aligned_ns,

@@ -20,9 +20,10 @@ use hashbrown::HashMap;
 use sluice_protocol::cell::{self, CellPolicy, CellVerdict};
 use sluice_protocol::gcra::{self, Bucket, Verdict};
 use sluice_protocol::limit::concurrency::{self, ConcurrencyState};
-use sluice_protocol::limit::fixed_window::{self, FixedWindowState};
-use sluice_protocol::limit::sliding_counter::{self, SlidingCounterState};
-use sluice_protocol::limit::sliding_log::{self, SlidingLogState};
+use sluice_protocol::limit::fixed_window::FixedWindowState;
+use sluice_protocol::limit::kinds::{self, LimitKind};
+use sluice_protocol::limit::sliding_counter::SlidingCounterState;
+use sluice_protocol::limit::sliding_log::SlidingLogState;
 use sluice_protocol::limit::{Concurrency, Decision, Kind, Limit, Window};
 pub use sluice_protocol::message::{LimitVerdict, Mode};
 use sluice_protocol::priority::{self, Priority};
@@ -36,6 +37,66 @@ use super::tat::{Found, TokenBuckets};
 use super::{DecideOp, Op, Outcome};
 
 pub use sluice_protocol::message::LIMITS_MAX;
+
+/// The one match from a [`Limit`] to its kind's type: runs `body` with `K`
+/// the kind's [`LimitKind`] (and [`Stored`]) type and `n` its numbers, so
+/// each arm is `body` monomorphised for one kind (no `dyn`, and no match on
+/// the kind inside it).
+macro_rules! by_limit {
+    ($limit:expr, |$k:ident, $n:ident| $body:expr) => {
+        match $limit {
+            Limit::TokenBucket($n) => {
+                type $k = kinds::TokenBucket;
+                $body
+            }
+            Limit::FixedWindow($n) => {
+                type $k = kinds::FixedWindow;
+                $body
+            }
+            Limit::SlidingLog($n) => {
+                type $k = kinds::SlidingLog;
+                $body
+            }
+            Limit::SlidingCounter($n) => {
+                type $k = kinds::SlidingCounter;
+                $body
+            }
+            Limit::Concurrency($n) => {
+                type $k = kinds::Concurrency;
+                $body
+            }
+        }
+    };
+}
+
+/// [`by_limit!`] from a [`Kind`] alone (replication and snapshots name a
+/// bucket's kind, not its numbers).
+macro_rules! by_kind {
+    ($kind:expr, |$k:ident| $body:expr) => {
+        match $kind {
+            Kind::TokenBucket => {
+                type $k = kinds::TokenBucket;
+                $body
+            }
+            Kind::FixedWindow => {
+                type $k = kinds::FixedWindow;
+                $body
+            }
+            Kind::SlidingLog => {
+                type $k = kinds::SlidingLog;
+                $body
+            }
+            Kind::SlidingCounter => {
+                type $k = kinds::SlidingCounter;
+                $body
+            }
+            Kind::Concurrency => {
+                type $k = kinds::Concurrency;
+                $body
+            }
+        }
+    };
+}
 
 /// Slots each fixed-size table examines for full buckets when a new bucket
 /// meets `keys_max`: the cap costs bounded work per request, never a pass
@@ -470,28 +531,7 @@ impl Table {
 
     /// A bucket's state, as replication and snapshots carry it.
     pub fn export(&self, kind: Kind, bucket: u128) -> Option<State> {
-        match kind {
-            Kind::TokenBucket => self.buckets.get_latest(bucket).map(State::TokenBucket),
-            Kind::FixedWindow => self.fixed.get(bucket).map(|w| State::FixedWindow {
-                window_ns: w.window_ns,
-                state: w.state,
-            }),
-            Kind::SlidingCounter => self.counters.get(bucket).map(|w| State::SlidingCounter {
-                window_ns: w.window_ns,
-                state: w.state,
-            }),
-            Kind::SlidingLog => self
-                .logs
-                .get(&bucket)
-                .map(|(log, window_ns)| State::SlidingLog {
-                    window_ns: *window_ns,
-                    log: log.clone(),
-                }),
-            Kind::Concurrency => self
-                .leases
-                .get(&bucket)
-                .map(|l| State::Concurrency(l.clone())),
-        }
+        by_kind!(kind, |K| K::export(self, bucket))
     }
 
     /// Every bucket key of every kind, for a full sync.
@@ -509,30 +549,11 @@ impl Table {
     /// Not a decision: no counter moves, no cap applies (the primary
     /// already admitted it), nothing is recorded as changed.
     pub fn import(&mut self, bucket: u128, kind: Kind, state: Option<State>, now_ns: u64) {
-        match (kind, state) {
-            (Kind::TokenBucket, Some(State::TokenBucket(b))) => {
-                self.import_bucket(bucket, Some(b), now_ns);
-            }
-            (Kind::FixedWindow, Some(State::FixedWindow { window_ns, state })) => {
-                let w = Windowed { state, window_ns };
-                store_map(&mut self.fixed, bucket, Some(w), now_ns);
-            }
-            (Kind::SlidingCounter, Some(State::SlidingCounter { window_ns, state })) => {
-                let w = Windowed { state, window_ns };
-                store_map(&mut self.counters, bucket, Some(w), now_ns);
-            }
-            (Kind::SlidingLog, Some(State::SlidingLog { window_ns, log })) => {
-                drop(self.take_log(bucket));
-                self.put_log(bucket, Some((log, window_ns)));
-            }
-            (Kind::Concurrency, Some(State::Concurrency(leases))) => {
-                drop(self.take_leases(bucket));
-                self.put_leases(bucket, Some(leases));
-            }
-            (kind, None) => self.drop_bucket(kind, bucket),
-            (kind, Some(state)) => {
-                debug_assert!(false, "a {kind:?} bucket with a {:?} state", state.kind());
-            }
+        let Some(state) = state else {
+            return self.drop_bucket(kind, bucket);
+        };
+        if let Err(state) = by_kind!(kind, |K| K::import(self, bucket, state, now_ns)) {
+            debug_assert!(false, "a {kind:?} bucket with a {:?} state", state.kind());
         }
     }
 
@@ -606,13 +627,7 @@ impl Table {
     }
 
     fn drop_bucket(&mut self, kind: Kind, bucket: u128) {
-        match kind {
-            Kind::TokenBucket => drop(self.buckets.remove(bucket)),
-            Kind::FixedWindow => drop(self.fixed.remove(bucket)),
-            Kind::SlidingCounter => drop(self.counters.remove(bucket)),
-            Kind::SlidingLog => drop(self.take_log(bucket)),
-            Kind::Concurrency => drop(self.take_leases(bucket)),
-        }
+        by_kind!(kind, |K| K::remove(self, bucket));
     }
 
     /// Buckets held, all kinds.
@@ -666,12 +681,7 @@ impl Table {
     /// follower importing a batch of records).
     #[inline]
     pub fn prefetch_kind(&self, kind: Kind, key: u128) {
-        match kind {
-            Kind::TokenBucket => self.buckets.prefetch(key),
-            Kind::FixedWindow => self.fixed.prefetch(key),
-            Kind::SlidingCounter => self.counters.prefetch(key),
-            Kind::SlidingLog | Kind::Concurrency => {}
-        }
+        by_kind!(kind, |K| K::prefetch(self, key));
     }
 
     /// Room in the logs and lease lists for a spend of `cost` on `refs`:
@@ -921,107 +931,83 @@ impl Table {
 
     /// Whether `r` has a stored bucket.
     fn exists(&self, r: &LimitRef) -> bool {
-        match r.limit {
-            Limit::TokenBucket(_) => self.buckets.find(r.bucket) != Found::Absent,
-            Limit::FixedWindow(_) => self.fixed.get(r.bucket).is_some(),
-            Limit::SlidingCounter(_) => self.counters.get(r.bucket).is_some(),
-            Limit::SlidingLog(_) => self.logs.contains_key(&r.bucket),
-            Limit::Concurrency(_) => self.leases.contains_key(&r.bucket),
-        }
+        by_limit!(&r.limit, |K, _n| K::exists(self, r.bucket))
     }
 
     /// What `r` would answer to `cost`, changing nothing.
     fn probe_one(&self, r: &LimitRef, cost: u64, now_ns: u64) -> Verdict {
-        match &r.limit {
-            Limit::TokenBucket(p) => {
-                gcra::peek(self.buckets.get(r.bucket, now_ns), p, cost, now_ns)
-            }
-            Limit::FixedWindow(w) => {
-                fixed_window::peek(self.fixed.get(r.bucket).map(|s| s.state), w, cost, now_ns)
-            }
-            Limit::SlidingCounter(w) => sliding_counter::peek(
-                self.counters.get(r.bucket).map(|s| s.state),
-                w,
-                cost,
-                now_ns,
-            ),
-            Limit::SlidingLog(w) => {
-                sliding_log::peek(self.logs.get(&r.bucket).map(|(l, _)| l), w, cost, now_ns)
-            }
-            Limit::Concurrency(c) => concurrency::peek(self.leases.get(&r.bucket), c, cost, now_ns),
-        }
+        by_limit!(&r.limit, |K, n| self
+            .probe_kind::<K>(r.bucket, n, cost, now_ns))
     }
 
     /// Spends `cost` on `r` (an admitted concurrency acquire takes a lease).
     fn spend_one(&mut self, r: &LimitRef, cost: u64, now_ns: u64) -> LimitVerdict {
-        let kind = r.limit.kind();
-        let mut lease_id = 0;
-        let verdict = match &r.limit {
-            Limit::TokenBucket(p) => self
-                .buckets
-                .apply(r.bucket, now_ns, |b| gcra::throttle(b, p, cost, now_ns)),
-            Limit::FixedWindow(w) => apply_window(&mut self.fixed, r.bucket, w, now_ns, |s| {
-                fixed_window::throttle(s, w, cost, now_ns)
-            }),
-            Limit::SlidingCounter(w) => {
-                apply_window(&mut self.counters, r.bucket, w, now_ns, |s| {
-                    sliding_counter::throttle(s, w, cost, now_ns)
-                })
-            }
-            Limit::SlidingLog(w) => {
-                let old = self.take_log(r.bucket);
-                let d = sliding_log::throttle(old, w, cost, now_ns);
-                self.put_log(r.bucket, d.state.map(|l| (l, w.window_ns)));
-                d.verdict
-            }
-            Limit::Concurrency(c) => {
-                let id = self.next_lease_id.wrapping_add(1).max(1);
-                let d = concurrency::acquire(self.take_leases(r.bucket), c, cost, id, now_ns);
-                if d.verdict.allowed && cost > 0 {
-                    self.next_lease_id = id;
-                    lease_id = id;
-                }
-                self.put_leases(r.bucket, d.state);
-                d.verdict
-            }
+        by_limit!(&r.limit, |K, n| self
+            .spend_kind::<K>(r.bucket, n, cost, now_ns))
+    }
+
+    /// Gives `units` back to `r`, never above its limit.
+    fn refund_one(&mut self, r: &LimitRef, units: u64, now_ns: u64) -> Verdict {
+        by_limit!(&r.limit, |K, n| self
+            .refund_kind::<K>(r.bucket, n, units, now_ns))
+    }
+
+    /// [`Table::probe_one`] for a limit of kind `K`, its numbers `n`.
+    #[inline]
+    fn probe_kind<K: Stored>(
+        &self,
+        bucket: u128,
+        n: &K::Numbers,
+        cost: u64,
+        now_ns: u64,
+    ) -> Verdict {
+        K::read(self, bucket, now_ns, |s| K::peek(s, n, cost, now_ns))
+    }
+
+    /// [`Table::spend_one`] for a limit of kind `K`: a lease id is made
+    /// only for a kind that takes leases, and used only if admitted.
+    #[inline]
+    fn spend_kind<K: Stored>(
+        &mut self,
+        bucket: u128,
+        n: &K::Numbers,
+        cost: u64,
+        now_ns: u64,
+    ) -> LimitVerdict {
+        let id = if K::LEASES {
+            self.next_lease_id.wrapping_add(1).max(1)
+        } else {
+            0
         };
-        self.changed(kind, r.bucket);
+        let verdict = K::apply(self, bucket, n, now_ns, |s| {
+            K::spend(s, n, cost, id, now_ns)
+        });
+        let mut lease_id = 0;
+        if K::LEASES && verdict.allowed && cost > 0 {
+            self.next_lease_id = id;
+            lease_id = id;
+        }
+        self.changed(K::KIND, bucket);
         LimitVerdict {
-            kind,
+            kind: K::KIND,
             verdict,
             lease_id,
         }
     }
 
-    /// Gives `units` back to `r`, never above its limit.
-    fn refund_one(&mut self, r: &LimitRef, units: u64, now_ns: u64) -> Verdict {
-        let verdict = self.refund_unrecorded(r, units, now_ns);
-        self.changed(r.limit.kind(), r.bucket);
+    /// [`Table::refund_one`] for a limit of kind `K` (a concurrency limit
+    /// gives nothing back: leases are freed by RELEASE).
+    #[inline]
+    fn refund_kind<K: Stored>(
+        &mut self,
+        bucket: u128,
+        n: &K::Numbers,
+        units: u64,
+        now_ns: u64,
+    ) -> Verdict {
+        let verdict = K::apply(self, bucket, n, now_ns, |s| K::refund(s, n, units, now_ns));
+        self.changed(K::KIND, bucket);
         verdict
-    }
-
-    fn refund_unrecorded(&mut self, r: &LimitRef, units: u64, now_ns: u64) -> Verdict {
-        match &r.limit {
-            Limit::TokenBucket(p) => self
-                .buckets
-                .apply(r.bucket, now_ns, |b| gcra::refund(b, p, units, now_ns)),
-            Limit::FixedWindow(w) => apply_window(&mut self.fixed, r.bucket, w, now_ns, |s| {
-                fixed_window::refund(s, w, units, now_ns)
-            }),
-            Limit::SlidingCounter(w) => {
-                apply_window(&mut self.counters, r.bucket, w, now_ns, |s| {
-                    sliding_counter::refund(s, w, units, now_ns)
-                })
-            }
-            Limit::SlidingLog(w) => {
-                let old = self.take_log(r.bucket);
-                let d = sliding_log::refund(old, w, units, now_ns);
-                self.put_log(r.bucket, d.state.map(|l| (l, w.window_ns)));
-                d.verdict
-            }
-            // Leases are given back by RELEASE, not by refund.
-            Limit::Concurrency(_) => self.probe_one(r, 0, now_ns),
-        }
     }
 
     fn reset_one(&mut self, r: &LimitRef) {
@@ -1156,6 +1142,240 @@ impl Table {
             verdict,
             lease_id,
         })
+    }
+}
+
+/// Where a kind's buckets live in a [`Table`], and how their states go to
+/// and from replication's [`State`] (which `protocol::limit` cannot name:
+/// `replication` imports it): the storage half of the table's one generic
+/// path, whose decision half is [`LimitKind`].
+trait Stored: LimitKind {
+    /// Whether `bucket` has a state stored.
+    fn exists(t: &Table, bucket: u128) -> bool;
+    /// `f` of `bucket`'s state at `now_ns` (`None`: absent).
+    fn read<R>(
+        t: &Table,
+        bucket: u128,
+        now_ns: u64,
+        f: impl FnOnce(Option<&Self::State>) -> R,
+    ) -> R;
+    /// Runs `decide` on `bucket`'s state and stores the state it returns
+    /// (`None`: drops it), with what a sweep needs of `numbers`; the
+    /// verdict.
+    fn apply(
+        t: &mut Table,
+        bucket: u128,
+        numbers: &Self::Numbers,
+        now_ns: u64,
+        decide: impl FnOnce(Option<Self::State>) -> Decision<Self::State>,
+    ) -> Verdict;
+    /// Drops `bucket`'s state.
+    fn remove(t: &mut Table, bucket: u128);
+    /// `bucket`'s state as replication and snapshots carry it.
+    fn export(t: &Table, bucket: u128) -> Option<State>;
+    /// Stores `state` as replication carried it; gives it back if it is
+    /// another kind's.
+    fn import(t: &mut Table, bucket: u128, state: State, now_ns: u64) -> Result<(), State>;
+    /// Starts loading `bucket`'s slot into cache (the fixed-size kinds).
+    #[inline]
+    fn prefetch(_t: &Table, _bucket: u128) {}
+}
+
+impl Stored for kinds::TokenBucket {
+    #[inline]
+    fn exists(t: &Table, bucket: u128) -> bool {
+        t.buckets.find(bucket) != Found::Absent
+    }
+
+    #[inline]
+    fn read<R>(t: &Table, bucket: u128, now_ns: u64, f: impl FnOnce(Option<&Bucket>) -> R) -> R {
+        f(t.buckets.get(bucket, now_ns).as_ref())
+    }
+
+    #[inline]
+    fn apply(
+        t: &mut Table,
+        bucket: u128,
+        _: &Policy,
+        now_ns: u64,
+        decide: impl FnOnce(Option<Bucket>) -> Decision<Bucket>,
+    ) -> Verdict {
+        t.buckets.apply(bucket, now_ns, decide)
+    }
+
+    fn remove(t: &mut Table, bucket: u128) {
+        t.buckets.remove(bucket);
+    }
+
+    fn export(t: &Table, bucket: u128) -> Option<State> {
+        t.buckets.get_latest(bucket).map(State::TokenBucket)
+    }
+
+    fn import(t: &mut Table, bucket: u128, state: State, now_ns: u64) -> Result<(), State> {
+        let State::TokenBucket(b) = state else {
+            return Err(state);
+        };
+        t.import_bucket(bucket, Some(b), now_ns);
+        Ok(())
+    }
+
+    #[inline]
+    fn prefetch(t: &Table, bucket: u128) {
+        t.buckets.prefetch(bucket);
+    }
+}
+
+/// [`Stored`] for a window kind kept in a [`BucketMap`] of [`Windowed`]
+/// records (the table's field `$map`, replication's `State::$kind`).
+macro_rules! stored_window {
+    ($kind:ident, $map:ident) => {
+        impl Stored for kinds::$kind {
+            #[inline]
+            fn exists(t: &Table, bucket: u128) -> bool {
+                t.$map.get(bucket).is_some()
+            }
+
+            #[inline]
+            fn read<R>(
+                t: &Table,
+                bucket: u128,
+                _: u64,
+                f: impl FnOnce(Option<&Self::State>) -> R,
+            ) -> R {
+                f(t.$map.get(bucket).map(|w| &w.state))
+            }
+
+            #[inline]
+            fn apply(
+                t: &mut Table,
+                bucket: u128,
+                w: &Window,
+                now_ns: u64,
+                decide: impl FnOnce(Option<Self::State>) -> Decision<Self::State>,
+            ) -> Verdict {
+                apply_window(&mut t.$map, bucket, w, now_ns, decide)
+            }
+
+            fn remove(t: &mut Table, bucket: u128) {
+                t.$map.remove(bucket);
+            }
+
+            fn export(t: &Table, bucket: u128) -> Option<State> {
+                t.$map.get(bucket).map(|w| State::$kind {
+                    window_ns: w.window_ns,
+                    state: w.state,
+                })
+            }
+
+            fn import(t: &mut Table, bucket: u128, state: State, now_ns: u64) -> Result<(), State> {
+                let State::$kind { window_ns, state } = state else {
+                    return Err(state);
+                };
+                let w = Windowed { state, window_ns };
+                store_map(&mut t.$map, bucket, Some(w), now_ns);
+                Ok(())
+            }
+
+            #[inline]
+            fn prefetch(t: &Table, bucket: u128) {
+                t.$map.prefetch(bucket);
+            }
+        }
+    };
+}
+
+stored_window!(FixedWindow, fixed);
+stored_window!(SlidingCounter, counters);
+
+impl Stored for kinds::SlidingLog {
+    fn exists(t: &Table, bucket: u128) -> bool {
+        t.logs.contains_key(&bucket)
+    }
+
+    fn read<R>(
+        t: &Table,
+        bucket: u128,
+        _: u64,
+        f: impl FnOnce(Option<&SlidingLogState>) -> R,
+    ) -> R {
+        f(t.logs.get(&bucket).map(|(log, _)| log))
+    }
+
+    fn apply(
+        t: &mut Table,
+        bucket: u128,
+        w: &Window,
+        _: u64,
+        decide: impl FnOnce(Option<SlidingLogState>) -> Decision<SlidingLogState>,
+    ) -> Verdict {
+        let d = decide(t.take_log(bucket));
+        t.put_log(bucket, d.state.map(|log| (log, w.window_ns)));
+        d.verdict
+    }
+
+    fn remove(t: &mut Table, bucket: u128) {
+        t.take_log(bucket);
+    }
+
+    fn export(t: &Table, bucket: u128) -> Option<State> {
+        let (log, window_ns) = t.logs.get(&bucket)?;
+        Some(State::SlidingLog {
+            window_ns: *window_ns,
+            log: log.clone(),
+        })
+    }
+
+    fn import(t: &mut Table, bucket: u128, state: State, _: u64) -> Result<(), State> {
+        let State::SlidingLog { window_ns, log } = state else {
+            return Err(state);
+        };
+        t.take_log(bucket);
+        t.put_log(bucket, Some((log, window_ns)));
+        Ok(())
+    }
+}
+
+impl Stored for kinds::Concurrency {
+    fn exists(t: &Table, bucket: u128) -> bool {
+        t.leases.contains_key(&bucket)
+    }
+
+    fn read<R>(
+        t: &Table,
+        bucket: u128,
+        _: u64,
+        f: impl FnOnce(Option<&ConcurrencyState>) -> R,
+    ) -> R {
+        f(t.leases.get(&bucket))
+    }
+
+    fn apply(
+        t: &mut Table,
+        bucket: u128,
+        _: &Concurrency,
+        _: u64,
+        decide: impl FnOnce(Option<ConcurrencyState>) -> Decision<ConcurrencyState>,
+    ) -> Verdict {
+        let d = decide(t.take_leases(bucket));
+        t.put_leases(bucket, d.state);
+        d.verdict
+    }
+
+    fn remove(t: &mut Table, bucket: u128) {
+        t.take_leases(bucket);
+    }
+
+    fn export(t: &Table, bucket: u128) -> Option<State> {
+        t.leases.get(&bucket).cloned().map(State::Concurrency)
+    }
+
+    fn import(t: &mut Table, bucket: u128, state: State, _: u64) -> Result<(), State> {
+        let State::Concurrency(leases) = state else {
+            return Err(state);
+        };
+        t.take_leases(bucket);
+        t.put_leases(bucket, Some(leases));
+        Ok(())
     }
 }
 

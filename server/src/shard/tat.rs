@@ -30,6 +30,7 @@
 use std::collections::HashMap;
 
 use sluice_protocol::gcra::{self, Bucket, Verdict, TAT_ZERO_BITS};
+use sluice_protocol::limit::Decision;
 use sluice_protocol::Policy;
 
 use super::bucket_map::{BucketMap, Record, Walk};
@@ -241,11 +242,11 @@ impl TokenBuckets {
         &mut self,
         key: u128,
         now_ns: u64,
-        decide: impl FnOnce(Option<Bucket>) -> gcra::Decision,
+        decide: impl FnOnce(Option<Bucket>) -> Decision<Bucket>,
     ) -> Verdict {
         let found = self.find(key);
         let d = decide(self.read(found, key, now_ns));
-        self.write(found, key, d.bucket, now_ns);
+        self.write(found, key, d.state, now_ns);
         d.verdict
     }
 
