@@ -277,14 +277,26 @@ impl Batch {
 
     /// Op `index`'s reply (the first one given counts).
     pub(crate) fn complete(&self, index: u32, reply: Result<Reply, Error>) {
-        let mut replies = self.replies.lock().unwrap_or_else(|e| e.into_inner());
-        // Taken already (the caller stopped waiting), or answered.
-        let Some(slot @ None) = replies.get_mut(index as usize) else {
-            return;
-        };
-        *slot = Some(reply);
-        drop(replies);
-        if self.left.fetch_sub(1, Ordering::AcqRel) == 1 {
+        self.complete_many(std::iter::once((index, reply)));
+    }
+
+    /// Ops' replies, `(index, reply)`, under one lock (the first reply
+    /// given an op counts).
+    pub(crate) fn complete_many(
+        &self,
+        replies: impl IntoIterator<Item = (u32, Result<Reply, Error>)>,
+    ) {
+        let mut slots = self.replies.lock().unwrap_or_else(|e| e.into_inner());
+        let mut filled = 0;
+        for (index, reply) in replies {
+            // Taken already (the caller stopped waiting), or answered.
+            if let Some(slot @ None) = slots.get_mut(index as usize) {
+                *slot = Some(reply);
+                filled += 1;
+            }
+        }
+        drop(slots);
+        if filled > 0 && self.left.fetch_sub(filled, Ordering::AcqRel) == filled {
             self.done.notify_one();
         }
     }
@@ -315,26 +327,58 @@ enum Queued {
     Batch { batch: Arc<Batch>, items: Vec<u32> },
 }
 
-/// Who waits for a request id's reply.
+/// Ops of a batch sent under consecutive request ids: `first` is op
+/// `items[0]`'s, `first + k` op `items[k]`'s. One entry for a frame's
+/// worth of a batch's ops, where one map entry (and one `Arc` of the
+/// batch) per op was most of a forwarding node's bookkeeping.
 #[derive(Debug)]
-enum Waiter {
-    One(oneshot::Sender<Result<Reply, Error>>),
-    Batch(Arc<Batch>, u32),
+struct Run {
+    first: u32,
+    batch: Arc<Batch>,
+    items: Vec<u32>,
+    /// Replies still to come.
+    left: usize,
 }
 
-impl Waiter {
-    fn answer(self, reply: Result<Reply, Error>) {
-        match self {
-            Waiter::One(tx) => {
-                let _ = tx.send(reply);
-            }
-            Waiter::Batch(batch, index) => batch.complete(index, reply),
+/// Callers waiting for replies.
+#[derive(Debug, Default)]
+struct Waiting {
+    /// Single calls, by request id.
+    one: HashMap<u32, oneshot::Sender<Result<Reply, Error>>, BuildHasherDefault<IdHasher>>,
+    /// Batches' runs, in the order sent (so replies, which come in
+    /// request order, mostly find theirs at the front).
+    runs: std::collections::VecDeque<Run>,
+}
+
+impl Waiting {
+    /// The run that request id `id` belongs to (its first id), and the
+    /// op's index in its batch.
+    fn run_of(&self, id: u32) -> Option<(u32, u32)> {
+        self.runs.iter().find_map(|run| {
+            let k = id.wrapping_sub(run.first) as usize;
+            (k < run.items.len()).then(|| (run.first, run.items[k]))
+        })
+    }
+
+    /// Gives `replies` to the batch of the run whose first id is `first`,
+    /// under one lock; a run all answered goes.
+    fn answer(&mut self, first: u32, replies: &mut Vec<(u32, Result<Reply, Error>)>) {
+        let Some(at) = self.runs.iter().position(|r| r.first == first) else {
+            replies.clear();
+            return;
+        };
+        let n = replies.len();
+        let run = &mut self.runs[at];
+        run.batch.complete_many(replies.drain(..));
+        run.left = run.left.saturating_sub(n);
+        if run.left == 0 {
+            self.runs.remove(at);
         }
     }
 }
 
 /// Callers waiting for replies, by request id.
-type Pending = Arc<Mutex<HashMap<u32, Waiter, BuildHasherDefault<IdHasher>>>>;
+type Pending = Arc<Mutex<Waiting>>;
 
 /// Request ids come from a counter: one multiply spreads them, where
 /// SipHash cost a forwarding node a few percent of its time.
@@ -540,25 +584,26 @@ async fn write_loop(
         let mut w = FrameWriter::new();
         {
             let mut pending = pending.lock().unwrap_or_else(|e| e.into_inner());
-            // Id 0 is reserved for connection-level errors.
-            let mut next = || {
-                next_id = next_id.wrapping_add(1).max(1);
-                next_id
-            };
             for q in calls.drain(..) {
                 match q {
                     Queued::One { call, reply } => {
-                        let request_id = next();
+                        let request_id = next(&mut next_id);
                         call.encode(&mut w, &mut buf, request_id);
-                        pending.insert(request_id, Waiter::One(reply));
+                        pending.one.insert(request_id, reply);
                     }
+                    Queued::Batch { batch, items } if items.is_empty() => drop(batch),
                     Queued::Batch { batch, items } => {
-                        for i in items {
-                            let request_id = next();
+                        let first = run_ids(&mut next_id, items.len() as u32);
+                        for (k, &i) in items.iter().enumerate() {
                             let op = &batch.ops[i as usize];
-                            op.request().encode(&mut w, &mut buf, request_id);
-                            pending.insert(request_id, Waiter::Batch(batch.clone(), i));
+                            op.request().encode(&mut w, &mut buf, first + k as u32);
                         }
+                        pending.runs.push_back(Run {
+                            first,
+                            batch,
+                            left: items.len(),
+                            items,
+                        });
                     }
                 }
             }
@@ -581,6 +626,7 @@ async fn read_loop(
     pending: Pending,
 ) {
     let mut fatal: Option<(u16, String)> = None;
+    let mut replies: Vec<(u32, Result<Reply, Error>)> = Vec::new();
     'read: loop {
         loop {
             let frame = match decoder.decode(&mut rbuf) {
@@ -589,8 +635,11 @@ async fn read_loop(
                 Err(e) => break 'read fatal = Some((0, e.to_string())),
             };
             let mut pending = pending.lock().unwrap_or_else(|e| e.into_inner());
+            // A run's replies in this frame, given to its batch at once.
+            let mut staged: Option<u32> = None;
             for (h, p) in frame.messages() {
                 let Some(reply) = Reply::parse(h, p) else {
+                    flush(&mut pending, &mut staged, &mut replies);
                     break 'read fatal = Some((0, format!("unreadable reply op {:#04x}", h.op)));
                 };
                 if h.request_id == 0 {
@@ -599,13 +648,21 @@ async fn read_loop(
                     }
                     continue;
                 }
-                if let Some(waiter) = pending.remove(&h.request_id) {
-                    waiter.answer(match reply {
-                        Reply::Error { code, text } => Err(Error::server(code, text)),
-                        other => Ok(other),
-                    });
+                let reply = match reply {
+                    Reply::Error { code, text } => Err(Error::server(code, text)),
+                    other => Ok(other),
+                };
+                if let Some((first, index)) = pending.run_of(h.request_id) {
+                    if staged != Some(first) {
+                        flush(&mut pending, &mut staged, &mut replies);
+                        staged = Some(first);
+                    }
+                    replies.push((index, reply));
+                } else if let Some(tx) = pending.one.remove(&h.request_id) {
+                    let _ = tx.send(reply);
                 }
             }
+            flush(&mut pending, &mut staged, &mut replies);
         }
         match read.read_buf(&mut rbuf).await {
             Ok(n) if n > 0 => {}
@@ -619,13 +676,112 @@ async fn read_loop(
     }
 }
 
+/// The request id after `id` (0 is reserved for connection-level errors).
+fn next(id: &mut u32) -> u32 {
+    *id = id.wrapping_add(1).max(1);
+    *id
+}
+
+/// The first of `n` consecutive request ids after `id`, and `id` moved to
+/// the last: a run that would pass `u32::MAX` starts again at 1 (ids wrap
+/// there anyway; 0 is never one).
+fn run_ids(id: &mut u32, n: u32) -> u32 {
+    if id.checked_add(n).is_none() {
+        *id = 0;
+    }
+    let first = *id + 1;
+    *id += n;
+    first
+}
+
+/// Gives the replies staged for the run whose first id is `staged` to its
+/// batch.
+fn flush(
+    pending: &mut Waiting,
+    staged: &mut Option<u32>,
+    replies: &mut Vec<(u32, Result<Reply, Error>)>,
+) {
+    if let Some(first) = staged.take() {
+        pending.answer(first, replies);
+    }
+}
+
 fn fail_all(pending: &Pending, err: impl Fn() -> Error) {
-    let drained: Vec<_> = pending
-        .lock()
-        .unwrap_or_else(|e| e.into_inner())
-        .drain()
-        .collect();
-    for (_, waiter) in drained {
-        waiter.answer(Err(err()));
+    let waiting = std::mem::take(&mut *pending.lock().unwrap_or_else(|e| e.into_inner()));
+    for (_, tx) in waiting.one {
+        let _ = tx.send(Err(err()));
+    }
+    for run in waiting.runs {
+        // Ops answered already keep their replies (the first counts).
+        run.batch
+            .complete_many(run.items.iter().map(|&i| (i, Err(err()))));
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_run_of_ids_is_consecutive_never_zero_and_wraps_whole() {
+        let mut id = 0;
+        assert_eq!(run_ids(&mut id, 3), 1);
+        assert_eq!(id, 3);
+        assert_eq!(next(&mut id), 4);
+        // Up to u32::MAX exactly fits; one more starts again at 1.
+        id = u32::MAX - 3;
+        assert_eq!(run_ids(&mut id, 3), u32::MAX - 2);
+        assert_eq!(id, u32::MAX);
+        assert_eq!(run_ids(&mut id, 2), 1);
+        assert_eq!(id, 2);
+        id = u32::MAX - 1;
+        assert_eq!(run_ids(&mut id, 5), 1, "a run never spans the wrap");
+        assert_eq!(next(&mut { u32::MAX }), 1, "0 is never an id");
+    }
+
+    #[test]
+    fn replies_find_their_run_and_a_run_answered_goes() {
+        let ops = |n| {
+            (0..n)
+                .map(|_| Op::Cell {
+                    key: bytes::Bytes::from_static(b"k"),
+                    policy: sluice_protocol::cell::CellPolicy::new(1, 1, 1).unwrap(),
+                    quantity: 1,
+                })
+                .collect()
+        };
+        let batch = Batch::new(ops(10));
+        let mut w = Waiting::default();
+        w.runs.push_back(Run {
+            first: 10,
+            batch: batch.clone(),
+            items: vec![4, 7, 9],
+            left: 3,
+        });
+        w.runs.push_back(Run {
+            first: 13,
+            batch: batch.clone(),
+            items: vec![0],
+            left: 1,
+        });
+        assert_eq!(w.run_of(9), None);
+        assert_eq!(w.run_of(10), Some((10, 4)));
+        assert_eq!(w.run_of(12), Some((10, 9)));
+        assert_eq!(w.run_of(13), Some((13, 0)));
+        assert_eq!(w.run_of(14), None);
+        let reply = || Err(Error::Disconnected);
+        // The second run answered first (the first is then at index 1:
+        // found by its first id, not by where it stood).
+        w.answer(13, &mut vec![(0, reply())]);
+        assert_eq!(w.runs.len(), 1);
+        w.answer(10, &mut vec![(4, reply()), (7, reply())]);
+        assert_eq!(w.runs.len(), 1);
+        w.answer(10, &mut vec![(9, reply())]);
+        assert!(w.runs.is_empty(), "all four answered");
+        assert_eq!(w.run_of(11), None);
+        // Each op's reply landed once, in its slot.
+        let got = batch.take();
+        let answered: Vec<usize> = (0..10).filter(|&i| got[i].is_some()).collect();
+        assert_eq!(answered, vec![0, 4, 7, 9]);
     }
 }
