@@ -557,10 +557,15 @@ fn parse_cell(payload: &[u8]) -> Result<Cell<'_>, RequestError> {
 }
 
 fn put_cell(b: &mut BytesMut, c: &Cell<'_>) {
-    b.put_i64_le(c.policy.limit);
-    b.put_u64_le(c.policy.emission_ns);
-    b.put_u64_le(c.quantity);
-    b.put_u16_le(c.key.len() as u16);
+    // The fixed part as one copy (an entry node writes one per forwarded
+    // CL.THROTTLE).
+    let mut m = [0u8; CELL_FIXED_BYTES];
+    m[..8].copy_from_slice(&c.policy.limit.to_le_bytes());
+    m[8..16].copy_from_slice(&c.policy.emission_ns.to_le_bytes());
+    m[16..24].copy_from_slice(&c.quantity.to_le_bytes());
+    m[24..].copy_from_slice(&(c.key.len() as u16).to_le_bytes());
+    b.reserve(CELL_FIXED_BYTES + c.key.len());
+    b.put_slice(&m);
     b.put_slice(c.key);
 }
 
