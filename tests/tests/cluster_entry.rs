@@ -191,15 +191,27 @@ fn rls_round_robin(c: &TwoGroups, tag: &str) -> (Vec<(String, u64)>, u64) {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn redis_and_envoy_clients_spread_over_every_node_get_exactly_the_limit() {
     let cluster = TwoGroups::start(true).await;
-    let (grants, errors) = resp_round_robin(&cluster, "resp");
-    assert_eq!(errors, 0, "every node answers every key");
+    assert_round_robin_is_exact(&cluster, "default flags");
+}
+
+/// Redis and Envoy clients spread over every node of `cluster`: every key
+/// granted exactly its limit of 5, and every node answers every key.
+fn assert_round_robin_is_exact(cluster: &TwoGroups, setup: &str) {
+    let (grants, errors) = resp_round_robin(cluster, "resp");
+    assert_eq!(errors, 0, "{setup}: every node answers every key");
     for (key, n) in grants {
-        assert_eq!(n, 5, "CL.THROTTLE {key}: granted {n}, the limit is 5");
+        assert_eq!(
+            n, 5,
+            "{setup}: CL.THROTTLE {key}: granted {n}, the limit is 5"
+        );
     }
-    let (grants, errors) = rls_round_robin(&cluster, "rls");
-    assert_eq!(errors, 0, "every node answers every descriptor");
+    let (grants, errors) = rls_round_robin(cluster, "rls");
+    assert_eq!(errors, 0, "{setup}: every node answers every descriptor");
     for (value, n) in grants {
-        assert_eq!(n, 5, "descriptor user={value}: granted {n}, the limit is 5");
+        assert_eq!(
+            n, 5,
+            "{setup}: descriptor user={value}: granted {n}, the limit is 5"
+        );
     }
 }
 
@@ -215,22 +227,7 @@ async fn every_forwarding_thread_layout_is_exact() {
         &["--forward-connections", "shared", "--rls-threads", "2"][..],
     ] {
         let cluster = TwoGroups::start_with(true, extra).await;
-        let (grants, errors) = resp_round_robin(&cluster, "resp");
-        assert_eq!(errors, 0, "{extra:?}: every node answers every key");
-        for (key, n) in grants {
-            assert_eq!(
-                n, 5,
-                "{extra:?}: CL.THROTTLE {key}: granted {n}, the limit is 5"
-            );
-        }
-        let (grants, errors) = rls_round_robin(&cluster, "rls");
-        assert_eq!(errors, 0, "{extra:?}: every node answers every descriptor");
-        for (value, n) in grants {
-            assert_eq!(
-                n, 5,
-                "{extra:?}: descriptor user={value}: granted {n}, the limit is 5"
-            );
-        }
+        assert_round_robin_is_exact(&cluster, &format!("{extra:?}"));
     }
 }
 
