@@ -25,7 +25,8 @@
 # Writes benches/entry.md and puts that section into BENCHMARKS.md.
 # Usage: bash benches/entry.sh
 # Environment: SECONDS_PER_RUN (8), ROUNDS (3), OUT (benches/entry.md),
-# BASE_PORT (7760: 7760-7769 are used).
+# BASE_PORT (7760: 7760-7769 are used), ENTRY_FLAGS (more sluiced flags for
+# both nodes, e.g. "--rls-threads 0"; empty).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 ROOT=$PWD
@@ -55,7 +56,7 @@ TOML
 node() {
   "$SLUICED" --bind 127.0.0.1 --port "$3" --shards 1 --cluster "$WORK/cluster.toml" --group "$2" \
     --resp-port $(($3 + 2)) --rls-port $(($3 + 4)) --rls-config "$WORK/bench.yaml" \
-    --admin-port $(($3 + 6)) >"$WORK/$1.log" 2>&1 &
+    --admin-port $(($3 + 6)) ${ENTRY_FLAGS:-} >"$WORK/$1.log" 2>&1 &
   PIDS+=($!)
   wait_line "$WORK/$1.log" "rls listening"
 }

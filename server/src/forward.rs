@@ -425,22 +425,10 @@ impl Forwarder {
 
     /// Whether the calling thread may call [`Forwarder::forward`] itself
     /// (it has connections of its own, or it is the forwarder thread);
-    /// else [`Forwarder::run`] it there.
+    /// else [`Forwarder::submit`] hands its forwards to the forwarder
+    /// thread.
     pub fn forwards_here(&self) -> bool {
         self.per_thread || self.on_thread()
-    }
-
-    /// Runs `f` on the forwarder thread (`--forward-connections shared`:
-    /// where the node's connections to its peers live) and waits for it.
-    pub async fn run<T, F>(&self, f: F) -> T
-    where
-        F: Future<Output = T> + Send + 'static,
-        T: Send + 'static,
-    {
-        self.runtime
-            .spawn(f)
-            .await
-            .expect("a forwarded call does not panic")
     }
 
     /// The calling thread's cluster client: the forwarder thread's own, or

@@ -53,7 +53,6 @@ use envoy_types::pb::envoy::service::ratelimit::v3::rate_limit_service_server::{
 };
 use envoy_types::pb::envoy::service::ratelimit::v3::{RateLimitRequest, RateLimitResponse};
 use envoy_types::pb::google::protobuf::Duration as ProtoDuration;
-use sluice_client::Answer;
 use sluice_protocol::identity::{bucket_key, Slot};
 use sluice_protocol::limit::Limit;
 use sluice_protocol::message::LimitSet;
@@ -475,6 +474,25 @@ fn join(groups: &mut Vec<Pending>, plan: &Plan<'_>, r: LimitRef, mode: Mode) -> 
     (item, index)
 }
 
+/// The remote list's DECIDEs as the forwarder's ops: `(item, op, view,
+/// group)`.
+fn remote_ops(
+    remote: &[Pending],
+) -> impl Iterator<Item = (u64, RemoteOp, &Arc<crate::forward::View>, usize)> + '_ {
+    remote.iter().enumerate().map(|(item, p)| {
+        let to = p.remote.as_ref().expect("a remote item has its key");
+        let set = LimitSet::new(&[p.op.refs[0].limit]).expect("one limit fits");
+        let op = RemoteOp::Decide {
+            mode: p.op.mode,
+            key: to.key.clone(),
+            limits: OwnedLimits::Inline(Box::new(set)),
+            cost: p.op.cost,
+            priority: Priority::Normal,
+        };
+        (item as u64, op, &to.view, to.group)
+    })
+}
+
 /// A REFUND of every spend of `pending` that went through, list by list.
 fn refunds(pending: &[Vec<Pending>], decided: &Decided) -> Vec<Vec<Pending>> {
     pending
@@ -508,8 +526,18 @@ struct Pending {
     /// Other enforced spends of the same cost may join it.
     joinable: bool,
     /// For another node (`--cluster`; in the last list of a request's
-    /// pending, one limit each): the descriptor's key.
-    remote: Option<Arc<[u8]>>,
+    /// pending, one limit each): the descriptor's key and group.
+    remote: Option<Remote>,
+}
+
+/// Where a descriptor for another node goes.
+#[derive(Clone, Debug)]
+struct Remote {
+    /// Shared with the op it is sent as (and its refund's).
+    key: bytes::Bytes,
+    /// Its key's group: a ring index of `view`.
+    group: usize,
+    view: Arc<crate::forward::View>,
 }
 
 impl Rls {
@@ -569,10 +597,10 @@ impl Rls {
             let entries = d.entries.iter().map(|e| (e.key.as_str(), e.value.as_str()));
             descriptor_key_into(&mut key, &request.domain, rule.key_entries(entries));
             let hash = key_hash(&key);
-            let remote = match &route {
-                Some((view, decides_own)) => !(*decides_own && view.owns(hash)),
-                None => false,
-            };
+            let remote = route.as_ref().and_then(|(view, decides_own)| {
+                let group = view.group_of(hash);
+                (!(*decides_own && view.is_own(group))).then_some((view, group))
+            });
             // A request that cannot be admitted spends nothing: its limits
             // are only asked about. So is a descriptor's explicit
             // hits_addend of 0.
@@ -586,18 +614,27 @@ impl Rls {
                 limit,
                 floor: 0,
             };
-            if remote {
+            if let Some((view, group)) = remote {
                 let mut op = DecideOp::EMPTY;
                 op.mode = mode;
                 op.cost = plan.cost;
                 op.count = 1;
                 op.refs[0] = r;
+                if pending[remote_at].capacity() == 0 {
+                    // As a shard's list: a first growth of 4 DECIDEs is
+                    // an allocation past malloc's fast path.
+                    pending[remote_at].reserve_exact(n);
+                }
                 // (The remote list is never joined: `joinable` only says
                 // whether its denial denies the request.)
                 pending[remote_at].push(Pending {
                     op,
                     joinable: plan.enforced(),
-                    remote: Some(key.as_slice().into()),
+                    remote: Some(Remote {
+                        key: bytes::Bytes::copy_from_slice(&key),
+                        group,
+                        view: view.clone(),
+                    }),
                 });
                 plan.at = Some((remote_at, pending[remote_at].len() - 1, 0));
                 continue;
@@ -625,7 +662,15 @@ impl Rls {
         let mut waiting = 0;
         let remote_at = self.node.shards.len();
         for (shard, groups) in pending.iter().enumerate() {
-            if groups.is_empty() || shard == remote_at {
+            if groups.is_empty() {
+                continue;
+            }
+            if shard == remote_at {
+                // Other nodes': queued with the turn's other calls too,
+                // one batch through the forwarder (outbox.rs).
+                let (reply_tx, _) = inbox.get_or_insert_with(inbox::inbox::<BatchReply>);
+                outbox::queue_remote(&self.node, remote_at, remote_ops(groups), reply_tx);
+                waiting += 1;
                 continue;
             }
             // Which shard and item: the reply does not say.
@@ -651,9 +696,6 @@ impl Rls {
         // The outbox holds the senders now: the inbox ends if it drops
         // them unanswered (shutting down).
         let mut replies = inbox.map(|(_, replies)| replies);
-        if let Some(remote) = pending.get(remote_at).filter(|r| !r.is_empty()) {
-            decided[remote_at] = self.send_remote(remote).await?;
-        }
         let mut got = Vec::new();
         while let (true, Some(replies)) = (waiting > 0, replies.as_mut()) {
             if !replies.recv_many(&mut got).await {
@@ -667,47 +709,6 @@ impl Rls {
         Ok(decided)
     }
 
-    /// Decides each of `remote`'s DECIDEs on its key's group, through the
-    /// node's forwarder (concurrently: the cluster client batches calls
-    /// to one node into one frame).
-    async fn send_remote(
-        &self,
-        remote: &[Pending],
-    ) -> Result<Vec<Option<Box<MultiVerdict>>>, tonic::Status> {
-        let forwarder = self.node.forward.clone().expect("remote needs --cluster");
-        let ops: Vec<RemoteOp> = remote
-            .iter()
-            .map(|p| {
-                let key = p.remote.as_deref().expect("a remote item has its key");
-                let set = LimitSet::new(&[p.op.refs[0].limit]).expect("one limit fits");
-                RemoteOp::Decide {
-                    mode: p.op.mode,
-                    key: bytes::Bytes::copy_from_slice(key),
-                    limits: OwnedLimits::Inline(Box::new(set)),
-                    cost: p.op.cost,
-                    priority: Priority::Normal,
-                }
-            })
-            .collect();
-        let answers = if forwarder.forwards_here() {
-            // This thread's own connections: no hop.
-            forwarder.forward(&forwarder.view(), ops, None).await
-        } else {
-            let f = forwarder.clone();
-            forwarder
-                .run(async move { f.forward(&f.view(), ops, None).await })
-                .await
-        };
-        answers
-            .into_iter()
-            .map(|a| match a {
-                Ok(Answer::Decide(_, d)) => Ok(Some(Box::new(crate::forward::multi(d)))),
-                Ok(_) => Err(tonic::Status::internal("a DECIDE answered out of shape")),
-                Err(e) => Err(tonic::Status::unavailable(e.to_string())),
-            })
-            .collect()
-    }
-
     /// A shard's answers, into their places in `decided`.
     fn fill(decided: &mut Decided, reply: BatchReply, node: &Node) -> Result<(), tonic::Status> {
         for (seq, outcome) in reply.outcomes {
@@ -715,6 +716,9 @@ impl Rls {
             match outcome {
                 Outcome::Multi(m) => decided[shard][item] = Some(m),
                 Outcome::Refused(status) => return Err(refused(status, node)),
+                // A descriptor another node was to decide: its group could
+                // not (Envoy's failure_mode_deny decides), or refused it.
+                Outcome::Failed(_, text) => return Err(tonic::Status::unavailable(text)),
                 _ => return Err(tonic::Status::internal("a shard answered out of shape")),
             }
         }

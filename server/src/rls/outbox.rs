@@ -10,6 +10,12 @@
 //! than the decision; under load a turn holds several calls, and they now
 //! share the message, the wakes and the reply.
 //!
+//! With `--cluster`, the descriptors for other nodes go the same way
+//! (`queue_remote`): the turn's calls share one batch through the
+//! forwarder ([`Forwarder::submit`](crate::forward::Forwarder::submit)),
+//! so one frame and one deadline per owner, where each call's own batch
+//! of one or two ops paid them alone.
+//!
 //! A call queues once per shard (`queue`) and waits for one
 //! [`BatchReply`] per shard on its own inbox, as it did when it sent its
 //! own batch: nothing else about a call changes. If the shard is gone
@@ -19,6 +25,7 @@
 use std::cell::RefCell;
 use std::sync::Arc;
 
+use crate::forward::{RemoteBatch, RemoteItems, RemoteOp, View};
 use crate::inbox::{self, Receiver, Sender};
 use crate::shard::{Batch, BatchReply, FwdItem, Node, ShardMsg};
 
@@ -36,6 +43,8 @@ struct Outbox {
     node: Arc<Node>,
     /// Per shard: the items queued this turn.
     queued: Vec<Vec<FwdItem>>,
+    /// For other nodes (`--cluster`): the items queued this turn.
+    remote: RemoteItems,
     /// Whether the task that sends them is spawned and has not run yet.
     flushing: bool,
     /// Waiting calls' inboxes, by call id (an index; `None`: free).
@@ -64,28 +73,33 @@ pub fn queue(
     OUTBOX.with(|cell| {
         let mut cell = cell.borrow_mut();
         let outbox = cell.get_or_insert_with(|| Outbox::start(node));
-        let call = match outbox.free.pop() {
-            Some(id) => {
-                outbox.calls[id as usize] = Some(reply_to.clone());
-                id
-            }
-            None => {
-                outbox.calls.push(Some(reply_to.clone()));
-                (outbox.calls.len() - 1) as u32
-            }
-        };
-        let tag = u64::from(call) << 32 | (shard as u64) << ITEM_BITS;
+        let tag = outbox.enter(shard, reply_to);
         let list = &mut outbox.queued[shard];
         list.extend(items.map(|mut it| {
             debug_assert!((it.seq as u32 as usize) < ITEMS_MAX);
             it.seq = tag | (it.seq & ((1 << ITEM_BITS) - 1));
             it
         }));
-        if !outbox.flushing {
-            outbox.flushing = true;
-            // Runs after the tasks already queued on this thread: the
-            // turn's other calls queue first.
-            tokio::spawn(async { OUTBOX.with(flush) });
+    });
+}
+
+/// Queues `items` (each `(index, op, view, group)`: the op's index in its
+/// call's remote list, and its key's group in `view`) for other nodes,
+/// under list number `remote_at` (the shard count); the answer comes to
+/// `reply_to` as one [`BatchReply`], as [`queue`]'s does.
+pub fn queue_remote<'a>(
+    node: &Arc<Node>,
+    remote_at: usize,
+    items: impl Iterator<Item = (u64, RemoteOp, &'a Arc<View>, usize)>,
+    reply_to: &Sender<BatchReply>,
+) {
+    OUTBOX.with(|cell| {
+        let mut cell = cell.borrow_mut();
+        let outbox = cell.get_or_insert_with(|| Outbox::start(node));
+        let tag = outbox.enter(remote_at, reply_to);
+        for (index, op, view, group) in items {
+            debug_assert!((index as usize) < ITEMS_MAX);
+            outbox.remote.push(tag | index, op, view, group);
         }
     });
 }
@@ -98,11 +112,35 @@ impl Outbox {
         Outbox {
             node: node.clone(),
             queued: (0..node.shards.len()).map(|_| Vec::new()).collect(),
+            remote: RemoteItems::default(),
             flushing: false,
             calls: Vec::new(),
             free: Vec::new(),
             replies,
         }
+    }
+
+    /// Registers a call's queueing for list `list` (a shard, or the
+    /// remote list): its items' sequence tag. The first of a turn spawns
+    /// the task that sends the turn's batches.
+    fn enter(&mut self, list: usize, reply_to: &Sender<BatchReply>) -> u64 {
+        let call = match self.free.pop() {
+            Some(id) => {
+                self.calls[id as usize] = Some(reply_to.clone());
+                id
+            }
+            None => {
+                self.calls.push(Some(reply_to.clone()));
+                (self.calls.len() - 1) as u32
+            }
+        };
+        if !self.flushing {
+            self.flushing = true;
+            // Runs after the tasks already queued on this thread: the
+            // turn's other calls queue first.
+            tokio::spawn(async { OUTBOX.with(flush) });
+        }
+        u64::from(call) << 32 | (list as u64) << ITEM_BITS
     }
 
     /// Takes call `id`'s inbox, freeing the id.
@@ -136,6 +174,20 @@ fn flush(cell: &RefCell<Option<Outbox>>) {
                 outbox.take(call);
             }
         }
+    }
+    if !outbox.remote.ops.is_empty() {
+        let forwarder = outbox
+            .node
+            .forward
+            .clone()
+            .expect("remote items need --cluster");
+        // The next turn's room, sized as this one's.
+        let room = RemoteItems::with_capacity(outbox.remote.ops.len());
+        let items = std::mem::replace(&mut outbox.remote, room);
+        forwarder.submit(RemoteBatch {
+            reply_to: outbox.replies.clone(),
+            items,
+        });
     }
 }
 
