@@ -261,10 +261,11 @@ pub struct Config {
 
     /// Threads that serve the rate limit service (HTTP/2, protobuf, the
     /// rule lookup; decisions stay on the shards), each taking connections
-    /// from the one socket. 0 (the default; 1 on an entry point, whose
-    /// first service thread is its forwarder's): serve it on the shard
-    /// threads themselves, each call's batch for the shard it runs on
-    /// decided with no hop to another thread.
+    /// from the one socket. 0 (the default; 1 on an entry point with
+    /// --forward-connections shared, whose first service thread is its
+    /// forwarder's): serve it on the shard threads themselves, each call's
+    /// batch for the shard it runs on decided with no hop to another
+    /// thread.
     #[arg(long, value_name = "N")]
     pub rls_threads: Option<u16>,
 

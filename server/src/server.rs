@@ -310,11 +310,14 @@ impl Server {
     #[cfg(feature = "rls")]
     fn start_rls(&mut self) -> Option<Arc<crate::rls::Rls>> {
         let (listener, rls) = self.rls.take()?;
-        // By default on the shard threads (a call decided where it was
-        // read, for the keys its shard owns), but on an entry point one
-        // thread of its own, which is the forwarder's: a forwarded call
-        // then crosses no thread (benches/notes.md).
-        let default = if self.node.forward.is_some() { 1 } else { 0 };
+        // By default on the shard threads: a call is decided where it was
+        // read, for the keys its shard owns, and forwarded from there for
+        // other groups' (each thread has its own connections). With
+        // `--forward-connections shared` one thread of its own, the
+        // forwarder's, where those connections live (benches/notes.md).
+        let shared = self.node.config.forward_connections
+            == crate::config::ForwardConnections::Shared;
+        let default = if self.node.forward.is_some() && shared { 1 } else { 0 };
         let threads = self.node.config.rls_threads.unwrap_or(default);
         let stats = self.admin.rls.clone();
         if let Err(e) = crate::rls::start(listener, rls.clone(), stats, threads) {

@@ -215,15 +215,16 @@ fn assert_round_robin_is_exact(cluster: &TwoGroups, setup: &str) {
     }
 }
 
-/// The same exactness whichever threads forward: every thread over its
-/// own connections, the rate limit service on the shard threads
-/// (`--rls-threads 0`); and one shared set on the forwarder thread, which
-/// a second rate limit thread hands its calls to (`--forward-connections
-/// shared --rls-threads 2`).
+/// The same exactness whichever threads forward (the default: the rate
+/// limit service on the shard threads, each over its own connections):
+/// the service on the forwarder's thread (`--rls-threads 1`); and one
+/// shared set of connections on the forwarder thread, which a second rate
+/// limit thread and the shards hand their forwards to
+/// (`--forward-connections shared --rls-threads 2`).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn every_forwarding_thread_layout_is_exact() {
     for extra in [
-        &["--rls-threads", "0"][..],
+        &["--rls-threads", "1"][..],
         &["--forward-connections", "shared", "--rls-threads", "2"][..],
     ] {
         let cluster = TwoGroups::start_with(true, extra).await;
