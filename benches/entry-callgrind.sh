@@ -1,0 +1,72 @@
+#!/usr/bin/env bash
+# Instructions an entry point and an owner execute per forwarded call, by
+# callgrind (repeatable on a noisy machine, for before/after comparisons
+# of the forwarding path; benches/notes.md quotes it).
+# Two groups of one shard each, `a` and `b`, every node started with
+# --cluster; the load's keys are all owned by `a` and sent to node B (so
+# every call is forwarded to A), or to A (TO=a: every call local).
+# One of the two nodes runs under callgrind (NODE=b, the default, or a);
+# prints calls and the node's instructions per call (start and shutdown,
+# a few million instructions, included: compare runs of the same length).
+# Usage: bash benches/entry-callgrind.sh [resp|rls]
+# Environment: NODE (b), TO (b), SECONDS_PER_RUN (8, resp), CALLS (20000,
+# rls), KEEP (keep callgrind's output and print where).
+# Build first: cargo build --release -p sluice-server -p sluice-benches \
+#   --features sluice-server/rls,sluice-benches/rls --bins
+set -euo pipefail
+cd "$(dirname "$0")/.."
+PROTO=${1:-resp}
+NODE=${NODE:-b}
+TO=${TO:-b}
+BIN=target/release
+WORK=$(mktemp -d /tmp/sluice-entry-cg.XXXXXX)
+[ -n "${KEEP:-}" ] && echo "callgrind output kept in $WORK" >&2 || trap 'rm -rf "$WORK"' EXIT
+cat >"$WORK/cluster.toml" <<TOML
+[[groups]]
+name = "a"
+primary = "127.0.0.1:7880"
+
+[[groups]]
+name = "b"
+primary = "127.0.0.1:7881"
+TOML
+cat >"$WORK/bench.yaml" <<'YAML'
+domain: bench
+descriptors:
+  - key: remote_address
+    rate_limit: { unit: second, requests_per_unit: 1000 }
+YAML
+# node GROUP PORT: RESP at PORT+2, RLS at PORT+4
+node() {
+  local pre=()
+  [ "$1" = "$NODE" ] && pre=(valgrind --tool=callgrind --callgrind-out-file="$WORK/cg.out")
+  "${pre[@]}" "$BIN/sluiced" --bind 127.0.0.1 --port "$2" --shards 1 \
+    --cluster "$WORK/cluster.toml" --group "$1" --resp-port $(($2 + 2)) \
+    --rls-port $(($2 + 4)) --rls-config "$WORK/bench.yaml" >"$WORK/$1.log" 2>&1 &
+  echo $!
+}
+PID_A=$(node a 7880)
+PID_B=$(node b 7881)
+for _ in $(seq 1 150); do
+  grep -q "rls listening" "$WORK/a.log" && grep -q "rls listening" "$WORK/b.log" && break
+  sleep 0.2
+done
+BASE=7881
+[ "$TO" = a ] && BASE=7880
+if [ "$PROTO" = resp ]; then
+  "$BIN/sluice-resp-bench" --addr "127.0.0.1:$((BASE + 2))" --connections 20 --pipeline 64 \
+    --seconds "${SECONDS_PER_RUN:-8}" --keys 100000 --groups a,b --owned-by a >"$WORK/run.json"
+else
+  "$BIN/sluice-rls-bench" --addr "127.0.0.1:$((BASE + 4))" --domain bench --streams 50 \
+    --connections 4 --requests "${CALLS:-20000}" --seconds 120 --keys 100000 \
+    --groups a,b --owned-by a >"$WORK/run.json"
+fi
+kill -TERM "$PID_B" "$PID_A"
+wait "$PID_B" "$PID_A" 2>/dev/null || true
+python3 - "$WORK/run.json" "$WORK/cg.out" "$PROTO" "$NODE" "$TO" <<'PY'
+import json, re, sys
+calls = json.load(open(sys.argv[1]))["calls"]
+total = int(re.search(r"^summary: (\d+)", open(sys.argv[2]).read(), re.M).group(1))
+print(f"{sys.argv[3]}: {calls} calls sent to node {sys.argv[5].upper()}, keys owned by A; "
+      f"node {sys.argv[4].upper()}: {total / calls:,.0f} instructions a call")
+PY
