@@ -15,6 +15,7 @@
 
 pub mod bucket_map;
 mod changes;
+mod fold;
 pub mod table;
 pub mod tat;
 
