@@ -776,7 +776,7 @@ pub async fn handed_over(core: Rc<ShardCore>) -> bool {
 pub async fn failover(core: Rc<ShardCore>) -> Result<FailoverOk, String> {
     let repl = &core.node.repl;
     if repl.coordinated {
-        return Err(crate::connection::COORDINATED.to_owned());
+        return Err(super::COORDINATED.to_owned());
     }
     if !repl.is_primary() {
         return Err(repl.not_primary_text());
