@@ -26,9 +26,10 @@ use crate::stream::{Moving, Stream};
 use bytes::BytesMut;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 
+use crate::node::ShardCore;
 use crate::pipeline::{Pipeline, Protocol};
 use crate::replication::primary::replication_wait;
-use crate::shard::{BatchReply, ShardCore};
+use crate::shard::BatchReply;
 
 /// Spare read-buffer capacity kept before each read (and a write buffer's
 /// first capacity).
