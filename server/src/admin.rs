@@ -34,7 +34,7 @@ use sluice_protocol::replication::{ReplState, Role, RoleOk};
 use sluice_protocol::{Clock, MonotonicClock};
 use tokio::io::{AsyncRead, AsyncWrite};
 
-use crate::shard::Node;
+use crate::node::Node;
 use crate::sync::{Arc, AtomicBool, AtomicU64, AtomicUsize, Ordering};
 
 /// What the endpoints read.

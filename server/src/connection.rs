@@ -37,10 +37,10 @@ use tokio_util::codec::Decoder;
 
 use crate::coordinator::{self, constant_time_eq, Handler, ReplyShare, READ_CHUNK_BYTES};
 use crate::forward::{OwnedLimits, OwnedTarget, RemoteOp};
+use crate::node::ShardCore;
 use crate::pipeline::{Pipeline, Protocol};
-use crate::shard::{
-    Adopt, BatchReply, ConnectionGuard, DecideOp, MultiVerdict, Op, Outcome, ShardCore, ShardMsg,
-};
+use crate::shard::{BatchReply, ConnectionGuard, DecideOp, MultiVerdict, Op, Outcome};
+use crate::worker::{Adopt, ShardMsg};
 use sluice_protocol::replication::{self, RoleOk, Subscribe};
 
 /// A reply ready to be encoded.
@@ -693,7 +693,7 @@ impl Connection {
         let repl = &self.core.node.repl;
         let now_ns = self.core.clock.now_ns();
         let result = if repl.coordinated {
-            Err(COORDINATED.to_owned())
+            Err(crate::replication::COORDINATED.to_owned())
         } else if repl.is_primary() && !repl.admits(now_ns) {
             repl.unfence()
         } else {
@@ -1221,6 +1221,3 @@ fn encode_local(w: &mut FrameWriter, buf: &mut BytesMut, request_id: u32, reply:
         }
     }
 }
-
-/// Why PROMOTE and FAILOVER are refused with `--coordinator`.
-pub const COORDINATED: &str = "leadership is held in etcd (--coordinator): the node that holds the group's leader key is the primary; stop this node (or let its lease lapse) to move it";

@@ -1,8 +1,6 @@
 //! The read-decide-write loop every client connection runs on its shard
-//! thread, whatever protocol it speaks: protocol v1
-//! ([`connection`](crate::connection)) and RESP
-//! ([`resp::connection`](crate::resp::connection)) each implement
-//! [`Handler`], their side of the loop (decode and handle what was read,
+//! thread, whatever protocol it speaks: protocol v1 (`connection`) and
+//! RESP (`resp::connection`) each implement [`Handler`], their side of the loop (decode and handle what was read,
 //! encode the replies forwarded requests fill in, say whether to linger on
 //! close and what becomes of a socket the loop hands on), and [`run`] does
 //! the rest.
@@ -26,9 +24,10 @@ use crate::stream::{Moving, Stream};
 use bytes::BytesMut;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 
+use crate::node::ShardCore;
 use crate::pipeline::{Pipeline, Protocol};
 use crate::replication::primary::replication_wait;
-use crate::shard::{BatchReply, ShardCore};
+use crate::shard::BatchReply;
 
 /// Spare read-buffer capacity kept before each read (and a write buffer's
 /// first capacity).

@@ -575,7 +575,7 @@ pub fn outcome(answer: Answered) -> Outcome {
 
 /// CLUSTER_OK for `node`: its layout and groups (empty without
 /// `--cluster`), and which group owns `key` (when not empty).
-pub fn cluster_ok(node: &crate::shard::Node, key: &[u8]) -> ClusterOk {
+pub fn cluster_ok(node: &crate::node::Node, key: &[u8]) -> ClusterOk {
     let Some(forward) = &node.forward else {
         return ClusterOk::default();
     };

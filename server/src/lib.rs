@@ -7,8 +7,13 @@
 //! - [`server`]: bind, accept, hand connections to shards, shut down.
 //! - [`worker`]: a shard thread: its runtime, its message loop, the tasks
 //!   it starts (connections, replication flows, the heap sweep).
-//! - [`shard`]: a shard's types: its messages, the [`shard::ShardCore`]
-//!   its tasks share, and its [`shard::Table`].
+//! - [`worker`]'s [`worker::ShardMsg`]: what other threads may ask of a
+//!   shard thread.
+//! - [`node`]: what the node's shards share ([`node::Node`]) and what one
+//!   shard thread's tasks share ([`node::ShardCore`]).
+//! - [`shard`]: the ground floor: a shard's [`shard::Table`] and the types
+//!   of a decision on it (imports nothing above it; docs/ARCHITECTURE.md,
+//!   "Layering").
 //! - `coordinator`: the read-decide-write loop both connection kinds run
 //!   (flush, sync-replication wait, drain, back-pressure, linger).
 //! - [`connection`]: protocol v1's side of that loop (decode, route,
@@ -33,6 +38,7 @@ pub mod connection;
 mod coordinator;
 pub mod forward;
 pub mod inbox;
+pub mod node;
 pub mod pipeline;
 pub mod replication;
 pub mod resp;

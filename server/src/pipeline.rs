@@ -23,7 +23,9 @@ use std::fmt::Debug;
 
 use crate::forward::{RemoteBatch, RemoteItems, RemoteOp, View};
 use crate::inbox::{self, Receiver, Sender};
-use crate::shard::{Batch, BatchReply, FwdItem, Node, Op, Outcome, ShardMsg};
+use crate::node::Node;
+use crate::shard::{Batch, BatchReply, FwdItem, Op, Outcome};
+use crate::worker::ShardMsg;
 
 /// What a connection's protocol tells the pipeline.
 pub trait Protocol {

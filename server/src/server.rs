@@ -17,9 +17,10 @@ use tokio::net::{TcpListener, TcpStream};
 
 use crate::config::{Config, ConfigError};
 use crate::inbox;
-use crate::shard::{Adopt, AdoptResp, ConnectionGuard, Node, ShardMsg};
+use crate::node::Node;
+use crate::shard::ConnectionGuard;
 use crate::sync::{Arc, AtomicUsize};
-use crate::worker;
+use crate::worker::{self, Adopt, AdoptResp, ShardMsg};
 
 /// How long a refused connection is given to read its error before close.
 const REFUSAL_LINGER_MS: u64 = 1_000;

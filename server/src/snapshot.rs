@@ -58,6 +58,7 @@
 //! snapshot it loads is older than the node's last state. A failed write
 //! at shutdown makes the exit status 1.
 
+use std::cell::RefCell;
 use std::path::{Path, PathBuf};
 
 use bytes::{BufMut, BytesMut};
@@ -65,8 +66,7 @@ use sluice_protocol::replication::{
     put_sync_fixed, Record, SyncHeader, SyncReader, SyncWriter, SYNC_FIXED_BYTES,
 };
 
-use crate::shard::table::Walk;
-use crate::shard::ShardCore;
+use crate::shard::table::{Table, Walk};
 
 /// The file's first bytes.
 pub const MAGIC: [u8; 8] = *b"SLUICESN";
@@ -407,24 +407,24 @@ fn at(path: &Path, e: std::io::Error) -> std::io::Error {
 /// throughout is missed; a growth restarts the walk (a bucket may then be
 /// in the file twice, the later being the later state, which is what a
 /// load keeps).
-pub async fn collect(core: &ShardCore) -> ShardPart {
-    struct Stop<'a>(&'a ShardCore);
+pub async fn collect(table: &RefCell<Table>) -> ShardPart {
+    struct Stop<'a>(&'a RefCell<Table>);
     impl Drop for Stop<'_> {
         fn drop(&mut self) {
-            self.0.table.borrow_mut().export_stop(Walk::Snapshot);
+            self.0.borrow_mut().export_stop(Walk::Snapshot);
         }
     }
-    core.table
+    table
         .borrow_mut()
         .export_start(Walk::Snapshot, SLOTS_PER_STEP);
-    let _stop = Stop(core);
+    let _stop = Stop(table);
     let mut heap_keys = None;
     let (mut out, mut moved) = (Vec::new(), Vec::new());
     let mut w = SyncWriter::new();
     let mut n = 0u64;
     loop {
         let done = {
-            let mut table = core.table.borrow_mut();
+            let mut table = table.borrow_mut();
             let keys = heap_keys.get_or_insert_with(|| table.heap_keys());
             let done = table.export_step(Walk::Snapshot, SLOTS_PER_STEP, keys, &mut out);
             table.export_moved(Walk::Snapshot, &mut moved);

@@ -47,7 +47,7 @@ use etcd_client::{
 use sluice_protocol::replication::{Mode, ReplState};
 use sluice_protocol::Clock;
 
-use crate::shard::ShardCore;
+use crate::node::ShardCore;
 use crate::sync::Ordering;
 
 /// How often the node reads its group's keys.

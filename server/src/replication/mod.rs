@@ -73,6 +73,9 @@ pub const PEER_CHECK_MS: u64 = 500;
 pub const LEASE_MS_MAX: u64 = 200;
 /// How often a follower with `--promote-after-ms` looks at the silence.
 pub const WATCHDOG_MS: u64 = 10;
+/// Why PROMOTE and FAILOVER are refused with `--coordinator` (a
+/// [`ReplNode::coordinated`] node): the text both answer with.
+pub const COORDINATED: &str = "leadership is held in etcd (--coordinator): the node that holds the group's leader key is the primary; stop this node (or let its lease lapse) to move it";
 
 /// The node's place in its group, shared by every thread: written by
 /// promotion and by the replication tasks, read by every connection.

@@ -43,8 +43,8 @@ use super::{
     ASYNC_DRAIN_MS, FLOW_WRITE_TIMEOUT_MS, FULL_SYNC_SLOTS_PER_STEP, HEARTBEAT_MS,
     SYNC_GROUP_ENTRIES,
 };
+use crate::node::ShardCore;
 use crate::shard::table::Walk;
-use crate::shard::ShardCore;
 use crate::sync::Ordering;
 
 /// A primary shard's side of its flow, on the shard's thread.
@@ -776,7 +776,7 @@ pub async fn handed_over(core: Rc<ShardCore>) -> bool {
 pub async fn failover(core: Rc<ShardCore>) -> Result<FailoverOk, String> {
     let repl = &core.node.repl;
     if repl.coordinated {
-        return Err(crate::connection::COORDINATED.to_owned());
+        return Err(super::COORDINATED.to_owned());
     }
     if !repl.is_primary() {
         return Err(repl.not_primary_text());
@@ -796,7 +796,7 @@ pub async fn failover(core: Rc<ShardCore>) -> Result<FailoverOk, String> {
     let mut waits = Vec::new();
     for tx in &core.node.shards {
         let (done, rx) = crate::inbox::oneshot();
-        if tx.send(crate::shard::ShardMsg::Handover(done)).is_ok() {
+        if tx.send(crate::worker::ShardMsg::Handover(done)).is_ok() {
             waits.push(rx);
         }
     }
@@ -812,7 +812,7 @@ pub async fn failover(core: Rc<ShardCore>) -> Result<FailoverOk, String> {
         repl.handing_over.store(0, Ordering::Release);
         return Err("the epoch is at its maximum: no handover can raise it".into());
     };
-    let _ = core.node.shards[0].send(crate::shard::ShardMsg::Takeover(epoch));
+    let _ = core.node.shards[0].send(crate::worker::ShardMsg::Takeover(epoch));
     // The follower promotes itself as it applies the handover; wait until
     // it says so.
     let deadline = Instant::now() + Duration::from_millis(2_000);

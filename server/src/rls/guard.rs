@@ -44,7 +44,7 @@ use tower_service::Service;
 
 pub use crate::admin::RlsStats;
 use crate::coordinator::constant_time_eq;
-use crate::shard::Node;
+use crate::node::Node;
 
 /// HTTP/2 flow-control window of one call: a whole message of the largest
 /// size accepted and its 5-byte gRPC prefix, no more.

@@ -62,9 +62,8 @@ use sluice_protocol::{Clock, MonotonicClock, Priority};
 use crate::config::RlsHeaders;
 use crate::forward::{OwnedLimits, RemoteOp};
 use crate::inbox;
-use crate::shard::{
-    BatchReply, DecideOp, FwdItem, LimitRef, Mode, MultiVerdict, Node, Op, Outcome,
-};
+use crate::node::Node;
+use crate::shard::{BatchReply, DecideOp, FwdItem, LimitRef, Mode, MultiVerdict, Op, Outcome};
 use rules::{Rule, Rules};
 
 /// Most descriptors in one request (more is INVALID_ARGUMENT): Envoy sends
@@ -195,10 +194,10 @@ pub fn start(
         // inbox: no other thread wakes, no context switch).
         for shard in rls.node.shards.iter() {
             let (listener, rls, gate) = (listener.try_clone()?, rls.clone(), gate.clone());
-            let job = crate::shard::Job(Box::new(move || {
+            let job = crate::worker::Job(Box::new(move || {
                 tokio::spawn(listen(listener, rls, gate));
             }));
-            if shard.send(crate::shard::ShardMsg::Run(job)).is_err() {
+            if shard.send(crate::worker::ShardMsg::Run(job)).is_err() {
                 return Err(std::io::Error::other("a shard has stopped"));
             }
         }

@@ -36,7 +36,7 @@ use sluice_protocol::gcra::Bucket;
 use sluice_protocol::limit::Kind;
 use sluice_protocol::replication::{FixedRecord, State, SyncWriter};
 
-use super::table::FoldState;
+use super::fold::FoldState;
 
 /// Slots of the coalescing indexes (a power of two): 32 KiB of places for
 /// the encoded log, 16 KiB for the read log, kept in cache

@@ -1,127 +1,34 @@
-//! A shard: one thread, one single-threaded tokio runtime, one [`Table`].
-//! This module holds a shard's types: the messages other threads send it
-//! ([`ShardMsg`]; a [`Batch`] of [`Op`]s is answered with [`Outcome`]s),
-//! what its tasks share ([`ShardCore`]) and what the node's shards share
-//! ([`Node`]). The thread itself (start-up, the message loop, the tasks it
-//! spawns) is [`worker`](crate::worker)'s, which sits above the connection
-//! and replication tasks it runs; nothing here imports them.
+//! A shard's ground floor: its [`Table`] of buckets (one per thread,
+//! touched by that thread only) and the types of a decision on it: what a
+//! request asks of the shard that owns its key ([`Op`]; several for one
+//! shard travel as a [`Batch`]) and the answer ([`Outcome`]), and the
+//! counters a shard publishes for STATS ([`PublishedStats`]). Also the
+//! node-wide connection count a connection holds its place in
+//! ([`ConnectionGuard`]).
 //!
-//! The shard thread runs the connection tasks it was handed (each a
-//! coordinator: parse, validate, route), protocol v1 and RESP alike, and
-//! executes every decision on the keys it owns directly on its table. Other
-//! threads reach it only through its [`inbox`](crate::inbox): new
-//! connections, forwarded batches of requests for its keys, and the two
-//! steps of shutdown.
+//! Everything else a shard thread runs sits above this module and imports
+//! it, never the other way (docs/ARCHITECTURE.md, "Layering"): the thread
+//! and the messages it takes (`worker`), what the node's shards and one
+//! shard's tasks share (`node`: `Node`, `ShardCore`), the connections and
+//! the coordinator, replication, snapshots, forwarding. This module imports
+//! only leaves below it (`inbox`, `signal`, `sync`) and the protocol
+//! crate.
 
 pub mod bucket_map;
 mod changes;
+mod fold;
 pub mod table;
 pub mod tat;
 
-use std::cell::{Cell, RefCell};
-use std::net::{SocketAddr, TcpStream as StdTcpStream};
-use std::time::Instant;
-
-use bytes::BytesMut;
 use sluice_protocol::cell::{CellPolicy, CellVerdict};
 use sluice_protocol::gcra::Verdict;
 use sluice_protocol::limit::{Concurrency, Limit};
-use sluice_protocol::{MonotonicClock, Policy, Status};
-use tokio::sync::watch;
-
-use crate::config::Config;
-use crate::inbox::Sender;
-use crate::replication::primary::FlowShard;
-use crate::replication::{follower, ReplNode};
-use crate::sync::{Arc, AtomicU64, AtomicUsize, Ordering};
-use crate::tiers::Tiers;
-use crossbeam_utils::CachePadded;
-use sluice_protocol::identity::bucket_key;
-use sluice_protocol::limit::Kind;
 use sluice_protocol::message::ShardStats;
-use sluice_protocol::message::{Decide, LeaseOp, LeaseTarget, LimitSet, Limits, RequestError};
+use sluice_protocol::{Policy, Status};
+
+use crate::inbox::Sender;
+use crate::sync::{Arc, AtomicU64, AtomicUsize, Ordering};
 pub use table::{LimitRef, LimitVerdict, Mode, MultiVerdict, Table};
-
-/// What other threads may ask of a shard.
-#[derive(Debug)]
-pub enum ShardMsg {
-    /// Serve this connection from now on.
-    Adopt(Adopt),
-    /// Serve this RESP connection from now on.
-    AdoptResp(AdoptResp),
-    /// Decide these requests for keys this shard owns and reply.
-    Batch(Batch),
-    /// Use these tiers from now on (a reload).
-    Tiers(Arc<Tiers>),
-    /// Follower: clear the table, a new full sync starts.
-    Reset(follower::Reset),
-    /// Follower: start a flow from a primary shard on this shard.
-    Flow(follower::StartFlow),
-    /// Follower: apply these records (from a flow on another shard).
-    Apply(follower::Apply),
-    /// Follower: make room for this many more buckets of each kind (a full
-    /// sync of this following attempt is about to arrive).
-    Reserve(u64, [u64; 5]),
-    /// Planned failover: say once the follower has everything this shard
-    /// changed.
-    Handover(crate::inbox::OnceSender<bool>),
-    /// Planned failover: this shard's flow hands over at this epoch.
-    Takeover(u64),
-    /// Snapshot: encode this shard's buckets (a chunk of keys at a time,
-    /// between other work) and send them.
-    Snapshot(crate::inbox::OnceSender<crate::snapshot::ShardPart>),
-    /// Snapshot, at start (before any connection): store these buckets.
-    Load(
-        Vec<sluice_protocol::replication::Record>,
-        crate::sync::mpsc::Sender<()>,
-    ),
-    /// Run this on the shard's thread, inside its runtime (the rate limit
-    /// service served on the shard threads: `--rls-threads 0`).
-    Run(Job),
-    /// Shutdown, step 1: stop reading new requests, finish the ones in
-    /// flight, close connections, then report drained. Keep serving
-    /// batches: other shards' connections may still be finishing.
-    Drain,
-    /// Shutdown, step 2: every shard has drained; stop the thread.
-    Stop,
-}
-
-/// Work for a shard's thread ([`ShardMsg::Run`]).
-pub struct Job(pub Box<dyn FnOnce() + Send>);
-
-impl std::fmt::Debug for Job {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.write_str("Job")
-    }
-}
-
-/// A connection moving to a shard: freshly accepted, or bound to this shard
-/// by its HELLO on another.
-#[derive(Debug)]
-pub struct Adopt {
-    /// The socket (plain or TLS), registered with no runtime.
-    pub stream: crate::stream::Moving,
-    /// Bytes already read from it and not yet decoded.
-    pub read_buf: BytesMut,
-    /// Set when HELLO moved the connection: the id to answer HELLO_OK to.
-    pub hello_request_id: Option<u32>,
-    /// Whether the connection has authenticated.
-    pub authed: bool,
-    /// Whether its HELLO came from a forwarding node of the same layout
-    /// (such a connection is never forwarded further).
-    pub forwarded: bool,
-    /// Keeps the connection counted while it lives.
-    pub guard: ConnectionGuard,
-}
-
-/// A freshly accepted RESP connection (it never moves between shards).
-#[derive(Debug)]
-pub struct AdoptResp {
-    /// The socket, non-blocking, not registered with any runtime.
-    pub stream: StdTcpStream,
-    /// Keeps the connection counted while it lives.
-    pub guard: ConnectionGuard,
-}
 
 /// What a request asks of the shard that owns its key.
 #[derive(Clone, Debug)]
@@ -183,7 +90,7 @@ impl Op {
 }
 
 /// A DECIDE with its limits resolved to buckets ([`DecideOp::EMPTY`]
-/// filled in by [`ShardCore::resolve`]).
+/// filled in by `ShardCore::resolve`).
 #[derive(Clone, Copy, Debug)]
 pub struct DecideOp {
     /// What to do.
@@ -404,39 +311,6 @@ impl Drop for ConnectionGuard {
     }
 }
 
-/// What a node's shards share, read-only: who they are and how to reach
-/// each other.
-#[derive(Debug)]
-pub struct Node {
-    /// The validated configuration.
-    pub config: Config,
-    /// Shards on this node.
-    pub shard_count: u16,
-    /// Random identity of this process, announced in HELLO_OK.
-    pub node_id: u64,
-    /// Role, epoch and replication state (they change at run time).
-    pub repl: ReplNode,
-    /// Every shard's inbox, by shard id.
-    pub shards: Vec<Sender<ShardMsg>>,
-    /// The protocol v1 listener's address.
-    pub addr: SocketAddr,
-    /// The RESP listener's address, when `--resp-port` enabled it.
-    pub resp_addr: Option<SocketAddr>,
-    /// When the node started (INFO's uptime).
-    pub started: Instant,
-    /// Each shard's counters as it last published them (STATS reads them).
-    pub stats: Vec<CachePadded<PublishedStats>>,
-    /// With `--cluster`: the entry point's view of the cluster and its
-    /// forwarder (keys of other groups go to their primaries).
-    pub forward: Option<Arc<crate::forward::Forwarder>>,
-    /// Failed authentications by source address: the budget that blocks
-    /// a guesser, and `sluice_auth_failures_total`.
-    pub auth_failures: crate::auth_failures::AuthFailures,
-    /// With `--replica-tls-ca`: how a follower opens TLS to its primary
-    /// (the trusted certificates, and `--replica-tls-name`).
-    pub replica_tls: Option<crate::stream::ReplicaTls>,
-}
-
 /// A shard's counters, published by its own thread after each batch of
 /// work (single writer, relaxed stores: never on the decision itself) and
 /// read by any connection answering STATS.
@@ -505,6 +379,76 @@ pub fn frame_time_bucket(ns: u64) -> usize {
 }
 
 impl PublishedStats {
+    /// Publishes `t`'s counters, and `reply_bytes_owed` (what the shard's
+    /// connections owe together), for STATS (relaxed stores). The counters
+    /// a connection or flow keeps (bytes, frame and batch times, errors,
+    /// full syncs) are counted in place by `count_*` instead: they were
+    /// copied here on every read (about 60 stores, over 100 instructions a
+    /// read at 50 x 1: benches/notes.md).
+    pub fn publish(&self, t: &Table, reply_bytes_owed: usize) {
+        let c = t.counters_total;
+        self.buckets.store(t.len() as u64, Ordering::Relaxed);
+        self.bucket_bytes
+            .store(t.memory_bytes() as u64, Ordering::Relaxed);
+        self.allowed_total.store(c.allowed_total, Ordering::Relaxed);
+        self.denied_total.store(c.denied_total, Ordering::Relaxed);
+        self.evicted_total.store(c.evicted_total, Ordering::Relaxed);
+        self.refused_total.store(c.refused_total, Ordering::Relaxed);
+        for (kind, counts) in self.by_kind.iter().zip(c.by_kind) {
+            for (slot, n) in kind.iter().zip(counts) {
+                slot.store(n, Ordering::Relaxed);
+            }
+        }
+        self.reply_bytes_owed
+            .store(reply_bytes_owed as u64, Ordering::Relaxed);
+    }
+
+    /// Counts one ERROR reply.
+    #[inline]
+    pub fn count_error(&self, status: Status) {
+        let code = usize::from(status.code()).min(ERROR_CODES - 1);
+        bump(&self.errors[code], 1);
+    }
+
+    /// Counts bytes read (`true`) or written on a client connection.
+    #[inline]
+    pub fn count_io(&self, read: bool, n: usize) {
+        bump(
+            if read {
+                &self.bytes_in
+            } else {
+                &self.bytes_out
+            },
+            n as u64,
+        );
+    }
+
+    /// Counts one frame handled in `ns`.
+    #[inline]
+    pub fn count_frame(&self, ns: u64) {
+        bump(&self.frame_time[frame_time_bucket(ns)], 1);
+        bump(&self.frame_ns_total, ns);
+    }
+
+    /// Counts one forwarded batch of `requests`, decided in `ns`.
+    #[inline]
+    pub fn count_batch(&self, requests: usize, ns: u64) {
+        bump(&self.forwarded_total, requests as u64);
+        bump(&self.batch_time[frame_time_bucket(ns)], 1);
+        bump(&self.batch_ns_total, ns);
+    }
+
+    /// Counts one full sync completed to a follower.
+    pub fn count_full_sync(&self) {
+        bump(&self.full_syncs_total, 1);
+    }
+
+    /// Counts one drain acknowledged `ns` after its SYNC was written.
+    pub fn count_ack(&self, ns: u64) {
+        bump(&self.ack_time[frame_time_bucket(ns)], 1);
+        bump(&self.ack_ns_total, ns);
+    }
+
     /// The counters as last published.
     pub fn read(&self, keys_max: u64) -> ShardStats {
         ShardStats {
@@ -517,331 +461,4 @@ impl PublishedStats {
             keys_max,
         }
     }
-}
-
-impl Node {
-    /// The address the group's other node reaches this one at:
-    /// `--advertise`, else the listening address.
-    pub fn advertised(&self) -> String {
-        self.config
-            .advertise
-            .clone()
-            .unwrap_or_else(|| self.addr.to_string())
-    }
-
-    /// The node's epoch now.
-    pub fn epoch(&self) -> u64 {
-        self.repl.epoch()
-    }
-
-    /// Re-reads the tiers from the config file and hands them to every
-    /// shard (each swaps them in between two messages). The old tiers stay
-    /// in force if the file is not valid; a node started without a config
-    /// file has nothing to reload, and says so. Logs the outcome whichever
-    /// way the reload was asked for (`trigger`: SIGHUP or RELOAD).
-    pub fn reload_tiers(&self, trigger: &str) -> Result<Arc<Tiers>, String> {
-        if let Some(forward) = &self.forward {
-            // The cluster file too (--cluster): a bad one keeps the old.
-            if let Err(text) = forward.reload() {
-                tracing::warn!(trigger, error = %text, "cluster file reload refused; the old layout stays");
-                return Err(format!("--cluster: {text}"));
-            }
-            if self.config.config.is_none() {
-                tracing::info!(trigger, "cluster file reloaded");
-                return Ok(Arc::new(Tiers::default()));
-            }
-        }
-        if self.config.config.is_none() {
-            let text = "no config file to reload: sluiced was started without --config FILE, so it has no tiers".to_owned();
-            tracing::warn!(trigger, "{text}");
-            return Err(text);
-        }
-        let tiers = match self.config.reload_tiers() {
-            Ok(t) => Arc::new(t),
-            Err(e) => {
-                let text = e.to_string();
-                tracing::warn!(trigger, error = %text, "reload refused; the old tiers stay");
-                return Err(text);
-            }
-        };
-        for tx in &self.shards {
-            let _ = tx.send(ShardMsg::Tiers(tiers.clone()));
-        }
-        tracing::info!(trigger, tiers = tiers.len(), "tiers reloaded");
-        Ok(tiers)
-    }
-}
-
-/// Everything a shard thread's tasks share. Lives on that thread only
-/// (`Rc`, `RefCell`): no locks, no atomics.
-#[derive(Debug)]
-pub struct ShardCore {
-    /// This shard's id.
-    pub id: u16,
-    /// The node this shard belongs to.
-    pub node: Arc<Node>,
-    /// The buckets this shard owns.
-    pub table: RefCell<Table>,
-    /// The time authority for decisions.
-    pub clock: MonotonicClock,
-    /// Flips to true at Drain; every connection task watches it.
-    pub draining: watch::Sender<bool>,
-    /// Connection tasks alive on this shard.
-    pub connections: Cell<usize>,
-    /// The named tiers in force on this shard (swapped by a reload).
-    pub tiers: RefCell<Arc<Tiers>>,
-    /// Primary: this shard's flow to the follower.
-    pub flow: RefCell<FlowShard>,
-    /// Follower: the following attempt this shard's table belongs to
-    /// (records of older attempts are dropped).
-    pub follow_gen: Cell<u64>,
-    /// The epoch this shard's lease ids are drawn for (see
-    /// [`ShardCore::sync_epoch`]).
-    pub lease_epoch: Cell<u64>,
-    /// Told this shard's id once it has drained.
-    drained_tx: crate::inbox::Sender<u16>,
-    /// Whether `drained_tx` has been used.
-    drained_sent: Cell<bool>,
-    /// Reply bytes this shard's connections owe together, and the shard's
-    /// share of `--reply-bytes-node-max` (see `coordinator::ReplyShare`).
-    pub replies: crate::coordinator::ShardReplies,
-}
-
-impl ShardCore {
-    /// Shard `id`'s core, on its own thread: an empty table whose lease ids
-    /// are drawn for the node's epoch, the tiers the config loaded, no
-    /// connection yet. It reports drained on `drained_tx`.
-    pub fn new(
-        id: u16,
-        node: Arc<Node>,
-        clock: MonotonicClock,
-        drained_tx: crate::inbox::Sender<u16>,
-    ) -> ShardCore {
-        let tiers = RefCell::new(Arc::new(node.config.tiers.clone()));
-        // Lease ids are unique per node and epoch: each shard counts in
-        // its own range.
-        let base = table::lease_id_base(node.epoch(), id);
-        let mut table = Table::with_cap(node.config.keys_max, base);
-        table.set_heap_bytes_max(node.config.heap_bytes_max);
-        let lease_epoch = Cell::new(node.epoch());
-        let reply_share = node.config.reply_bytes_node_max / usize::from(node.shard_count.max(1));
-        ShardCore {
-            id,
-            tiers,
-            flow: RefCell::default(),
-            follow_gen: Cell::new(0),
-            lease_epoch,
-            table: RefCell::new(table),
-            node,
-            clock,
-            draining: watch::channel(false).0,
-            connections: Cell::new(0),
-            drained_tx,
-            drained_sent: Cell::new(false),
-            replies: crate::coordinator::ShardReplies::new(reply_share),
-        }
-    }
-
-    /// A DECIDE's limits as buckets: inline ones as sent (validated by the
-    /// parser), a tier's as in force on this shard (UNKNOWN_TIER if none,
-    /// and its limits checked against the cost).
-    pub fn resolve(
-        &self,
-        key_hash: u128,
-        d: &Decide<'_>,
-        op: &mut DecideOp,
-    ) -> Result<(), RequestError> {
-        let tiers = self.tiers.borrow();
-        // Borrowed, not copied: a set is 300 bytes.
-        let set: &LimitSet = match &d.limits {
-            Limits::Inline(set) => set,
-            Limits::Tier(name) => {
-                let tier = tiers
-                    .get(name.as_bytes())
-                    .ok_or_else(|| unknown_tier(name))?;
-                let set = tier.set();
-                set.check_cost(d.mode, d.cost)?;
-                set
-            }
-        };
-        op.mode = d.mode;
-        op.cost = d.cost;
-        op.count = set.len() as u8;
-        op.priority = d.priority;
-        for (i, limit) in set.iter().enumerate() {
-            let bucket = bucket_key(key_hash, limit.kind(), d.limits.slot(i as u8));
-            op.refs[i] = LimitRef {
-                bucket,
-                limit: *limit,
-                floor: set.reserves(i).floor(limit.limit(), d.priority),
-            };
-        }
-        Ok(())
-    }
-
-    /// The bucket and numbers of the concurrency limit a RELEASE or RENEW
-    /// names.
-    pub fn resolve_lease(
-        &self,
-        key_hash: u128,
-        l: &LeaseOp<'_>,
-    ) -> Result<(u128, Concurrency), RequestError> {
-        let limit = match l.target {
-            LeaseTarget::Inline { limit, .. } => limit,
-            LeaseTarget::Tier { name, index } => {
-                let tiers = self.tiers.borrow();
-                let tier = tiers
-                    .get(name.as_bytes())
-                    .ok_or_else(|| unknown_tier(name))?;
-                tier.set().concurrency_at(index)?
-            }
-        };
-        Ok((
-            bucket_key(key_hash, Kind::Concurrency, l.target.slot()),
-            limit,
-        ))
-    }
-
-    /// Whether this shard may admit now: the node admits (see
-    /// [`ReplNode::admits`]), and, when sync mode and fencing are both on,
-    /// this shard's flow is streaming (with no follower to hold its
-    /// changes, nothing it admitted would survive a promotion) or, on
-    /// etcd, no other node may take over (`ReplNode::solo`).
-    #[inline]
-    pub fn admits(&self, now_ns: u64) -> bool {
-        let repl = &self.node.repl;
-        repl.admits(now_ns)
-            && (repl.mode != sluice_protocol::replication::Mode::Sync
-                || !repl.fencing()
-                || self.flow.borrow().is_streaming()
-                || repl.solo.load(Ordering::Acquire) == 1)
-    }
-
-    /// Moves lease ids to the node's epoch if it changed (a promotion),
-    /// before anything can acquire in the new epoch. One relaxed load.
-    #[inline]
-    pub fn sync_epoch(&self) {
-        let epoch = self.node.epoch();
-        if self.lease_epoch.get() != epoch {
-            self.lease_epoch.set(epoch);
-            self.table
-                .borrow_mut()
-                .set_lease_id_base(table::lease_id_base(epoch, self.id));
-        }
-    }
-
-    /// This shard's published counters: written by this shard's thread
-    /// only, read by STATS and the admin port on any.
-    #[inline]
-    fn published(&self) -> &PublishedStats {
-        &self.node.stats[usize::from(self.id)]
-    }
-
-    /// Publishes the table's counters for STATS (relaxed stores). The
-    /// counters a connection or flow keeps (bytes, frame and batch times,
-    /// errors, full syncs) are counted in place by `count_*` instead: they
-    /// were copied here on every read (about 60 stores, over 100
-    /// instructions a read at 50 x 1: benches/notes.md).
-    pub fn publish_stats(&self) {
-        let t = self.table.borrow();
-        let c = t.counters_total;
-        let p = self.published();
-        p.buckets.store(t.len() as u64, Ordering::Relaxed);
-        p.bucket_bytes
-            .store(t.memory_bytes() as u64, Ordering::Relaxed);
-        p.allowed_total.store(c.allowed_total, Ordering::Relaxed);
-        p.denied_total.store(c.denied_total, Ordering::Relaxed);
-        p.evicted_total.store(c.evicted_total, Ordering::Relaxed);
-        p.refused_total.store(c.refused_total, Ordering::Relaxed);
-        for (kind, counts) in p.by_kind.iter().zip(c.by_kind) {
-            for (slot, n) in kind.iter().zip(counts) {
-                slot.store(n, Ordering::Relaxed);
-            }
-        }
-        p.reply_bytes_owed
-            .store(self.replies.owed() as u64, Ordering::Relaxed);
-    }
-
-    /// Counts one ERROR reply.
-    #[inline]
-    pub fn count_error(&self, status: Status) {
-        let code = usize::from(status.code()).min(ERROR_CODES - 1);
-        bump(&self.published().errors[code], 1);
-    }
-
-    /// Counts bytes read (`true`) or written on a client connection.
-    #[inline]
-    pub fn count_io(&self, read: bool, n: usize) {
-        let p = self.published();
-        bump(if read { &p.bytes_in } else { &p.bytes_out }, n as u64);
-    }
-
-    /// Counts one frame handled in `ns`.
-    #[inline]
-    pub fn count_frame(&self, ns: u64) {
-        let p = self.published();
-        bump(&p.frame_time[frame_time_bucket(ns)], 1);
-        bump(&p.frame_ns_total, ns);
-    }
-
-    /// Counts one forwarded batch of `requests`, decided in `ns`.
-    #[inline]
-    pub fn count_batch(&self, requests: usize, ns: u64) {
-        let p = self.published();
-        bump(&p.forwarded_total, requests as u64);
-        bump(&p.batch_time[frame_time_bucket(ns)], 1);
-        bump(&p.batch_ns_total, ns);
-    }
-
-    /// Counts one full sync completed to a follower.
-    pub fn count_full_sync(&self) {
-        bump(&self.published().full_syncs_total, 1);
-    }
-
-    /// Counts one drain acknowledged `ns` after its SYNC was written.
-    pub fn count_ack(&self, ns: u64) {
-        let p = self.published();
-        bump(&p.ack_time[frame_time_bucket(ns)], 1);
-        bump(&p.ack_ns_total, ns);
-    }
-
-    /// Called by a connection task as it ends.
-    pub fn connection_closed(&self) {
-        self.connections.set(self.connections.get() - 1);
-        self.report_if_drained();
-    }
-
-    /// Reports drained (once) if Drain came and no connection is left.
-    pub fn report_if_drained(&self) {
-        if *self.draining.borrow()
-            && self.connections.get() == 0
-            && !self.drained_sent.replace(true)
-        {
-            let _ = self.drained_tx.send(self.id);
-        }
-    }
-}
-
-impl ShardCore {
-    /// UNKNOWN_TIER's text: the name asked for and the tiers this node has
-    /// (an error path: the words are built only here).
-    pub fn unknown_tier_text(&self, name: &str) -> String {
-        let tiers = self.tiers.borrow();
-        let known: Vec<&str> = tiers.names().collect();
-        if known.is_empty() {
-            format!(
-                "unknown tier: {name:?}: this node has no tiers (define [tiers.NAME] in the file given to sluiced --config)"
-            )
-        } else {
-            format!(
-                "unknown tier: {name:?} is not one of this node's tiers ({})",
-                known.join(", ")
-            )
-        }
-    }
-}
-
-fn unknown_tier(name: &str) -> RequestError {
-    tracing::debug!(tier = name, "unknown tier");
-    RequestError::from(Status::UnknownTier)
 }

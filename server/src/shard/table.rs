@@ -33,6 +33,7 @@ use sluice_protocol::{Policy, Status};
 pub use super::bucket_map::Walk;
 use super::bucket_map::{BucketMap, Record, SWEEP_IDLE_NS, SWEEP_SLOTS_PER_TICK};
 use super::changes::Changes;
+use super::fold::FoldState;
 use super::tat::{Found, TokenBuckets};
 use super::{DecideOp, Op, Outcome};
 
@@ -145,40 +146,6 @@ impl Record for Windowed<FixedWindowState> {
 impl Record for Windowed<SlidingCounterState> {
     fn is_full(&self, now_ns: u64) -> bool {
         self.state.is_full(&self.window(), now_ns)
-    }
-}
-
-/// The hasher for maps keyed by bucket keys, which are already uniform.
-#[derive(Clone, Copy, Debug, Default)]
-pub struct FoldState;
-
-/// Folds a 128-bit key to 64 bits.
-#[derive(Clone, Copy, Debug, Default)]
-pub struct FoldHasher(u64);
-
-impl std::hash::Hasher for FoldHasher {
-    fn finish(&self) -> u64 {
-        self.0
-    }
-
-    fn write(&mut self, bytes: &[u8]) {
-        for chunk in bytes.chunks(8) {
-            let mut a = [0u8; 8];
-            a[..chunk.len()].copy_from_slice(chunk);
-            self.0 = (self.0 ^ u64::from_le_bytes(a)).wrapping_mul(0x9e37_79b9_7f4a_7c15);
-        }
-    }
-
-    fn write_u128(&mut self, k: u128) {
-        self.0 = (k as u64) ^ ((k >> 64) as u64);
-    }
-}
-
-impl std::hash::BuildHasher for FoldState {
-    type Hasher = FoldHasher;
-
-    fn build_hasher(&self) -> FoldHasher {
-        FoldHasher(0)
     }
 }
 

@@ -34,7 +34,7 @@ use sluice_protocol::limit::Decision;
 use sluice_protocol::Policy;
 
 use super::bucket_map::{BucketMap, Record, Walk};
-use super::table::FoldState;
+use super::fold::FoldState;
 
 /// A TAT in 2^-8 ns, modulo 2^64.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, bytemuck::Zeroable)]
