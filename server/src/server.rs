@@ -316,9 +316,13 @@ impl Server {
         // other groups' (each thread has its own connections). With
         // `--forward-connections shared` one thread of its own, the
         // forwarder's, where those connections live (benches/notes.md).
-        let shared = self.node.config.forward_connections
-            == crate::config::ForwardConnections::Shared;
-        let default = if self.node.forward.is_some() && shared { 1 } else { 0 };
+        let shared =
+            self.node.config.forward_connections == crate::config::ForwardConnections::Shared;
+        let default = if self.node.forward.is_some() && shared {
+            1
+        } else {
+            0
+        };
         let threads = self.node.config.rls_threads.unwrap_or(default);
         let stats = self.admin.rls.clone();
         if let Err(e) = crate::rls::start(listener, rls.clone(), stats, threads) {
