@@ -512,7 +512,7 @@ impl Connection {
                 Ok(Request::Failover) => self.failover(h.request_id),
                 Ok(Request::Cell(c)) => self.cell(h.request_id, c, self.hashes[i], now_ns),
                 Ok(Request::Cluster { key }) => {
-                    let ok = crate::forward::cluster_ok(&self.core.node, key);
+                    let ok = crate::forward::cluster_ok(self.core.node.forward.as_deref(), key);
                     self.push(h.request_id, Local::Cluster(Box::new(ok)));
                 }
                 Err(e) => self.push(h.request_id, error(*e)),

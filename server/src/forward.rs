@@ -573,10 +573,10 @@ pub fn outcome(answer: Answered) -> Outcome {
     }
 }
 
-/// CLUSTER_OK for `node`: its layout and groups (empty without
-/// `--cluster`), and which group owns `key` (when not empty).
-pub fn cluster_ok(node: &crate::node::Node, key: &[u8]) -> ClusterOk {
-    let Some(forward) = &node.forward else {
+/// CLUSTER_OK for a node with `forward` (`--cluster`): its layout and
+/// groups (empty without), and which group owns `key` (when not empty).
+pub fn cluster_ok(forward: Option<&Forwarder>, key: &[u8]) -> ClusterOk {
+    let Some(forward) = forward else {
         return ClusterOk::default();
     };
     let view = forward.view();
