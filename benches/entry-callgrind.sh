@@ -10,17 +10,16 @@
 # a few million instructions, included: compare runs of the same length).
 # Usage: bash benches/entry-callgrind.sh [resp|rls]
 # Environment: NODE (b), TO (b), SECONDS_PER_RUN (8, resp), CALLS (20000,
-# rls), KEEP (keep callgrind's output and print where).
-# Build first: cargo build --release -p sluice-server -p sluice-benches \
-#   --features sluice-server/rls,sluice-benches/rls --bins
+# rls), KEEP (a file to copy callgrind's output to).
 set -euo pipefail
-cd "$(dirname "$0")/.."
+ROOT=$(cd "$(dirname "$0")/.." && pwd)
+cd "$ROOT"
+# shellcheck source=benches/common.sh
+. "$ROOT/benches/common.sh"
 PROTO=${1:-resp}
 NODE=${NODE:-b}
 TO=${TO:-b}
-BIN=target/release
-WORK=$(mktemp -d /tmp/sluice-entry-cg.XXXXXX)
-[ -n "${KEEP:-}" ] && echo "callgrind output kept in $WORK" >&2 || trap 'rm -rf "$WORK"' EXIT
+BIN=$ROOT/target/release
 cat >"$WORK/cluster.toml" <<TOML
 [[groups]]
 name = "a"
@@ -30,12 +29,6 @@ primary = "127.0.0.1:7880"
 name = "b"
 primary = "127.0.0.1:7881"
 TOML
-cat >"$WORK/bench.yaml" <<'YAML'
-domain: bench
-descriptors:
-  - key: remote_address
-    rate_limit: { unit: second, requests_per_unit: 1000 }
-YAML
 # node GROUP PORT: RESP at PORT+2, RLS at PORT+4
 node() {
   local pre=()
@@ -43,14 +36,17 @@ node() {
   "${pre[@]}" "$BIN/sluiced" --bind 127.0.0.1 --port "$2" --shards 1 \
     --cluster "$WORK/cluster.toml" --group "$1" --resp-port $(($2 + 2)) \
     --rls-port $(($2 + 4)) --rls-config "$WORK/bench.yaml" >"$WORK/$1.log" 2>&1 &
-  echo $!
+  PIDS+=($!)
 }
-PID_A=$(node a 7880)
-PID_B=$(node b 7881)
-for _ in $(seq 1 150); do
+node a 7880
+node b 7881
+# (Under valgrind a node takes longer to start than wait_line's 10 s.)
+for _ in $(seq 1 600); do
   grep -q "rls listening" "$WORK/a.log" && grep -q "rls listening" "$WORK/b.log" && break
-  sleep 0.2
+  sleep 0.1
 done
+wait_line "$WORK/a.log" "rls listening"
+wait_line "$WORK/b.log" "rls listening"
 BASE=7881
 [ "$TO" = a ] && BASE=7880
 if [ "$PROTO" = resp ]; then
@@ -61,8 +57,11 @@ else
     --connections 4 --requests "${CALLS:-20000}" --seconds 120 --keys 100000 \
     --groups a,b --owned-by a >"$WORK/run.json"
 fi
-kill -TERM "$PID_B" "$PID_A"
-wait "$PID_B" "$PID_A" 2>/dev/null || true
+# SIGTERM, so that callgrind writes its output as the node exits.
+kill -TERM "${PIDS[@]}"
+wait "${PIDS[@]}" 2>/dev/null || true
+PIDS=()
+[ -z "${KEEP:-}" ] || cp "$WORK/cg.out" "$KEEP"
 python3 - "$WORK/run.json" "$WORK/cg.out" "$PROTO" "$NODE" "$TO" <<'PY'
 import json, re, sys
 calls = json.load(open(sys.argv[1]))["calls"]

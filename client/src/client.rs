@@ -462,9 +462,7 @@ impl Client {
                 match reconnect.map_err(|_| Error::Timeout(deadline)) {
                     Ok(Ok(fresh)) => conn = fresh,
                     Ok(Err(e)) | Err(e) => {
-                        for i in items {
-                            batch.complete(i, Err(e.copy()));
-                        }
+                        batch.complete_many(items.into_iter().map(|i| (i, Err(e.copy()))));
                         continue;
                     }
                 }

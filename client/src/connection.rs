@@ -275,11 +275,6 @@ impl Batch {
         })
     }
 
-    /// Op `index`'s reply (the first one given counts).
-    pub(crate) fn complete(&self, index: u32, reply: Result<Reply, Error>) {
-        self.complete_many(std::iter::once((index, reply)));
-    }
-
     /// Ops' replies, `(index, reply)`, under one lock (the first reply
     /// given an op counts).
     pub(crate) fn complete_many(
@@ -458,9 +453,7 @@ impl Conn {
             items,
         };
         if let Err(mpsc::error::SendError(Queued::Batch { batch, items })) = self.tx.send(queued) {
-            for i in items {
-                batch.complete(i, Err(Error::Disconnected));
-            }
+            batch.complete_many(items.into_iter().map(|i| (i, Err(Error::Disconnected))));
         }
     }
 

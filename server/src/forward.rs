@@ -133,12 +133,6 @@ pub struct View {
 }
 
 impl View {
-    /// Whether this node's group owns the key of hash `key`.
-    #[inline]
-    pub fn owns(&self, key: u128) -> bool {
-        self.is_own(self.group_of(key))
-    }
-
     /// The ring index of the group that owns the key of hash `key`.
     #[inline]
     pub fn group_of(&self, key: u128) -> usize {
