@@ -141,9 +141,12 @@ impl Cluster {
         ops: Vec<Op>,
         failure: FailurePolicy,
     ) -> Vec<Answered> {
-        let mut out: Vec<Option<Answered>> = (0..ops.len()).map(|_| None).collect();
+        let n = ops.len();
+        // Made only when an op is not answered at the first try: a batch
+        // answered in full (the common case) never fills them.
+        let mut out: Vec<Option<Answered>> = Vec::new();
         // Which of `out` each op of `batch` answers.
-        let mut at: Vec<usize> = (0..ops.len()).collect();
+        let mut at: Vec<usize> = Vec::new();
         let mut batch = Batch::new(ops);
         for attempt in 0..2 {
             let Some((node, client)) = self.primary_of(group, attempt > 0).await else {
@@ -169,6 +172,10 @@ impl Cluster {
                         answer(op, reply)
                     })
                     .collect();
+            }
+            if attempt == 0 {
+                out = (0..n).map(|_| None).collect();
+                at = (0..n).collect();
             }
             let mut again = Vec::new();
             let mut forgot = false;
@@ -214,6 +221,11 @@ impl Cluster {
             if at.is_empty() {
                 break;
             }
+        }
+        if out.is_empty() {
+            // No primary at the first try: no op was sent.
+            out = (0..n).map(|_| None).collect();
+            at = (0..n).collect();
         }
         // Never sent, or refused twice: not applied.
         for (pos, &i) in at.iter().enumerate() {
