@@ -405,7 +405,7 @@ impl Forwarder {
                 Some(view) if !mixed => this.forward(&view, ops, Some(&groups)).await,
                 _ => this.forward(&this.view(), ops, None).await,
             };
-            let outcomes = seqs.into_iter().zip(answers.into_iter().map(outcome));
+            let outcomes = seqs.into_iter().zip(answers);
             // The connection may be gone: nothing waits for the answer then.
             let _ = reply_to.send(BatchReply {
                 outcomes: outcomes.collect(),
@@ -485,14 +485,15 @@ impl Forwarder {
 
     /// Decides `ops` on their owners through the calling thread's cluster
     /// client's batch path (one frame and one deadline per owner
-    /// connection), counted.
+    /// connection), counted; each answer as the [`Outcome`] its
+    /// connection answers (made in the batch's one pass over its replies).
     /// `groups`: each op's group in `view`, if the caller looked them up.
     pub async fn forward(
         &self,
         view: &View,
         ops: Vec<RemoteOp>,
         groups: Option<&[usize]>,
-    ) -> Vec<Answered> {
+    ) -> Vec<Outcome> {
         let looked_up: Vec<usize>;
         let groups = match groups {
             Some(groups) => groups,
@@ -507,14 +508,22 @@ impl Forwarder {
         let (cluster, generation) = self.cluster_here(view);
         let start = Instant::now();
         let route = generation.map(|g| (g, groups));
-        let answers = cluster.batch_routed(ops, route, self.failure).await;
-        self.count(view, groups, start.elapsed(), &answers);
+        let errors = &self.stats.errors;
+        let answers = cluster
+            .batch_routed_with(ops, route, self.failure, |a: Answered| {
+                if let Err(e) = &a {
+                    errors[error_kind(e)].fetch_add(1, Ordering::Relaxed);
+                }
+                outcome(a)
+            })
+            .await;
+        self.count(view, groups, start.elapsed());
         answers
     }
 
     /// Counts a batch's forwarded requests (to `groups`, ring indices of
     /// `view`), which took `rtt`.
-    fn count(&self, view: &View, groups: &[usize], rtt: Duration, answers: &[Answered]) {
+    fn count(&self, view: &View, groups: &[usize], rtt: Duration) {
         let s = &self.stats;
         {
             let mut counters = s.groups.lock().expect("not poisoned");
@@ -541,18 +550,20 @@ impl Forwarder {
         let ns = u64::try_from(rtt.as_nanos()).unwrap_or(u64::MAX);
         s.rtt_ns_sum
             .fetch_add(ns.saturating_mul(n), Ordering::Relaxed);
-        for e in answers.iter().filter_map(|a| a.as_ref().err()) {
-            let kind = match e {
-                Error::Unavailable {
-                    outcome_unknown: false,
-                    ..
-                } => 0,
-                Error::Unavailable { .. } | Error::Timeout(_) | Error::Disconnected => 1,
-                Error::Server { .. } => 2,
-                _ => 3,
-            };
-            s.errors[kind].fetch_add(1, Ordering::Relaxed);
-        }
+    }
+}
+
+/// Which of [`ForwardStats`]'s error counters a forward's error counts under:
+/// not applied, outcome unknown, refused by the owner, other.
+fn error_kind(e: &Error) -> usize {
+    match e {
+        Error::Unavailable {
+            outcome_unknown: false,
+            ..
+        } => 0,
+        Error::Unavailable { .. } | Error::Timeout(_) | Error::Disconnected => 1,
+        Error::Server { .. } => 2,
+        _ => 3,
     }
 }
 

@@ -67,6 +67,24 @@ impl Cluster {
         route: Option<(u64, &[usize])>,
         failure: FailurePolicy,
     ) -> Vec<Answered> {
+        self.batch_routed_with(ops, route, failure, std::convert::identity)
+            .await
+    }
+
+    /// [`Cluster::batch_routed`], each answer passed through `f` as it is
+    /// made: a caller that turns answers into its own type does it in the
+    /// same pass, with no vector of [`Answered`] between.
+    pub async fn batch_routed_with<T, F>(
+        &self,
+        ops: Vec<Op>,
+        route: Option<(u64, &[usize])>,
+        failure: FailurePolicy,
+        f: F,
+    ) -> Vec<T>
+    where
+        T: Send,
+        F: Fn(Answered) -> T + Copy + Send + Sync,
+    {
         let n = ops.len();
         self.inner
             .stats
@@ -86,12 +104,12 @@ impl Cluster {
             Some(groups) => groups[i],
             None => layout.ring.group_of(key_hash(op.key())),
         };
-        let mut out: Vec<Option<Answered>> = (0..n).map(|_| None).collect();
+        let mut out: Vec<Option<T>> = (0..n).map(|_| None).collect();
         // Ops by group, in order: (ring index, positions in `ops`).
         let mut by_group: Vec<(usize, Vec<usize>)> = Vec::new();
         for (i, op) in ops.iter().enumerate() {
             if let Err(e) = check(op) {
-                out[i] = Some(Err(e));
+                out[i] = Some(f(Err(e)));
                 continue;
             }
             let g = group_of(i, op);
@@ -107,11 +125,11 @@ impl Cluster {
         if let [(g, items)] = by_group.as_slice() {
             if items.len() == n {
                 let group = layout.groups[*g].clone();
-                return self.group_batch(&group, ops, failure).await;
+                return self.group_batch(&group, ops, failure, f).await;
             }
         }
         let mut ops: Vec<Option<Op>> = ops.into_iter().map(Some).collect();
-        let mut calls: Vec<Pin<Box<dyn Future<Output = Vec<Answered>> + Send + '_>>> = Vec::new();
+        let mut calls: Vec<Pin<Box<dyn Future<Output = Vec<T>> + Send + '_>>> = Vec::new();
         let mut positions = Vec::new();
         for (g, items) in by_group {
             let mine: Vec<Op> = items
@@ -120,7 +138,7 @@ impl Cluster {
                 .collect();
             let group = layout.groups[g].clone();
             calls.push(Box::pin(async move {
-                self.group_batch(&group, mine, failure).await
+                self.group_batch(&group, mine, failure, f).await
             }));
             positions.push(items);
         }
@@ -135,12 +153,16 @@ impl Cluster {
     }
 
     /// [`Cluster::batch`] of ops that all belong to `group`.
-    async fn group_batch(
+    async fn group_batch<T, F>(
         &self,
         group: &Arc<Group>,
         ops: Vec<Op>,
         failure: FailurePolicy,
-    ) -> Vec<Answered> {
+        f: F,
+    ) -> Vec<T>
+    where
+        F: Fn(Answered) -> T,
+    {
         let n = ops.len();
         // Made only when an op is not answered at the first try: a batch
         // answered in full (the common case) never fills them.
@@ -169,7 +191,7 @@ impl Cluster {
                         let Some(Ok(reply)) = reply else {
                             unreachable!("checked: every op has its reply")
                         };
-                        answer(op, reply)
+                        f(answer(op, reply))
                     })
                     .collect();
             }
@@ -232,7 +254,7 @@ impl Cluster {
             out[i] = Some(self.op_unavailable(group, &batch.ops[pos], failure, false));
         }
         out.into_iter()
-            .map(|a| a.expect("every op answered"))
+            .map(|a| f(a.expect("every op answered")))
             .collect()
     }
 
