@@ -177,23 +177,7 @@ impl Cluster {
             self.send_and_wait(group, &node, &client, &batch).await;
             let replies = batch.take();
             if attempt == 0 && replies.iter().all(|r| matches!(r, Some(Ok(_)))) {
-                // Every op answered at the first try (the common case):
-                // the answers in order, with no bookkeeping.
-                let stats = &self.inner.stats;
-                stats
-                    .store_total
-                    .fetch_add(replies.len() as u64, Ordering::Relaxed);
-                return replies
-                    .into_iter()
-                    .zip(&batch.ops)
-                    .map(|(reply, op)| {
-                        crate::metrics::verdict(Source::Store);
-                        let Some(Ok(reply)) = reply else {
-                            unreachable!("checked: every op has its reply")
-                        };
-                        f(answer(op, reply))
-                    })
-                    .collect();
+                return self.answered_in_full(replies, &batch.ops, &f);
             }
             if attempt == 0 {
                 out = (0..n).map(|_| None).collect();
@@ -255,6 +239,31 @@ impl Cluster {
         }
         out.into_iter()
             .map(|a| f(a.expect("every op answered")))
+            .collect()
+    }
+
+    /// Every op of a batch answered at the first try (the common case):
+    /// the answers in order, with no bookkeeping.
+    fn answered_in_full<T>(
+        &self,
+        replies: Vec<Option<Result<Reply, Error>>>,
+        ops: &[Op],
+        f: &impl Fn(Answered) -> T,
+    ) -> Vec<T> {
+        let stats = &self.inner.stats;
+        stats
+            .store_total
+            .fetch_add(replies.len() as u64, Ordering::Relaxed);
+        replies
+            .into_iter()
+            .zip(ops)
+            .map(|(reply, op)| {
+                crate::metrics::verdict(Source::Store);
+                let Some(Ok(reply)) = reply else {
+                    unreachable!("checked: every op has its reply")
+                };
+                f(answer(op, reply))
+            })
             .collect()
     }
 
