@@ -37,10 +37,10 @@ use tokio_util::codec::Decoder;
 
 use crate::coordinator::{self, constant_time_eq, Handler, ReplyShare, READ_CHUNK_BYTES};
 use crate::forward::{OwnedLimits, OwnedTarget, RemoteOp};
+use crate::mailbox::{Adopt, ShardMsg};
 use crate::node::ShardCore;
 use crate::pipeline::{Pipeline, Protocol};
 use crate::shard::{BatchReply, ConnectionGuard, DecideOp, MultiVerdict, Op, Outcome};
-use crate::worker::{Adopt, ShardMsg};
 use sluice_protocol::replication::{self, RoleOk, Subscribe};
 
 /// A reply ready to be encoded.

@@ -15,7 +15,6 @@
 //! bytes to read (not while `inflight_max` requests are unanswered, which
 //! pushes back on the peer through TCP), Drain.
 
-use std::cell::Cell;
 use std::future::Future;
 use std::pin::Pin;
 use std::rc::Rc;
@@ -111,48 +110,7 @@ pub(crate) trait Handler: Sized {
     ) -> impl Future<Output = ()>;
 }
 
-/// The reply bytes a shard's connections owe together (written nowhere
-/// yet, or held behind forwarded requests), against the shard's share of
-/// `--reply-bytes-node-max`: the node-wide bound on what clients that do
-/// not read can make it hold. Each connection keeps its own part in a
-/// [`ReplyShare`]; a connection that finds the shard at its share stops
-/// decoding (as at its own `--reply-bytes-max`) until others' replies are
-/// written, and is woken then.
-#[derive(Debug)]
-pub struct ShardReplies {
-    /// Bytes owed, all connections together (as they last settled).
-    owed: Cell<usize>,
-    /// The shard's share of `--reply-bytes-node-max`.
-    share: usize,
-    /// Whether a connection stopped at the share and waits for `freed`.
-    blocked: Cell<bool>,
-    /// Told when the shard falls back under its share.
-    freed: tokio::sync::Notify,
-}
-
-impl ShardReplies {
-    pub fn new(share: usize) -> ShardReplies {
-        ShardReplies {
-            owed: Cell::new(0),
-            share,
-            blocked: Cell::new(false),
-            freed: tokio::sync::Notify::new(),
-        }
-    }
-
-    /// Bytes owed by all the shard's connections together.
-    pub fn owed(&self) -> usize {
-        self.owed.get()
-    }
-
-    /// Resolves when the shard falls back under its share, after a
-    /// connection stopped at it.
-    fn freed(&self) -> tokio::sync::futures::Notified<'_> {
-        self.freed.notified()
-    }
-}
-
-/// One connection's part of its shard's [`ShardReplies`]; gives it back
+/// One connection's part of its shard's [`ShardReplies`](crate::reply_budget::ShardReplies); gives it back
 /// when dropped (the connection closed or moved to another shard).
 #[derive(Debug)]
 pub(crate) struct ReplyShare {

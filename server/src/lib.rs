@@ -7,15 +7,16 @@
 //! - [`server`]: bind, accept, hand connections to shards, shut down.
 //! - [`worker`]: a shard thread: its runtime, its message loop, the tasks
 //!   it starts (connections, replication flows, the heap sweep).
-//! - [`worker`]'s [`worker::ShardMsg`]: what other threads may ask of a
-//!   shard thread.
+//! - [`mailbox`]: [`mailbox::ShardMsg`], what other threads may ask of a
+//!   shard thread (the one type its senders import).
 //! - [`node`]: what the node's shards share ([`node::Node`]) and what one
 //!   shard thread's tasks share ([`node::ShardCore`]).
 //! - [`shard`]: the ground floor: a shard's [`shard::Table`] and the types
 //!   of a decision on it (imports nothing above it; docs/ARCHITECTURE.md,
 //!   "Layering").
 //! - `coordinator`: the read-decide-write loop both connection kinds run
-//!   (flush, sync-replication wait, drain, back-pressure, linger).
+//!   (flush, sync-replication wait, drain, back-pressure, linger);
+//!   `reply_budget` the per-shard reply bytes it bounds.
 //! - [`connection`]: protocol v1's side of that loop (decode, route,
 //!   decide or forward, reply in order; a HELLO's move to another shard).
 //! - [`resp`]: the optional RESP2 listener's parser, commands and
@@ -38,9 +39,11 @@ pub mod connection;
 mod coordinator;
 pub mod forward;
 pub mod inbox;
+pub mod mailbox;
 pub mod node;
 pub mod pipeline;
 pub mod replication;
+mod reply_budget;
 pub mod resp;
 #[cfg(feature = "rls")]
 pub mod rls;

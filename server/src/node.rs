@@ -4,9 +4,10 @@
 //! of the coordinator and of replication, whose types those modules own).
 //!
 //! Both sit above [`shard`](crate::shard), whose table and decision types
-//! they hold, and beside the tasks that use them (connections, the
-//! coordinator, replication, the forwarder) and [`worker`](crate::worker),
-//! whose [`ShardMsg`] the node's inboxes carry.
+//! they hold, and [`mailbox`](crate::mailbox), whose [`ShardMsg`] the
+//! node's inboxes carry; below the tasks that use them (connections, the
+//! coordinator, replication) and the shard's thread (`worker.rs`) that
+//! runs those.
 
 use std::cell::{Cell, RefCell};
 use std::net::SocketAddr;
@@ -20,14 +21,14 @@ use sluice_protocol::{MonotonicClock, Status};
 use tokio::sync::watch;
 
 use crate::config::Config;
-use crate::coordinator::ShardReplies;
 use crate::inbox::Sender;
+use crate::mailbox::ShardMsg;
 use crate::replication::primary::FlowShard;
 use crate::replication::ReplNode;
+use crate::reply_budget::ShardReplies;
 use crate::shard::{table, DecideOp, LimitRef, PublishedStats, Table};
 use crate::sync::{Arc, Ordering};
 use crate::tiers::Tiers;
-use crate::worker::ShardMsg;
 
 /// What a node's shards share, read-only: who they are and how to reach
 /// each other.

@@ -1,6 +1,6 @@
 //! The ordering and forwarding machinery every connection coordinator
 //! shares, whatever protocol it speaks (protocol v1 in
-//! [`connection`](crate::connection), RESP in [`resp`](crate::resp)).
+//! `connection.rs`, RESP in `resp/connection.rs`).
 //!
 //! Each request gets a sequence number. A reply decided on this thread
 //! while nothing is outstanding is handed straight back to the caller to
@@ -23,9 +23,9 @@ use std::fmt::Debug;
 
 use crate::forward::{RemoteBatch, RemoteItems, RemoteOp, View};
 use crate::inbox::{self, Receiver, Sender};
+use crate::mailbox::ShardMsg;
 use crate::node::Node;
 use crate::shard::{Batch, BatchReply, FwdItem, Op, Outcome};
-use crate::worker::ShardMsg;
 
 /// What a connection's protocol tells the pipeline.
 pub trait Protocol {

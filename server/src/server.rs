@@ -17,10 +17,11 @@ use tokio::net::{TcpListener, TcpStream};
 
 use crate::config::{Config, ConfigError};
 use crate::inbox;
+use crate::mailbox::{Adopt, AdoptResp, ShardMsg};
 use crate::node::Node;
 use crate::shard::ConnectionGuard;
 use crate::sync::{Arc, AtomicUsize};
-use crate::worker::{self, Adopt, AdoptResp, ShardMsg};
+use crate::worker;
 
 /// How long a refused connection is given to read its error before close.
 const REFUSAL_LINGER_MS: u64 = 1_000;

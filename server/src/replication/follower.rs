@@ -30,9 +30,9 @@ use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio_util::codec::Decoder;
 
 use super::RECONNECT_MS;
+use crate::mailbox::ShardMsg;
 use crate::node::ShardCore;
 use crate::sync::Ordering;
-use crate::worker::ShardMsg;
 
 /// How many records ahead of the one being imported a flow prefetches.
 const PREFETCH_AHEAD: usize = 16;

@@ -796,7 +796,7 @@ pub async fn failover(core: Rc<ShardCore>) -> Result<FailoverOk, String> {
     let mut waits = Vec::new();
     for tx in &core.node.shards {
         let (done, rx) = crate::inbox::oneshot();
-        if tx.send(crate::worker::ShardMsg::Handover(done)).is_ok() {
+        if tx.send(crate::mailbox::ShardMsg::Handover(done)).is_ok() {
             waits.push(rx);
         }
     }
@@ -812,7 +812,7 @@ pub async fn failover(core: Rc<ShardCore>) -> Result<FailoverOk, String> {
         repl.handing_over.store(0, Ordering::Release);
         return Err("the epoch is at its maximum: no handover can raise it".into());
     };
-    let _ = core.node.shards[0].send(crate::worker::ShardMsg::Takeover(epoch));
+    let _ = core.node.shards[0].send(crate::mailbox::ShardMsg::Takeover(epoch));
     // The follower promotes itself as it applies the handover; wait until
     // it says so.
     let deadline = Instant::now() + Duration::from_millis(2_000);

@@ -31,10 +31,10 @@ use super::command::{self, Command, CommandProbe, Field, Reply};
 use super::parser::{Args, Parser};
 use crate::coordinator::{self, constant_time_eq, Handler, ReplyShare, READ_CHUNK_BYTES};
 use crate::forward::RemoteOp;
+use crate::mailbox::AdoptResp;
 use crate::node::ShardCore;
 use crate::pipeline::{Pipeline, Protocol};
 use crate::shard::{BatchReply, ConnectionGuard, Op, Outcome};
-use crate::worker::AdoptResp;
 
 /// The RESP protocol's use of the [`Pipeline`]: a forwarded command is
 /// always a CL.THROTTLE, and RESP replies are positional, so a waiting

@@ -194,10 +194,10 @@ pub fn start(
         // inbox: no other thread wakes, no context switch).
         for shard in rls.node.shards.iter() {
             let (listener, rls, gate) = (listener.try_clone()?, rls.clone(), gate.clone());
-            let job = crate::worker::Job(Box::new(move || {
+            let job = crate::mailbox::Job(Box::new(move || {
                 tokio::spawn(listen(listener, rls, gate));
             }));
-            if shard.send(crate::worker::ShardMsg::Run(job)).is_err() {
+            if shard.send(crate::mailbox::ShardMsg::Run(job)).is_err() {
                 return Err(std::io::Error::other("a shard has stopped"));
             }
         }

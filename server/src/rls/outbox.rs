@@ -27,9 +27,9 @@ use std::sync::Arc;
 
 use crate::forward::{RemoteBatch, RemoteItems, RemoteOp, View};
 use crate::inbox::{self, Receiver, Sender};
+use crate::mailbox::ShardMsg;
 use crate::node::Node;
 use crate::shard::{Batch, BatchReply, FwdItem};
-use crate::worker::ShardMsg;
 
 /// Bits of a queued item's sequence number that hold the item's index in
 /// its call's list; the next 16 hold the shard, the top 32 the call.
