@@ -509,10 +509,10 @@ impl Sim {
                 full_done,
             } => {
                 let n = &mut self.nodes[to];
-                let mut records: Vec<Record> = Vec::new();
+                let (mut records, mut buckets): (Vec<Record>, Vec<_>) = (Vec::new(), Vec::new());
                 let header = n
                     .reader
-                    .parse(&payload, |r| records.push(r))
+                    .parse_buckets(&payload, |k, b| buckets.push((k, b)), |r| records.push(r))
                     .expect("the real encoder's SYNCs decode");
                 if header.epoch > n.repl.epoch() && n.repl.is_primary() {
                     self.step_down(to, header.epoch);
@@ -540,9 +540,8 @@ impl Sim {
                 if !ack {
                     return;
                 }
-                for r in records {
-                    n.table.import(r.key, r.kind, r.state, now);
-                }
+                n.table
+                    .apply_records(&mut records, &mut buckets, now, |_| None, &mut []);
                 if full_done {
                     n.repl.watch.set_in_sync(true);
                 }

@@ -25,17 +25,15 @@ use sluice_protocol::replication::{
     put_ack, Record, ReplState, Subscribe, SyncHeader, SyncReader, SYNC_FULL_DONE, SYNC_TAKEOVER,
 };
 use sluice_protocol::routing::shard_of;
-use sluice_protocol::{Bucket, Clock, Kind, PROTOCOL_VERSION};
+use sluice_protocol::{Bucket, Clock, PROTOCOL_VERSION};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio_util::codec::Decoder;
 
 use super::RECONNECT_MS;
 use crate::node::ShardCore;
+use crate::shard::table::ForeignRecords;
 use crate::sync::Ordering;
 use crate::worker::ShardMsg;
-
-/// How many records ahead of the one being imported a flow prefetches.
-const PREFETCH_AHEAD: usize = 16;
 
 /// Parsed records at which a flow applies them before parsing the next
 /// SYNC of the same read. A read holds up to 64 KiB of SYNCs (about 2,000
@@ -620,44 +618,14 @@ async fn apply(
 ) {
     let count = core.node.shard_count;
     let now_ns = core.clock.now_ns();
-    let mut others: Vec<(Vec<Record>, Vec<TokenRecord>)> =
-        (0..count).map(|_| (Vec::new(), Vec::new())).collect();
-    {
-        let mut table = core.table.borrow_mut();
-        let mut batch = records.drain(..);
-        loop {
-            // Start loading the slot a few records ahead: a batch's cache
-            // misses overlap instead of queueing.
-            if let Some(ahead) = batch.as_slice().get(PREFETCH_AHEAD) {
-                if shard_of(ahead.key, count) == core.id {
-                    table.prefetch_kind(ahead.kind, ahead.key);
-                }
-            }
-            let Some(r) = batch.next() else { break };
-            let owner = shard_of(r.key, count);
-            if owner == core.id {
-                table.import(r.key, r.kind, r.state, now_ns);
-            } else {
-                others[usize::from(owner)].0.push(r);
-            }
-        }
-        drop(batch);
-        let mut batch = buckets.drain(..);
-        loop {
-            if let Some(&(key, _)) = batch.as_slice().get(PREFETCH_AHEAD) {
-                if shard_of(key, count) == core.id {
-                    table.prefetch_kind(Kind::TokenBucket, key);
-                }
-            }
-            let Some((key, b)) = batch.next() else { break };
-            let owner = shard_of(key, count);
-            if owner == core.id {
-                table.import_bucket(key, b, now_ns);
-            } else {
-                others[usize::from(owner)].1.push((key, b));
-            }
-        }
-    }
+    let mut others: Vec<ForeignRecords> = (0..count).map(|_| (Vec::new(), Vec::new())).collect();
+    let owner = |key| {
+        let owner = shard_of(key, count);
+        (owner != core.id).then_some(usize::from(owner))
+    };
+    core.table
+        .borrow_mut()
+        .apply_records(records, buckets, now_ns, owner, &mut others);
     let mut waits = Vec::new();
     for (owner, (records, buckets)) in others.into_iter().enumerate() {
         if records.is_empty() && buckets.is_empty() {
