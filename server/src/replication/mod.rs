@@ -22,6 +22,7 @@
 pub mod etcd;
 pub mod follower;
 pub mod lease;
+pub mod machine;
 pub mod primary;
 
 use sluice_protocol::replication::{Mode, ReplState, Role, RoleOk};

@@ -16,7 +16,6 @@
 //! watched once per flow ([`watch_acks`]), not by a timer per wait.
 
 use std::cell::{Cell, RefCell};
-use std::collections::VecDeque;
 use std::future::Future;
 use std::io::IoSlice;
 use std::pin::Pin;
@@ -26,10 +25,9 @@ use std::time::{Duration, Instant};
 
 use bytes::BytesMut;
 use sluice_protocol::codec::{FrameDecoder, FrameWriter};
-use sluice_protocol::limit::Kind;
 use sluice_protocol::replication::{
-    self, sync_frame_head, FailoverOk, ReplState, Role, Subscribe, SyncHeader, SyncWriter,
-    SYNC_FIXED_BYTES, SYNC_FULL_DONE, SYNC_HEAD_BYTES, SYNC_TAKEOVER,
+    self, sync_frame_head, FailoverOk, ReplState, Role, Subscribe, SYNC_FIXED_BYTES,
+    SYNC_HEAD_BYTES,
 };
 use sluice_protocol::Clock;
 use tokio::io::{AsyncRead, AsyncWrite};
@@ -39,12 +37,9 @@ use crate::stream::Stream;
 use tokio::sync::Notify;
 use tokio_util::codec::Decoder;
 
-use super::{
-    ASYNC_DRAIN_MS, FLOW_WRITE_TIMEOUT_MS, FULL_SYNC_SLOTS_PER_STEP, HEARTBEAT_MS,
-    SYNC_GROUP_ENTRIES,
-};
+use super::machine::{self, Overdue, PrimaryFlow};
+use super::{ASYNC_DRAIN_MS, FLOW_WRITE_TIMEOUT_MS, HEARTBEAT_MS, SYNC_GROUP_ENTRIES};
 use crate::node::ShardCore;
-use crate::shard::table::Walk;
 use crate::sync::Ordering;
 
 /// A primary shard's side of its flow, on the shard's thread.
@@ -53,9 +48,9 @@ pub struct FlowShard {
     /// Bumped when a flow attaches or is dropped; a flow task that finds
     /// its generation out of date ends.
     pub generation: u64,
-    /// Since when a flow is attached with its full sync done (sync-mode
-    /// replies wait for its acks while this is set).
-    pub streaming_since: Option<Instant>,
+    /// A flow is attached with its full sync done (sync-mode replies wait
+    /// for its acks while this is set).
+    pub streaming: bool,
     /// The drain the changes made from now on ship in.
     pub drain_next: u64,
     /// Told when a connection wants changes shipped.
@@ -125,7 +120,7 @@ impl Acked {
 
     /// Until drain `need` is acknowledged (`true`) or the flow is given up
     /// on (`false`, also when both).
-    fn wait(self: &Rc<Self>, need: u64) -> AckWait {
+    pub fn wait(self: &Rc<Self>, need: u64) -> AckWait {
         AckWait {
             acked: self.clone(),
             need,
@@ -145,7 +140,7 @@ impl Acked {
     }
 
     /// A reply is (or was, its future dropped since) waiting for an ack.
-    fn has_waiters(&self) -> bool {
+    pub fn has_waiters(&self) -> bool {
         !self.waiters.borrow().is_empty()
     }
 }
@@ -200,7 +195,20 @@ impl Future for AckWait {
 impl FlowShard {
     /// See [`FlowShard::streaming_since`].
     pub fn is_streaming(&self) -> bool {
-        self.streaming_since.is_some()
+        self.streaming
+    }
+
+    /// The number of the drain about to be sent, and (once the full sync
+    /// is done) a planned handover's epoch, if one was asked for.
+    pub fn next_drain(&mut self, full_done: bool) -> (u64, Option<u64>) {
+        let drain = self.drain_next;
+        self.drain_next += 1;
+        let takeover = if full_done {
+            self.takeover.take()
+        } else {
+            None
+        };
+        (drain, takeover)
     }
 }
 
@@ -208,7 +216,7 @@ impl Default for FlowShard {
     fn default() -> Self {
         FlowShard {
             generation: 0,
-            streaming_since: None,
+            streaming: false,
             drain_next: 1,
             takeover: None,
             wake: Rc::new(Notify::new()),
@@ -251,33 +259,24 @@ fn detach(core: &ShardCore) {
     // Once only per flow: several waits may time out together, and a flow
     // that ends also detaches (a flow is attached while changes are
     // tracked).
-    if !core.table.borrow().tracking() {
+    let detached = machine::detach(&mut core.table.borrow_mut(), &mut core.flow.borrow_mut());
+    let Some(streamed) = detached else {
         return;
+    };
+    let repl = &core.node.repl;
+    if streamed {
+        repl.flows_streaming.fetch_sub(1, Ordering::AcqRel);
     }
-    let mut flow = core.flow.borrow_mut();
-    flow.generation += 1;
-    if flow.streaming_since.take().is_some() {
-        core.node
-            .repl
-            .flows_streaming
-            .fetch_sub(1, Ordering::AcqRel);
-    }
-    let released = flow.drain_next;
-    flow.acked.set(released, true);
-    drop(flow);
-    let mut table = core.table.borrow_mut();
-    table.untrack_changes();
-    table.export_stop(Walk::Sync);
-    let attached = core.node.repl.flows_attached.fetch_sub(1, Ordering::AcqRel) - 1;
-    if attached == 0 && core.node.repl.is_primary() {
-        core.node.repl.set_state(ReplState::Alone);
-        core.node.repl.set_follower(String::new());
+    let attached = repl.flows_attached.fetch_sub(1, Ordering::AcqRel) - 1;
+    if attached == 0 && repl.is_primary() {
+        repl.set_state(ReplState::Alone);
+        repl.set_follower(String::new());
     }
 }
 
-/// Drains sent and not yet acknowledged: `(drain, last SYNC seq, sent at,
-/// sent at by the decision clock)`.
-type Pending = Rc<RefCell<VecDeque<(u64, u64, Instant, u64)>>>;
+/// The flow's machine, shared by its sending, ack-reading and watching
+/// tasks (on the shard's thread).
+type Machine = Rc<RefCell<PrimaryFlow>>;
 
 /// Serves a follower's SUBSCRIBE on this shard until the link fails, the
 /// follower stops acking, or another flow replaces this one.
@@ -295,28 +294,16 @@ pub async fn serve_flow(
         // A follower that reconnects replaces its old flow.
         detach(&core);
     }
-    let generation = {
-        let mut flow = core.flow.borrow_mut();
-        flow.generation += 1;
-        let acked = flow.drain_next - 1;
-        flow.acked.set(acked, false);
-        flow.generation
-    };
-    if sub.promote_after_ms > 0 {
-        // The follower may promote itself: hold a lease of half its
-        // timeout, renewed by every ack (the other half is the margin for
-        // delays and clock rates).
-        let repl = &core.node.repl;
-        repl.last_ack_ns
-            .store(core.clock.now_ns(), Ordering::Relaxed);
-        let lease_ms = (u64::from(sub.promote_after_ms) / 2).min(super::LEASE_MS_MAX);
-        let lease_ns = lease_ms * 1_000_000;
-        repl.lease_ns.store(lease_ns, Ordering::Relaxed);
-    }
-    core.table
-        .borrow_mut()
-        .export_start(Walk::Sync, FULL_SYNC_SLOTS_PER_STEP);
     let repl = &core.node.repl;
+    // The follower may promote itself: this primary holds a lease its
+    // acks renew.
+    let generation = machine::attach(
+        repl,
+        &mut core.table.borrow_mut(),
+        &mut core.flow.borrow_mut(),
+        sub.promote_after_ms,
+        core.clock.now_ns(),
+    );
     repl.flows_attached.fetch_add(1, Ordering::AcqRel);
     repl.set_follower(sub.addr.clone());
     repl.set_state(ReplState::Syncing);
@@ -358,17 +345,17 @@ async fn stream_halves<R, W>(
         detach(&core);
         return;
     }
-    let pending: Pending = Rc::default();
+    let machine: Machine = Rc::default();
     let acks = tokio::task::spawn_local(read_acks(
         core.clone(),
         rd,
         rbuf,
-        pending.clone(),
+        machine.clone(),
         generation,
     ));
     let watch = (core.node.repl.mode == replication::Mode::Sync)
-        .then(|| tokio::task::spawn_local(watch_acks(core.clone(), pending.clone(), generation)));
-    let result = stream_flow(&core, &mut wr, request_id, &pending, generation).await;
+        .then(|| tokio::task::spawn_local(watch_acks(core.clone(), machine.clone(), generation)));
+    let result = stream_flow(&core, &mut wr, request_id, &machine, generation).await;
     acks.abort();
     if let Some(watch) = watch {
         watch.abort();
@@ -382,121 +369,57 @@ async fn stream_halves<R, W>(
 }
 
 /// The flow's sending loop: full sync (interleaved with drains), then
-/// drains and heartbeats.
+/// drains and heartbeats, as the flow's machine makes them.
 async fn stream_flow(
     core: &ShardCore,
     wr: &mut (impl AsyncWrite + Unpin),
     request_id: u32,
-    pending: &Pending,
+    machine: &Machine,
     generation: u64,
 ) -> std::io::Result<()> {
-    let mut seq = 0u64;
-    let mut full_done = false;
-    let mut heap_keys: Option<Vec<(u128, Kind)>> = None;
     let mut heads = Vec::new();
-    let mut full = Vec::new();
+    let mut frame_heads = Vec::new();
     let wake = core.flow.borrow().wake.clone();
     loop {
         if core.flow.borrow().generation != generation {
             return Ok(());
         }
-        let mut sw = SyncWriter::new();
-        let finishing = if full_done {
-            core.table.borrow_mut().drain_changes(&mut sw);
-            false
-        } else {
-            full_sync_step(core, &mut sw, &mut heap_keys, &mut full)
-        };
-        let (drain, takeover) = next_drain(core, full_done);
         let now_ns = core.clock.now_ns();
-        let epoch = takeover.unwrap_or_else(|| core.node.repl.epoch());
-        let parts = sw.take();
-        let last = parts.len().max(1);
-        let empty = [(0u32, BytesMut::new())];
-        let parts: &[(u32, BytesMut)] = if parts.is_empty() { &empty } else { &parts };
+        let drained = machine.borrow_mut().drain(
+            &mut core.table.borrow_mut(),
+            &mut core.flow.borrow_mut(),
+            core.node.repl.epoch(),
+            now_ns,
+            &mut heads,
+        );
         let repl = &core.node.repl;
-        heads.clear();
-        for (i, (count, body)) in parts.iter().enumerate() {
-            seq += 1;
+        repl.keys_synced
+            .fetch_add(drained.synced as u64, Ordering::Relaxed);
+        frame_heads.clear();
+        for (h, (count, body)) in heads.iter().zip(&drained.parts) {
             repl.stream_bytes
                 .fetch_add((SYNC_FIXED_BYTES + body.len()) as u64, Ordering::Relaxed);
             repl.stream_records
                 .fetch_add(u64::from(*count), Ordering::Relaxed);
             repl.stream_syncs.fetch_add(1, Ordering::Relaxed);
-            let mut flags = 0;
-            if finishing && i + 1 == last {
-                flags |= SYNC_FULL_DONE;
-            }
-            if takeover.is_some() && i + 1 == last {
-                flags |= SYNC_TAKEOVER;
-            }
-            let h = SyncHeader {
-                seq,
-                epoch,
-                now_ns,
-                flags,
-                count: *count,
-            };
-            heads.push(sync_frame_head(request_id, &h, body.len()));
+            frame_heads.push(sync_frame_head(request_id, h, body.len()));
         }
-        pending
-            .borrow_mut()
-            .push_back((drain, seq, Instant::now(), now_ns));
-        if finishing {
+        if drained.finishing {
             // Before the follower can see its copy complete (and tell etcd
             // it may take over): no more admitting alone.
-            core.node.repl.solo.store(0, Ordering::Release);
+            repl.solo.store(0, Ordering::Release);
         }
-        write_syncs_within(wr, &heads, parts).await?;
-        if finishing {
-            full_done = true;
-            full_sync_sent(core, generation);
+        write_syncs_within(wr, &frame_heads, &drained.parts).await?;
+        if drained.finishing {
+            full_sync_sent(core, machine, generation);
         }
-        if !full_done {
+        if !machine.borrow().streaming() {
             // Let the shard serve between two steps of a large full sync.
             tokio::task::yield_now().await;
             continue;
         }
-        until_next_drain(core, drain, &wake).await;
+        until_next_drain(core, drained.drain, &wake).await;
     }
-}
-
-/// One step of the full sync, after the changes since the last drain:
-/// the next [`FULL_SYNC_SLOTS_PER_STEP`] slots' buckets (the heap kinds'
-/// keys listed once, at the first step). Returns whether it was the last.
-fn full_sync_step(
-    core: &ShardCore,
-    sw: &mut SyncWriter,
-    heap_keys: &mut Option<Vec<(u128, Kind)>>,
-    full: &mut Vec<(u128, Kind, Option<replication::State>)>,
-) -> bool {
-    let mut table = core.table.borrow_mut();
-    table.drain_changes(sw);
-    let keys = heap_keys.get_or_insert_with(|| table.heap_keys());
-    full.clear();
-    let finishing = table.export_step(Walk::Sync, FULL_SYNC_SLOTS_PER_STEP, keys, full);
-    for (key, kind, state) in full.iter() {
-        sw.push(*kind, *key, state.as_ref());
-    }
-    core.node
-        .repl
-        .keys_synced
-        .fetch_add(full.len() as u64, Ordering::Relaxed);
-    finishing
-}
-
-/// The number of the drain about to be sent, and (once the full sync is
-/// done) a planned handover's epoch, if one was asked for.
-fn next_drain(core: &ShardCore, full_done: bool) -> (u64, Option<u64>) {
-    let mut flow = core.flow.borrow_mut();
-    let drain = flow.drain_next;
-    flow.drain_next += 1;
-    let takeover = if full_done {
-        flow.takeover.take()
-    } else {
-        None
-    };
-    (drain, takeover)
 }
 
 /// [`write_syncs`], failing once the follower has taken no bytes for
@@ -519,12 +442,14 @@ async fn write_syncs_within(
 /// The last step of the full sync is written: the walk ends, and (unless
 /// another flow replaced this one) the flow streams; once every shard's
 /// does, the node is streaming.
-fn full_sync_sent(core: &ShardCore, generation: u64) {
-    core.table.borrow_mut().export_stop(Walk::Sync);
-    let mut flow = core.flow.borrow_mut();
-    if flow.generation == generation {
-        flow.streaming_since = Some(Instant::now());
-        drop(flow);
+fn full_sync_sent(core: &ShardCore, machine: &Machine, generation: u64) {
+    let current = machine.borrow_mut().full_sync_written(
+        &mut core.table.borrow_mut(),
+        &mut core.flow.borrow_mut(),
+        generation,
+        core.clock.now_ns(),
+    );
+    if current {
         let repl = &core.node.repl;
         let streaming = repl.flows_streaming.fetch_add(1, Ordering::AcqRel) + 1;
         if streaming >= u64::from(core.node.shard_count) {
@@ -631,7 +556,7 @@ async fn read_acks(
     core: Rc<ShardCore>,
     mut rd: impl AsyncRead + Unpin,
     mut rbuf: BytesMut,
-    pending: Pending,
+    machine: Machine,
     generation: u64,
 ) {
     let mut decoder = FrameDecoder::new(core.node.config.frame_bytes_max);
@@ -657,35 +582,17 @@ async fn read_acks(
                     );
                     return end(&core, generation);
                 };
-                let mut released = None;
-                let mut q = pending.borrow_mut();
-                while let Some(&(drain, last_seq, sent, sent_ns)) = q.front() {
-                    if last_seq > acked {
-                        break;
-                    }
-                    q.pop_front();
-                    released = Some(drain);
-                    let lag_ns = u64::try_from(sent.elapsed().as_nanos()).unwrap_or(u64::MAX);
+                let now_ns = core.clock.now_ns();
+                let released = machine.borrow_mut().ack(acked, now_ns, |lag_ns| {
                     core.node
                         .repl
                         .lag_us
                         .store(lag_ns / 1_000, Ordering::Relaxed);
                     core.count_ack(lag_ns);
-                    // The lease runs from when the acknowledged SYNC was
-                    // *sent*: the follower received it later, and promotes
-                    // itself only `promote_after_ms` after its last receipt,
-                    // so the lease is over first whatever the delays.
-                    core.node
-                        .repl
-                        .last_ack_ns
-                        .fetch_max(sent_ns, Ordering::Relaxed);
-                }
-                drop(q);
-                if let Some(drain) = released {
+                });
+                if let Some(released) = released {
                     let flow = core.flow.borrow();
-                    if flow.generation == generation {
-                        flow.acked.advance(drain);
-                    }
+                    machine::acknowledged(&core.node.repl, &flow, generation, released);
                 }
             }
         }
@@ -704,39 +611,38 @@ async fn read_acks(
 /// every reply batch) cost about 460 instructions a wait under callgrind.
 /// A wait lasts at most the timeout plus the time its drain took to be
 /// sent (the shard's other work before the flow ships it).
-async fn watch_acks(core: Rc<ShardCore>, pending: Pending, generation: u64) {
-    let timeout = Duration::from_millis(core.node.config.replica_timeout_ms);
+async fn watch_acks(core: Rc<ShardCore>, machine: Machine, generation: u64) {
+    let timeout_ns = core.node.config.replica_timeout_ms * 1_000_000;
     // While nothing is due: no drain sent later than this can be overdue
     // before the next look.
-    let poll = timeout.min(Duration::from_millis(HEARTBEAT_MS));
+    let poll_ns = timeout_ns.min(HEARTBEAT_MS * 1_000_000);
     loop {
-        let now = Instant::now();
-        let next = {
+        let now_ns = core.clock.now_ns();
+        let overdue = {
             let flow = core.flow.borrow();
             if flow.generation != generation {
                 return;
             }
-            let oldest = pending.borrow().front().map(|&(_, _, sent, _)| sent);
-            match (flow.streaming_since, oldest) {
-                (Some(since), Some(sent)) if now < sent.max(since) + timeout => {
-                    sent.max(since) + timeout
-                }
-                (Some(_), Some(_)) if flow.acked.has_waiters() => {
-                    drop(flow);
-                    tracing::warn!(
-                        shard = core.id,
-                        timeout_ms = core.node.config.replica_timeout_ms,
-                        "follower did not acknowledge in time; serving alone"
-                    );
-                    detach(&core);
-                    return;
-                }
-                // Overdue with nobody waiting (an idle link), not
-                // streaming yet, or nothing unacknowledged.
-                _ => now + poll,
-            }
+            let replies_wait = flow.acked.has_waiters();
+            machine
+                .borrow()
+                .overdue(now_ns, timeout_ns, poll_ns, replies_wait)
         };
-        tokio::time::sleep_until(next.into()).await;
+        match overdue {
+            Overdue::LookAt(at_ns) => {
+                let wait = Duration::from_nanos(at_ns.saturating_sub(now_ns));
+                tokio::time::sleep(wait).await;
+            }
+            Overdue::GiveUp => {
+                tracing::warn!(
+                    shard = core.id,
+                    timeout_ms = core.node.config.replica_timeout_ms,
+                    "follower did not acknowledge in time; serving alone"
+                );
+                detach(&core);
+                return;
+            }
+        }
     }
 }
 
@@ -839,6 +745,7 @@ pub async fn failover(core: Rc<ShardCore>) -> Result<FailoverOk, String> {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use sluice_protocol::replication::SyncHeader;
 
     /// Heads and records reach the follower whole and in order when the
     /// socket takes them a piece at a time (a reader slower than the
