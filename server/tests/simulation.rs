@@ -245,6 +245,9 @@ struct Sim {
     incarnations: u64,
     /// The largest clock jump a node may take.
     jump_max_ns: u64,
+    /// The lowest and highest n1's clock has been ahead of n0's (behind:
+    /// below 0).
+    skew_diff: (i128, i128),
     policy: Policy,
     mode: Replication,
     trace: bool,
@@ -279,6 +282,7 @@ impl Sim {
             unreplicated: Vec::new(),
             incarnations: 0,
             jump_max_ns: JUMP_MAX_NS,
+            skew_diff: (0, 0),
             policy: Policy::new(1, PERIOD_NS, BURST).expect("a valid policy"),
             mode,
             trace: std::env::var_os("SLUICE_SIM_TRACE").is_some(),
@@ -395,11 +399,17 @@ impl Sim {
                 let i = self.rng.below(2) as usize;
                 let d = self.rng.below(self.jump_max_ns + 1);
                 let total = self.nodes[i].skew_ns + d;
-                // Relative to the other node's, never past the margin.
-                let floor = self.nodes[other(i)].skew_ns;
-                if total - floor.min(total) <= self.jump_max_ns {
+                // Relative to the other node's, never past the margin over
+                // the whole run: the two clocks' difference stays within
+                // a range that wide (else a node behind by the margin could
+                // then jump to ahead by it, twice the margin in one lease).
+                let ahead = i128::from(total) - i128::from(self.nodes[other(i)].skew_ns);
+                let diff = if i == 1 { ahead } else { -ahead };
+                let (low, high) = (self.skew_diff.0.min(diff), self.skew_diff.1.max(diff));
+                if high - low <= i128::from(self.jump_max_ns) {
                     self.log(|| format!("n{i}'s clock jumps {} ms ahead", d / MS));
                     self.nodes[i].skew_ns = total;
+                    self.skew_diff = (low, high);
                 }
             }
             // A cut link for 50-800 ms.
