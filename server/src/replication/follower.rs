@@ -11,6 +11,10 @@
 //! loses nothing acknowledged. When any flow fails, the attempt ends
 //! (every flow of it stops) and the coordinator starts again after
 //! [`RECONNECT_MS`](super::RECONNECT_MS). Promotion ends following for good.
+//!
+//! What a flow decides (in sync, what to ack, a handover) is
+//! [`FollowerFlow`]'s, in [`machine`]; the tasks here connect, read, apply
+//! and write.
 
 use std::rc::Rc;
 use std::time::Duration;

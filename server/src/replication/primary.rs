@@ -14,6 +14,10 @@
 //! A follower that does not ack within `replica_timeout_ms` is dropped and
 //! the shard serves alone (and says so), until it resyncs. That limit is
 //! watched once per flow ([`watch_acks`]), not by a timer per wait.
+//!
+//! What is decided (numbers, flags, what an ack releases, the lease, the
+//! timeout) is [`PrimaryFlow`]'s, in [`machine`]; the tasks here read and
+//! write the sockets and wait.
 
 use std::cell::RefCell;
 use std::io::IoSlice;
