@@ -23,7 +23,8 @@
 //! full sync is done, the ack decided under the promotion lock once the
 //! records are applied) and [`machine::start_attempt`]. What is simulated:
 //! when the tasks run (a drain when the shard is free, or a heartbeat every
-//! [`HEARTBEAT_MS`]; no group commit), the network between the nodes (a
+//! [`HEARTBEAT_MS`]; in sync mode not while the machine holds the next
+//! drain for the last one's ack, its group commit), the network between the nodes (a
 //! follower says HELLO, subscribes, a new flow starts from nothing; the
 //! follower promotes after `promote_after` of silence, once in sync; a
 //! primary that learns a newer epoch steps down and resyncs), the clients
@@ -687,9 +688,11 @@ impl Sim {
         // changes).
         let n = &self.nodes[i];
         if let Some(m) = &n.flow {
+            // Sync mode's group commit: one drain in flight.
+            let groups = self.mode == Replication::Sync && m.groups(n.table.changes_len());
             let changes = n.table.has_changes() && self.rng.chance(700);
             let heartbeat = now - n.last_ship_ns >= HEARTBEAT_MS * MS;
-            if !m.streaming() || changes || heartbeat {
+            if !m.streaming() || (!groups && (changes || heartbeat)) {
                 self.ship(i);
             }
         }

@@ -238,6 +238,15 @@ impl PrimaryFlow {
         released
     }
 
+    /// Sync mode's group commit: whether the next drain waits for the
+    /// last one's ack, with `changes` change entries waiting for it: while
+    /// that drain is unacknowledged and fewer than
+    /// [`SYNC_GROUP_ENTRIES`](super::SYNC_GROUP_ENTRIES) wait, so that the
+    /// changes made during its round trip ship together.
+    pub fn groups(&self, changes: usize) -> bool {
+        self.has_unacked() && changes < super::SYNC_GROUP_ENTRIES
+    }
+
     /// Sync mode, at `now_ns`: give the follower up when a reply waits
     /// (`replies_wait`) and the oldest drain it has not acknowledged was
     /// sent (or streaming began, if later) more than `timeout_ns` ago;
@@ -774,6 +783,8 @@ mod tests {
         let mut wait = shard.acked.wait(shard.drain_next);
         let changes = flow.drain(&mut table, &mut shard, 3, 3_000, &mut heads);
         assert_eq!((heads[0].seq, heads[0].count, heads[0].flags), (2, 1, 0));
+        assert!(flow.groups(1), "group commit: the next drain waits");
+        assert!(!flow.groups(64), "unless a group's worth of changes wait");
         let beat = flow.drain(&mut table, &mut shard, 3, 4_000, &mut heads);
         assert_eq!((heads.len(), heads[0].seq, heads[0].count), (1, 3, 0));
         assert_eq!(poll(&mut wait), Poll::Pending);
@@ -792,7 +803,7 @@ mod tests {
         assert!(flow.has_unacked());
         let released = flow.ack(3, 9_500, |_| {}).unwrap();
         assert_eq!(released.drain, beat.drain);
-        assert!(!flow.has_unacked());
+        assert!(!flow.has_unacked() && !flow.groups(1));
         assert_eq!(flow.ack(3, 9_600, |_| {}), None, "an ack repeated");
     }
 

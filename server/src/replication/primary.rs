@@ -237,7 +237,7 @@ async fn stream_flow(
             tokio::task::yield_now().await;
             continue;
         }
-        until_next_drain(core, drained.drain, &wake).await;
+        until_next_drain(core, machine, drained.drain, &wake).await;
     }
 }
 
@@ -283,9 +283,9 @@ fn full_sync_sent(core: &ShardCore, machine: &Machine, generation: u64) {
 /// Streaming: waits before the next drain. Sync mode first waits for
 /// `drain`'s ack ([`group_commit`]); with no changes waiting, until one
 /// comes or a heartbeat is due; async mode then lets changes gather.
-async fn until_next_drain(core: &ShardCore, drain: u64, wake: &Notify) {
+async fn until_next_drain(core: &ShardCore, machine: &Machine, drain: u64, wake: &Notify) {
     if core.node.repl.mode == replication::Mode::Sync {
-        group_commit(core, drain, wake).await;
+        group_commit(core, machine, drain, wake).await;
     }
     if !core.table.borrow().has_changes() {
         let heartbeat = Duration::from_millis(HEARTBEAT_MS);
@@ -300,10 +300,11 @@ async fn until_next_drain(core: &ShardCore, drain: u64, wake: &Notify) {
 }
 
 /// Sync mode: until `drain` (the one just sent) is acknowledged or its
-/// flow given up on, or [`SYNC_GROUP_ENTRIES`] changes wait for the next
-/// drain, whichever comes first: one drain in flight while changes are
-/// few, so that the ones made during its round trip ship together.
-async fn group_commit(core: &ShardCore, drain: u64, wake: &Notify) {
+/// flow given up on, or the machine no longer holds the next drain for it
+/// ([`PrimaryFlow::groups`]: [`SYNC_GROUP_ENTRIES`] changes wait),
+/// whichever comes first: one drain in flight while changes are few, so
+/// that the ones made during its round trip ship together.
+async fn group_commit(core: &ShardCore, machine: &Machine, drain: u64, wake: &Notify) {
     let acked = core.flow.borrow().acked.wait_first(drain);
     let mut acked = std::pin::pin!(acked);
     core.flow.borrow_mut().grouping = true;
@@ -312,7 +313,7 @@ async fn group_commit(core: &ShardCore, drain: u64, wake: &Notify) {
             biased;
             _ = &mut acked => break,
             () = wake.notified() => {
-                if core.table.borrow().changes_len() >= SYNC_GROUP_ENTRIES {
+                if !machine.borrow().groups(core.table.borrow().changes_len()) {
                     break;
                 }
             }
