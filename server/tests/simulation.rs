@@ -24,15 +24,15 @@
 //! records are applied) and [`machine::start_attempt`]. What is simulated:
 //! when the tasks run (a drain when the shard is free, or a heartbeat every
 //! [`HEARTBEAT_MS`]; in sync mode not while the machine holds the next
-//! drain for the last one's ack, its group commit), the network between the nodes (a
-//! follower says HELLO, subscribes, a new flow starts from nothing; the
-//! follower promotes after `promote_after` of silence, once in sync; a
-//! primary that learns a newer epoch steps down and resyncs), the clients
-//! (each request goes to either node), and the faults: kill -9 and restart,
-//! SIGSTOP/SIGCONT, a cut link, messages delayed, a link that breaks (a
-//! lost message ends the TCP flow: the follower subscribes again and gets a
-//! full sync), and clock jumps (a node's clock leaps ahead, by at most
-//! [`JUMP_MAX_NS`] relative to the other's).
+//! drain for the last one's ack, its group commit), the network between
+//! the nodes (a follower says HELLO, subscribes, a new flow starts from
+//! nothing; the follower promotes after `promote_after` of silence, once
+//! in sync; a primary that learns a newer epoch steps down and resyncs),
+//! the clients (each request goes to either node), and the faults: kill -9
+//! and restart, SIGSTOP/SIGCONT, a cut link, messages delayed, a link that
+//! breaks (a lost message ends the TCP flow: the follower subscribes again
+//! and gets a full sync), and clock jumps (a node's clock leaps ahead, the
+//! two clocks' difference staying within [`JUMP_MAX_NS`] over the run).
 //!
 //! Checked after every step:
 //! - in sync mode, no key admitted more than its bucket allows (burst plus
