@@ -181,13 +181,14 @@ fn spawn_side_tasks(core: &Rc<ShardCore>) {
 fn apply(core: &ShardCore, a: follower::Apply) {
     if a.generation == core.follow_gen.get() {
         let now_ns = core.clock.now_ns();
-        let mut table = core.table.borrow_mut();
-        for r in a.records {
-            table.import(r.key, r.kind, r.state, now_ns);
-        }
-        for (key, b) in a.buckets {
-            table.import_bucket(key, b, now_ns);
-        }
+        let (mut records, mut buckets) = (a.records, a.buckets);
+        core.table.borrow_mut().apply_records(
+            &mut records,
+            &mut buckets,
+            now_ns,
+            |_| None,
+            &mut [],
+        );
     }
     let _ = a.done.send(());
 }

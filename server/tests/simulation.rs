@@ -4,23 +4,35 @@
 //! nodes.
 //!
 //! What is real: each node's [`Table`] (decisions, change tracking, the
-//! drain into SYNC records, imports), the SYNC encoding and decoding
-//! ([`SyncWriter`], [`SyncReader`], the fixed part), each node's
-//! [`ReplNode`] (role, epoch, the lease and its fence, promotion, stepping
-//! down) and the follower's [`Watch`](sluice_server::replication::lease::Watch)
-//! (receipts and the promotion decision). What is simulated: the tasks
-//! around them, as `replication/primary.rs` and `follower.rs` run them (a
-//! flow drains changes into numbered SYNCs; an ACK of `n` covers every
-//! SYNC up to `n` and renews the lease from the time SYNC `n` was *sent*;
-//! in sync mode a reply waits for the ACK of the SYNC holding its change,
-//! at most `replica_timeout`, and is dropped when fencing is on; the
-//! follower promotes after `promote_after` of silence, once in sync; a
-//! primary that learns a newer epoch steps down and resyncs), the clients
-//! (each request goes to either node), and the faults: kill -9 and restart,
-//! SIGSTOP/SIGCONT, a cut link, messages delayed, a link that breaks (a
-//! lost message ends the TCP flow: the follower subscribes again and gets a
-//! full sync), and clock jumps (a node's clock leaps ahead, by at most
-//! [`JUMP_MAX_NS`] relative to the other's).
+//! drain into SYNC records, the follower's apply:
+//! [`Table::apply_records`]), the SYNC encoding and decoding
+//! ([`SyncReader`], the fixed part), each node's [`ReplNode`] (role, epoch,
+//! the lease and its fence, promotion, stepping down) and the follower's
+//! [`Watch`](sluice_server::replication::lease::Watch) (receipts and the
+//! promotion decision), and the replication flows' machines, which the
+//! tokio tasks of `replication/primary.rs` and `follower.rs` drive in
+//! production and this simulation drives directly
+//! ([`sluice_server::replication::machine`]): the primary's
+//! [`PrimaryFlow`] (the full sync's steps, SYNC numbers and flags, the
+//! drains not yet acknowledged, the lease renewed from the sending of the
+//! drain an ACK completes, the replica timeout), its [`FlowShard`] (drain
+//! numbers, and the real [`AckWait`] each sync-mode reply waits on: it ends
+//! unreplicated when the flow is given up on, and the reply is then
+//! dropped, the primary fencing itself), [`machine::attach`] and
+//! [`machine::detach`]; the follower's [`FollowerFlow`] (in sync once its
+//! full sync is done, the ack decided under the promotion lock once the
+//! records are applied) and [`machine::start_attempt`]. What is simulated:
+//! when the tasks run (a drain when the shard is free, or a heartbeat every
+//! [`HEARTBEAT_MS`]; in sync mode not while the machine holds the next
+//! drain for the last one's ack, its group commit), the network between
+//! the nodes (a follower says HELLO, subscribes, a new flow starts from
+//! nothing; the follower promotes after `promote_after` of silence, once
+//! in sync; a primary that learns a newer epoch steps down and resyncs),
+//! the clients (each request goes to either node), and the faults: kill -9
+//! and restart, SIGSTOP/SIGCONT, a cut link, messages delayed, a link that
+//! breaks (a lost message ends the TCP flow: the follower subscribes again
+//! and gets a full sync), and clock jumps (a node's clock leaps ahead, the
+//! two clocks' difference staying within [`JUMP_MAX_NS`] over the run).
 //!
 //! Checked after every step:
 //! - in sync mode, no key admitted more than its bucket allows (burst plus
@@ -39,29 +51,57 @@
 //! prints its trace with `SLUICE_SIM_TRACE=1`. A seed that ever fails goes
 //! into [`REGRESSIONS`].
 
-use std::collections::{BTreeMap, VecDeque};
+use std::collections::BTreeMap;
+use std::future::Future;
+use std::pin::Pin;
+use std::task::{Context, Poll, Waker};
 
 use bytes::{BufMut, BytesMut};
-use sluice_protocol::replication::{put_sync_fixed, Record, SyncHeader, SyncReader, SyncWriter};
+use sluice_protocol::replication::{put_sync_fixed, Record, SyncReader};
 use sluice_protocol::Policy;
 use sluice_server::config::Replication;
-use sluice_server::replication::ReplNode;
+use sluice_server::replication::machine::{self, FollowerFlow, Overdue, PrimaryFlow, Released};
+use sluice_server::replication::primary::{AckWait, FlowShard};
+use sluice_server::replication::{ReplNode, HEARTBEAT_MS};
 use sluice_server::shard::Table;
 
 /// Seeds that once failed; always run. None of the code as it is has
 /// failed yet; these caught deliberately broken versions of it, so they
-/// drive the paths those breaks are on: seed 1, replies released before
-/// the follower's ACK (over-admission at a kill); seed 1659, the lease
-/// renewed from an ACK's arrival instead of its SYNC's sending (two nodes
-/// admitting); seed 1099, a follower that stays "in sync" when it starts a
-/// new attempt (it promotes itself while its primary admits again).
-const REGRESSIONS: &[u64] = &[1, 1099, 1659];
+/// drive the paths those breaks are on. Against the re-model of the flows
+/// this file once had: seed 1, replies released before the follower's ACK
+/// (over-admission at a kill); seed 1659, the lease renewed from an ACK's
+/// arrival instead of its SYNC's sending (two nodes admitting); seed 1099,
+/// a follower that stays "in sync" when it starts a new attempt (it
+/// promotes itself while its primary admits again). Against the real
+/// machines ([`machine`]), each break made in them and run over seeds 0 to
+/// 2,000:
+/// - replies released when their drain is sent, not acknowledged
+///   (`PrimaryFlow::drain` advancing the acknowledged drain): seed 1 and
+///   224 others, sync mode (a key over-admitted);
+/// - the lease renewed from an ACK's arrival (`PrimaryFlow::ack` giving
+///   the arrival as the drain's sending): seed 1822 alone in sync mode, and
+///   in async mode 1659 among others (two nodes admitting; most async
+///   seeds fail on over-admission instead, the check's replicated bound
+///   being read from the same acks);
+/// - a follower still in sync when it starts a new attempt
+///   (`start_attempt` not clearing it): seeds 507 and 1110 in sync mode,
+///   140 and 1815 in async mode (two nodes admitting); 1099's path no
+///   longer reaches it;
+/// - what only the real code could show, the re-model having a fixed
+///   lease: a lease as long as the follower's silence before it promotes
+///   itself (`attach` not halving `promote_after_ms`): seed 29 and 63
+///   others, async mode (two nodes admitting);
+/// - also the real code's alone (the re-model let held replies wait out
+///   their timeout): a flow given up on releasing its waiting replies as
+///   replicated (`detach`): seed 1 and 338 others, sync mode (a key
+///   over-admitted).
+const REGRESSIONS: &[u64] = &[1, 29, 507, 1099, 1659, 1815, 1822];
 
 const MS: u64 = 1_000_000;
-/// The follower's `--promote-after-ms`.
-const PROMOTE_AFTER_NS: u64 = 400 * MS;
-/// The primary's lease: half of it, as `primary.rs` computes it.
-const LEASE_NS: u64 = 200 * MS;
+/// The follower's `--promote-after-ms` (the primary's lease is half of
+/// it, as [`machine::attach`] computes it).
+const PROMOTE_AFTER_MS: u32 = 400;
+const PROMOTE_AFTER_NS: u64 = PROMOTE_AFTER_MS as u64 * MS;
 /// `--replica-timeout-ms`.
 const REPLICA_TIMEOUT_NS: u64 = 300 * MS;
 /// How long a follower waits before subscribing again.
@@ -108,11 +148,7 @@ enum Msg {
     /// A follower asks for a flow (a full sync, then the stream).
     Subscribe { epoch: u64 },
     /// A SYNC payload (fixed part and records), on flow `flow`.
-    Sync {
-        flow: u64,
-        payload: BytesMut,
-        full_done: bool,
-    },
+    Sync { flow: u64, payload: BytesMut },
     /// An ACK of every SYNC up to `seq` on flow `flow`.
     Ack { flow: u64, seq: u64 },
     /// "I am primary at `epoch`": what a stale primary learns from clients
@@ -127,14 +163,6 @@ struct Packet {
     /// The link generation it was sent on: a link that broke loses it.
     link: u64,
     msg: Msg,
-}
-
-/// A reply held until the follower has its change.
-#[derive(Debug)]
-struct Held {
-    key: u128,
-    need_seq: u64,
-    since_ns: u64,
 }
 
 #[derive(Debug)]
@@ -153,18 +181,21 @@ struct Node {
     /// acknowledged: every change made before it is on the follower.
     replicated_until_ns: u64,
     epoch_seen: u64,
-    // As primary: the flow to the follower.
-    flow: u64,
+    // As primary: the shard's side of its flows (the real one: drain
+    // numbers, and the replies waiting on their acks), the attached flow's
+    // machine, and the simulation's number for that flow.
+    shard: FlowShard,
+    flow: Option<PrimaryFlow>,
+    generation: u64,
+    flow_id: u64,
     last_ship_ns: u64,
     last_peer_check_ns: u64,
-    attached: bool,
-    streaming: bool,
-    seq: u64,
-    acked: u64,
-    sent: VecDeque<(u64, u64)>,
-    held: Vec<Held>,
-    // As follower.
+    /// Replies waiting for the follower's ack (the real wait), and the
+    /// key each admitted.
+    held: Vec<(u128, AckWait)>,
+    // As follower: the flow's parser and machine.
     reader: SyncReader,
+    follower: FollowerFlow,
     subscribed_at_ns: Option<u64>,
     last_rx_ns: u64,
     following_flow: u64,
@@ -186,16 +217,15 @@ impl Node {
             incarnation: 0,
             replicated_until_ns: 0,
             epoch_seen: 0,
-            flow: 0,
+            shard: FlowShard::default(),
+            flow: None,
+            generation: 0,
+            flow_id: 0,
             last_ship_ns: 0,
             last_peer_check_ns: 0,
-            attached: false,
-            streaming: false,
-            seq: 0,
-            acked: 0,
-            sent: VecDeque::new(),
             held: Vec::new(),
             reader: SyncReader::new(),
+            follower: FollowerFlow::default(),
             subscribed_at_ns: None,
             last_rx_ns: 0,
             following_flow: 0,
@@ -213,14 +243,14 @@ impl Node {
             && self.repl.admits(now_ns + self.skew_ns)
             && (self.repl.mode != sluice_protocol::replication::Mode::Sync
                 || !self.repl.fencing()
-                || self.streaming)
+                || self.shard.is_streaming())
     }
 
+    /// The flow ends (`primary.rs`'s detach): the replies waiting on it
+    /// stop waiting, unreplicated.
     fn detach(&mut self) {
-        self.attached = false;
-        self.streaming = false;
-        self.table.untrack_changes();
-        self.sent.clear();
+        machine::detach(&mut self.table, &mut self.shard);
+        self.flow = None;
     }
 }
 
@@ -239,12 +269,22 @@ struct Sim {
     incarnations: u64,
     /// The largest clock jump a node may take.
     jump_max_ns: u64,
+    /// The lowest and highest n1's clock has been ahead of n0's (behind:
+    /// below 0).
+    skew_diff: (i128, i128),
     policy: Policy,
     mode: Replication,
     trace: bool,
     started_ns: u64,
     /// Converging: no more faults, no lost message.
     calm: bool,
+}
+
+/// Wakes nobody: the simulation polls the waits it holds after every step.
+struct Noop;
+
+impl std::task::Wake for Noop {
+    fn wake(self: std::sync::Arc<Self>) {}
 }
 
 fn other(i: usize) -> usize {
@@ -266,6 +306,7 @@ impl Sim {
             unreplicated: Vec::new(),
             incarnations: 0,
             jump_max_ns: JUMP_MAX_NS,
+            skew_diff: (0, 0),
             policy: Policy::new(1, PERIOD_NS, BURST).expect("a valid policy"),
             mode,
             trace: std::env::var_os("SLUICE_SIM_TRACE").is_some(),
@@ -321,10 +362,8 @@ impl Sim {
         self.link += 1;
         self.net.clear();
         for n in &mut self.nodes {
-            if n.attached {
-                // The flow ends; held replies wait out their timeout.
-                n.detach();
-            }
+            // The flow ends (the primary reads the closed socket).
+            n.detach();
             n.subscribed_at_ns = None;
         }
     }
@@ -384,11 +423,17 @@ impl Sim {
                 let i = self.rng.below(2) as usize;
                 let d = self.rng.below(self.jump_max_ns + 1);
                 let total = self.nodes[i].skew_ns + d;
-                // Relative to the other node's, never past the margin.
-                let floor = self.nodes[other(i)].skew_ns;
-                if total - floor.min(total) <= self.jump_max_ns {
+                // Relative to the other node's, never past the margin over
+                // the whole run: the two clocks' difference stays within
+                // a range that wide (else a node behind by the margin could
+                // then jump to ahead by it, twice the margin in one lease).
+                let ahead = i128::from(total) - i128::from(self.nodes[other(i)].skew_ns);
+                let diff = if i == 1 { ahead } else { -ahead };
+                let (low, high) = (self.skew_diff.0.min(diff), self.skew_diff.1.max(diff));
+                if high - low <= i128::from(self.jump_max_ns) {
                     self.log(|| format!("n{i}'s clock jumps {} ms ahead", d / MS));
                     self.nodes[i].skew_ns = total;
+                    self.skew_diff = (low, high);
                 }
             }
             // A cut link for 50-800 ms.
@@ -462,8 +507,7 @@ impl Sim {
                 }
                 // As follower.rs's attempt: from here the table is rebuilt,
                 // and no promotion until the new full sync is complete.
-                n.repl.observe_epoch(epoch);
-                n.repl.watch.set_in_sync(false);
+                machine::start_attempt(&n.repl, epoch);
                 let epoch = n.repl.epoch();
                 self.send(other(to), Msg::Subscribe { epoch });
             }
@@ -476,108 +520,31 @@ impl Sim {
                     self.step_down(to, epoch);
                     return;
                 }
-                // A new flow: the lease runs from now, a full sync first.
+                // A new flow (replacing any other): the lease runs from
+                // now, a full sync first.
                 self.next_flow += 1;
                 let n = &mut self.nodes[to];
-                n.flow = self.next_flow;
-                n.attached = true;
-                n.streaming = false;
-                n.seq = 0;
-                n.acked = 0;
-                n.sent.clear();
-                n.table.track_changes();
-                n.repl
-                    .last_ack_ns
-                    .store(now, std::sync::atomic::Ordering::Relaxed);
-                n.repl
-                    .lease_ns
-                    .store(LEASE_NS, std::sync::atomic::Ordering::Relaxed);
-                let mut sw = SyncWriter::new();
-                for (key, kind) in n.table.keys() {
-                    sw.push(kind, key, n.table.export(kind, key).as_ref());
-                }
-                // What changed before the full sync is in it.
-                let mut skip = SyncWriter::new();
-                n.table.drain_changes(&mut skip);
-                let flow = n.flow;
+                n.detach();
+                n.generation =
+                    machine::attach(&n.repl, &mut n.table, &mut n.shard, PROMOTE_AFTER_MS, now);
+                n.flow = Some(PrimaryFlow::new());
+                n.flow_id = self.next_flow;
+                let flow = n.flow_id;
                 self.log(|| format!("n{to} starts flow {flow}: full sync"));
-                self.ship(to, sw, true);
+                self.ship(to);
             }
-            Msg::Sync {
-                flow,
-                payload,
-                full_done,
-            } => {
-                let n = &mut self.nodes[to];
-                let mut records: Vec<Record> = Vec::new();
-                let header = n
-                    .reader
-                    .parse(&payload, |r| records.push(r))
-                    .expect("the real encoder's SYNCs decode");
-                if header.epoch > n.repl.epoch() && n.repl.is_primary() {
-                    self.step_down(to, header.epoch);
-                    return;
-                }
-                if n.repl.is_primary() || header.epoch < n.repl.epoch() {
-                    // A stale primary's SYNC: tell it.
-                    let epoch = n.repl.epoch();
-                    self.send(other(to), Msg::Epoch { epoch });
-                    return;
-                }
-                n.last_rx_ns = now;
-                n.repl.observe_epoch(header.epoch);
-                if flow != n.following_flow {
-                    if header.seq != 1 {
-                        return;
-                    }
-                    // The first SYNC of a new flow: start from nothing.
-                    n.following_flow = flow;
-                    n.table.clear();
-                    n.repl.watch.set_in_sync(false);
-                }
-                let repl = &n.repl;
-                let ack = repl.watch.receipt(now, || !repl.is_primary());
-                if !ack {
-                    return;
-                }
-                for r in records {
-                    n.table.import(r.key, r.kind, r.state, now);
-                }
-                if full_done {
-                    n.repl.watch.set_in_sync(true);
-                }
-                let seq = header.seq;
-                self.send(other(to), Msg::Ack { flow, seq });
-            }
+            Msg::Sync { flow, payload } => self.take_sync(to, flow, &payload),
             Msg::Ack { flow, seq } => {
                 let n = &mut self.nodes[to];
-                if !n.attached || flow != n.flow {
+                let Some(m) = n.flow.as_mut().filter(|_| flow == n.flow_id) else {
                     return;
-                }
-                while let Some(&(s, sent_ns)) = n.sent.front() {
-                    if s > seq {
-                        break;
-                    }
-                    n.sent.pop_front();
+                };
+                if let Some(released) = m.ack(seq, now, |_| {}) {
+                    let Released { sent_ns, .. } = released;
                     n.replicated_until_ns = n.replicated_until_ns.max(sent_ns);
-                    // The lease runs from when the acked SYNC was sent.
-                    n.repl
-                        .last_ack_ns
-                        .fetch_max(sent_ns, std::sync::atomic::Ordering::Relaxed);
+                    machine::acknowledged(&n.repl, &n.shard, n.generation, released);
                 }
-                n.acked = n.acked.max(seq);
-                let acked = n.acked;
-                let mut released = Vec::new();
-                n.held.retain(|h| {
-                    let done = h.need_seq <= acked;
-                    if done {
-                        released.push(h.key);
-                    }
-                    !done
-                });
-                for key in released {
-                    self.admit(to, key);
-                }
+                self.release(to);
             }
             Msg::Epoch { epoch } => {
                 if self.nodes[to].repl.is_primary() && epoch > self.nodes[to].repl.epoch() {
@@ -605,44 +572,97 @@ impl Sim {
         n.subscribed_at_ns = None;
     }
 
-    /// Encodes `sw` as SYNCs on the current flow and sends them.
-    fn ship(&mut self, from: usize, mut sw: SyncWriter, full: bool) {
-        let now = self.clock(from);
-        let parts = sw.take();
-        let count = parts.len().max(1);
-        let parts = if parts.is_empty() {
-            vec![(0, BytesMut::new())]
-        } else {
-            parts
-        };
-        for (i, (records, bytes)) in parts.into_iter().enumerate() {
-            let n = &mut self.nodes[from];
-            n.seq += 1;
-            let header = SyncHeader {
-                seq: n.seq,
-                epoch: n.repl.epoch(),
-                now_ns: now,
-                flags: 0,
-                count: records,
-            };
-            let mut payload = BytesMut::new();
-            put_sync_fixed(&mut payload, &header);
-            payload.put_slice(&bytes);
-            n.sent.push_back((n.seq, now));
-            n.last_ship_ns = now;
-            let full_done = full && i + 1 == count;
-            if full_done {
-                n.streaming = true;
+    /// A follower takes in a SYNC of flow `flow`, as `follower.rs`'s flow
+    /// does: its machine counts it, its records are applied, and the ack
+    /// goes once they are.
+    fn take_sync(&mut self, to: usize, flow: u64, payload: &[u8]) {
+        let now = self.clock(to);
+        let n = &mut self.nodes[to];
+        let (mut records, mut buckets): (Vec<Record>, Vec<_>) = (Vec::new(), Vec::new());
+        let header = n
+            .reader
+            .parse_buckets(payload, |k, b| buckets.push((k, b)), |r| records.push(r))
+            .expect("the real encoder's SYNCs decode");
+        if header.epoch > n.repl.epoch() && n.repl.is_primary() {
+            self.step_down(to, header.epoch);
+            return;
+        }
+        if n.repl.is_primary() || header.epoch < n.repl.epoch() {
+            // A stale primary's SYNC: tell it.
+            let epoch = n.repl.epoch();
+            self.send(other(to), Msg::Epoch { epoch });
+            return;
+        }
+        n.last_rx_ns = now;
+        if flow != n.following_flow {
+            if header.seq != 1 {
+                return;
             }
-            let flow = n.flow;
-            self.send(
-                other(from),
-                Msg::Sync {
-                    flow,
-                    payload,
-                    full_done,
-                },
-            );
+            // The first SYNC of a new flow: start from nothing.
+            n.following_flow = flow;
+            n.table.clear();
+            n.follower = FollowerFlow::new(1);
+        }
+        n.follower
+            .on_sync(&n.repl, &header, payload.len(), now)
+            .expect("a credible epoch");
+        n.table
+            .apply_records(&mut records, &mut buckets, now, |_| None, &mut []);
+        let repl = &n.repl;
+        let applied = n.follower.applied(repl, now, || !repl.is_primary());
+        if let Some(seq) = applied.and_then(|a| a.ack) {
+            self.send(other(to), Msg::Ack { flow, seq });
+        }
+    }
+
+    /// The replies whose waits ended: those the follower acknowledged go;
+    /// those of a flow given up on are dropped (their clients get no
+    /// answer) when the primary fences itself, as `connection.rs` does.
+    fn release(&mut self, i: usize) {
+        let waker = Waker::from(std::sync::Arc::new(Noop));
+        let mut cx = Context::from_waker(&waker);
+        let mut admitted = Vec::new();
+        let n = &mut self.nodes[i];
+        let fencing = n.repl.fencing();
+        n.held
+            .retain_mut(|(key, wait)| match Pin::new(wait).poll(&mut cx) {
+                Poll::Pending => true,
+                Poll::Ready(replicated) => {
+                    if replicated || !fencing {
+                        admitted.push(*key);
+                    }
+                    false
+                }
+            });
+        for key in admitted {
+            self.admit(i, key);
+        }
+    }
+
+    /// The next drain of node `from`'s flow, made by its machine, sent as
+    /// SYNCs.
+    fn ship(&mut self, from: usize) {
+        let now = self.clock(from);
+        let n = &mut self.nodes[from];
+        let Some(m) = n.flow.as_mut() else {
+            return;
+        };
+        let mut heads = Vec::new();
+        let drained = m.drain(&mut n.table, &mut n.shard, n.repl.epoch(), now, &mut heads);
+        if drained.finishing {
+            m.full_sync_written(&mut n.table, &mut n.shard, n.generation, now);
+        }
+        n.last_ship_ns = now;
+        let flow = n.flow_id;
+        let link = self.link;
+        for (header, (_, body)) in heads.iter().zip(&drained.parts) {
+            let mut payload = BytesMut::new();
+            put_sync_fixed(&mut payload, header);
+            payload.put_slice(body);
+            self.send(other(from), Msg::Sync { flow, payload });
+            if self.link != link {
+                break;
+            }
         }
     }
 
@@ -651,23 +671,32 @@ impl Sim {
             return;
         }
         let now = self.clock(i);
-        // Replies past the replica timeout: the follower is dropped; with
-        // fencing on, those clients are not told they were admitted.
-        let n = &mut self.nodes[i];
-        if n.held.iter().any(|h| now - h.since_ns > REPLICA_TIMEOUT_NS) {
-            n.held.retain(|h| now - h.since_ns <= REPLICA_TIMEOUT_NS);
-            if n.attached {
-                n.detach();
-            }
+        // Sync mode: a reply waiting on a drain not acknowledged within
+        // the replica timeout drops the follower (`watch_acks`).
+        let n = &self.nodes[i];
+        let waiting = n.shard.acked.has_waiters();
+        let overdue = n
+            .flow
+            .as_ref()
+            .filter(|_| self.mode == Replication::Sync)
+            .map(|m| m.overdue(now, REPLICA_TIMEOUT_NS, HEARTBEAT_MS * MS, waiting));
+        if overdue == Some(Overdue::GiveUp) {
+            self.log(|| format!("n{i} gives its follower up"));
+            self.nodes[i].detach();
         }
-        // The stream: changes when the shard is free, else a heartbeat
-        // every 20 ms (what renews the lease when nothing changes).
-        let changes = n.table.has_changes() && self.rng.chance(700);
-        let heartbeat = now - n.last_ship_ns > 20 * MS;
-        if n.attached && n.streaming && (changes || heartbeat) {
-            let mut sw = SyncWriter::new();
-            self.nodes[i].table.drain_changes(&mut sw);
-            self.ship(i, sw, false);
+        self.release(i);
+        // The stream: the full sync's steps, then changes when the shard
+        // is free, else a heartbeat (what renews the lease when nothing
+        // changes).
+        let n = &self.nodes[i];
+        if let Some(m) = &n.flow {
+            // Sync mode's group commit: one drain in flight.
+            let groups = self.mode == Replication::Sync && m.groups(n.table.changes_len());
+            let changes = n.table.has_changes() && self.rng.chance(700);
+            let heartbeat = now - n.last_ship_ns >= HEARTBEAT_MS * MS;
+            if !m.streaming() || (!groups && (changes || heartbeat)) {
+                self.ship(i);
+            }
         }
         // `--peer`: a primary asks the other node's role every 500 ms.
         let n = &mut self.nodes[i];
@@ -719,14 +748,11 @@ impl Sim {
             return;
         }
         let n = &mut self.nodes[i];
-        if self.mode == Replication::Sync && n.attached {
-            // Its change goes out in the next SYNC.
-            let need_seq = n.seq + 1;
-            n.held.push(Held {
-                key,
-                need_seq,
-                since_ns: now,
-            });
+        if self.mode == Replication::Sync && n.shard.is_streaming() {
+            // Its change goes out in the next drain: the reply waits for
+            // its ack (`replication_wait`).
+            let wait = n.shard.acked.wait(n.shard.drain_next);
+            n.held.push((key, wait));
         } else {
             self.admit(i, key);
         }
@@ -813,9 +839,10 @@ impl Sim {
                 .collect();
             if let [p] = primaries[..] {
                 let f = other(p);
-                let done = self.nodes[p].streaming
-                    && !self.nodes[p].table.has_changes()
-                    && self.nodes[p].sent.is_empty()
+                let n = &self.nodes[p];
+                let done = n.shard.is_streaming()
+                    && !n.table.has_changes()
+                    && n.flow.as_ref().is_some_and(|m| !m.has_unacked())
                     && self.net.is_empty();
                 if done {
                     let mut a = export(&self.nodes[p].table);

@@ -11,6 +11,10 @@
 //! loses nothing acknowledged. When any flow fails, the attempt ends
 //! (every flow of it stops) and the coordinator starts again after
 //! [`RECONNECT_MS`](super::RECONNECT_MS). Promotion ends following for good.
+//!
+//! What a flow decides (in sync, what to ack, a handover) is
+//! [`FollowerFlow`]'s, in [`machine`]; the tasks here connect, read, apply
+//! and write.
 
 use std::rc::Rc;
 use std::time::Duration;
@@ -21,21 +25,18 @@ use bytes::BytesMut;
 use sluice_protocol::auth;
 use sluice_protocol::codec::{FrameDecoder, FrameWriter};
 use sluice_protocol::message::{Hello, Reply, Request};
-use sluice_protocol::replication::{
-    put_ack, Record, ReplState, Subscribe, SyncHeader, SyncReader, SYNC_FULL_DONE, SYNC_TAKEOVER,
-};
+use sluice_protocol::replication::{put_ack, Record, ReplState, Subscribe, SyncReader};
 use sluice_protocol::routing::shard_of;
-use sluice_protocol::{Bucket, Clock, Kind, PROTOCOL_VERSION};
+use sluice_protocol::{Bucket, Clock, PROTOCOL_VERSION};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio_util::codec::Decoder;
 
+use super::machine::{self, FollowerFlow, Refused};
 use super::RECONNECT_MS;
 use crate::mailbox::ShardMsg;
 use crate::node::ShardCore;
+use crate::shard::table::ForeignRecords;
 use crate::sync::Ordering;
-
-/// How many records ahead of the one being imported a flow prefetches.
-const PREFETCH_AHEAD: usize = 16;
 
 /// Parsed records at which a flow applies them before parsing the next
 /// SYNC of the same read. A read holds up to 64 KiB of SYNCs (about 2,000
@@ -108,7 +109,6 @@ pub async fn follow(core: Rc<ShardCore>, primary: String) {
             return;
         }
         let generation = repl.follow_gen.fetch_add(1, Ordering::AcqRel) + 1;
-        repl.flows_synced.store(0, Ordering::Relaxed);
         match attempt(&core, &primary, generation).await {
             Ok(()) => {}
             Err(e) => tracing::warn!(primary = %primary, error = %e, "following failed"),
@@ -222,11 +222,9 @@ pub async fn watch_peer(core: Rc<ShardCore>, peer: String) {
 async fn attempt(core: &Rc<ShardCore>, primary: &str, generation: u64) -> Result<(), FollowError> {
     let (_stream, hello, _rbuf) = connect(core, primary, None).await?;
     let repl = &core.node.repl;
-    repl.observe_epoch(hello.epoch);
     // From here the table is rebuilt: no promoting ourselves until the new
     // full sync is complete.
-    repl.watch.set_in_sync(false);
-    repl.set_state(ReplState::Syncing);
+    machine::start_attempt(repl, hello.epoch);
     tracing::info!(primary = %primary, primary_shards = hello.shard_count, epoch = hello.epoch, "following: full sync");
     let mut resets = Vec::new();
     for tx in &core.node.shards {
@@ -440,7 +438,7 @@ fn current(core: &ShardCore, generation: u64) -> bool {
 async fn flow(core: &Rc<ShardCore>, start: &StartFlow) -> Result<(), FollowError> {
     let (mut stream, hello, mut rbuf) =
         connect(core, &start.primary, Some(start.primary_shard)).await?;
-    let primary_shards = u64::from(hello.shard_count);
+    let mut machine = FollowerFlow::new(u64::from(hello.shard_count));
     let mut w = FrameWriter::new();
     let mut wbuf = BytesMut::new();
     subscription(core, start).encode(&mut w, &mut wbuf, 2);
@@ -451,14 +449,10 @@ async fn flow(core: &Rc<ShardCore>, start: &StartFlow) -> Result<(), FollowError
     let mut reader = SyncReader::new();
     let mut records = Vec::new();
     let mut buckets = Vec::new();
-    // Records before this flow's full sync completed count as synced.
-    let mut full_done = false;
     loop {
         if !current(core, start.generation) {
             return Ok(());
         }
-        let mut acked = None;
-        let mut takeover = None;
         while let Some(frame) = decoder
             .decode(&mut rbuf)
             .map_err(|e| FollowError::Corrupt(e.to_string()))?
@@ -480,11 +474,15 @@ async fn flow(core: &Rc<ShardCore>, start: &StartFlow) -> Result<(), FollowError
                 let sh = reader
                     .parse_buckets(p, |key, b| buckets.push((key, b)), |r| records.push(r))
                     .map_err(|e| FollowError::Corrupt(e.to_string()))?;
-                note_sync(core, &sh, p.len(), primary_shards, &mut full_done)?;
-                if sh.flags & SYNC_TAKEOVER != 0 {
-                    takeover = Some(sh.epoch);
-                }
-                acked = Some(sh.seq);
+                let now_ns = core.clock.now_ns();
+                machine
+                    .on_sync(&core.node.repl, &sh, p.len(), now_ns)
+                    .map_err(|Refused::Incredible(epoch)| {
+                        FollowError::Untrusted(format!(
+                            "a SYNC at epoch {epoch}, beyond this node's {} by more than 2^32",
+                            core.node.repl.epoch()
+                        ))
+                    })?;
                 if records.len() + buckets.len() >= APPLY_AT {
                     if !current(core, start.generation) {
                         return Ok(());
@@ -499,25 +497,19 @@ async fn flow(core: &Rc<ShardCore>, start: &StartFlow) -> Result<(), FollowError
             }
             apply(core, start.generation, &mut records, &mut buckets).await;
         }
-        if let Some(seq) = acked {
-            // Record the receipt and decide to ack under the promotion
-            // lock: either the watchdog sees this receipt (and does not
-            // promote now), or it has promoted and we do not ack (an ack
-            // would renew the old primary's lease).
-            let may_ack = core
-                .node
-                .repl
-                .watch
-                .receipt(core.clock.now_ns(), || current(core, start.generation));
-            if !may_ack {
-                return Ok(());
-            }
+        let now_ns = core.clock.now_ns();
+        let Some(applied) =
+            machine.applied(&core.node.repl, now_ns, || current(core, start.generation))
+        else {
+            return Ok(());
+        };
+        if let Some(seq) = applied.ack {
             put_ack(&mut w, &mut wbuf, seq);
             w.finish(&mut wbuf);
             send(&mut stream, &wbuf).await?;
             wbuf.clear();
         }
-        if let Some(epoch) = takeover {
+        if let Some(epoch) = applied.take_over {
             // Planned handover: everything before it is applied.
             let repl = &core.node.repl;
             match repl.promote_to(core.node.advertised(), epoch) {
@@ -543,52 +535,6 @@ fn subscription(core: &ShardCore, start: &StartFlow) -> Subscribe {
         promote_after_ms: u32::try_from(promote_after_ms).unwrap_or(u32::MAX),
         addr: core.node.advertised(),
     }
-}
-
-/// Takes in a SYNC's header (`bytes` long with its records): refuses an
-/// epoch too far ahead to trust, then counts the stream, the lag and the
-/// keys synced, and (`SYNC_FULL_DONE`) this flow's full sync as complete:
-/// once every primary shard's is, the node streams in sync.
-fn note_sync(
-    core: &ShardCore,
-    sh: &SyncHeader,
-    bytes: usize,
-    primary_shards: u64,
-    full_done: &mut bool,
-) -> Result<(), FollowError> {
-    let repl = &core.node.repl;
-    if !repl.epoch_credible(sh.epoch) {
-        repl.log_incredible_epoch(sh.epoch);
-        return Err(FollowError::Untrusted(format!(
-            "a SYNC at epoch {}, beyond this node's {} by more than 2^32",
-            sh.epoch,
-            repl.epoch()
-        )));
-    }
-    if sh.flags & SYNC_TAKEOVER == 0 {
-        // (A handover's epoch is the one this node takes.)
-        repl.observe_epoch(sh.epoch);
-    }
-    let now_ns = core.clock.now_ns();
-    let lag_ns = now_ns.saturating_sub(sh.now_ns);
-    repl.lag_us.store(lag_ns / 1_000, Ordering::Relaxed);
-    repl.stream_bytes.fetch_add(bytes as u64, Ordering::Relaxed);
-    repl.stream_records
-        .fetch_add(u64::from(sh.count), Ordering::Relaxed);
-    repl.stream_syncs.fetch_add(1, Ordering::Relaxed);
-    if !*full_done {
-        repl.keys_synced
-            .fetch_add(u64::from(sh.count), Ordering::Relaxed);
-    }
-    if sh.flags & SYNC_FULL_DONE != 0 {
-        *full_done = true;
-        let synced = repl.flows_synced.fetch_add(1, Ordering::AcqRel) + 1;
-        if synced >= primary_shards {
-            repl.watch.set_in_sync(true);
-            repl.set_state(ReplState::Streaming);
-        }
-    }
-    Ok(())
 }
 
 /// Sizes every shard of this node for one primary shard's full sync: its
@@ -620,44 +566,14 @@ async fn apply(
 ) {
     let count = core.node.shard_count;
     let now_ns = core.clock.now_ns();
-    let mut others: Vec<(Vec<Record>, Vec<TokenRecord>)> =
-        (0..count).map(|_| (Vec::new(), Vec::new())).collect();
-    {
-        let mut table = core.table.borrow_mut();
-        let mut batch = records.drain(..);
-        loop {
-            // Start loading the slot a few records ahead: a batch's cache
-            // misses overlap instead of queueing.
-            if let Some(ahead) = batch.as_slice().get(PREFETCH_AHEAD) {
-                if shard_of(ahead.key, count) == core.id {
-                    table.prefetch_kind(ahead.kind, ahead.key);
-                }
-            }
-            let Some(r) = batch.next() else { break };
-            let owner = shard_of(r.key, count);
-            if owner == core.id {
-                table.import(r.key, r.kind, r.state, now_ns);
-            } else {
-                others[usize::from(owner)].0.push(r);
-            }
-        }
-        drop(batch);
-        let mut batch = buckets.drain(..);
-        loop {
-            if let Some(&(key, _)) = batch.as_slice().get(PREFETCH_AHEAD) {
-                if shard_of(key, count) == core.id {
-                    table.prefetch_kind(Kind::TokenBucket, key);
-                }
-            }
-            let Some((key, b)) = batch.next() else { break };
-            let owner = shard_of(key, count);
-            if owner == core.id {
-                table.import_bucket(key, b, now_ns);
-            } else {
-                others[usize::from(owner)].1.push((key, b));
-            }
-        }
-    }
+    let mut others: Vec<ForeignRecords> = (0..count).map(|_| (Vec::new(), Vec::new())).collect();
+    let owner = |key| {
+        let owner = shard_of(key, count);
+        (owner != core.id).then_some(usize::from(owner))
+    };
+    core.table
+        .borrow_mut()
+        .apply_records(records, buckets, now_ns, owner, &mut others);
     let mut waits = Vec::new();
     for (owner, (records, buckets)) in others.into_iter().enumerate() {
         if records.is_empty() && buckets.is_empty() {

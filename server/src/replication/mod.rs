@@ -9,6 +9,10 @@
 //! - [`follower`]: the follower's side: connect to the primary, one flow per
 //!   primary shard, apply records on the shard that owns each key (the
 //!   follower's layout, which may differ), ack.
+//! - [`machine`]: the two flows' decisions as sans-IO machines (time and
+//!   parsed data in; SYNCs, releases, acks and promotions out), which the
+//!   tasks of [`primary`] and [`follower`] drive in production and
+//!   `server/tests/simulation.rs` drives under simulated faults.
 //!
 //! What is promised (README, "Replication"): in sync mode a reply that
 //! reflects a change leaves the primary only after the follower has
@@ -22,6 +26,7 @@
 pub mod etcd;
 pub mod follower;
 pub mod lease;
+pub mod machine;
 pub mod primary;
 
 use sluice_protocol::replication::{Mode, ReplState, Role, RoleOk};

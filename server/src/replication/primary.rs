@@ -14,22 +14,21 @@
 //! A follower that does not ack within `replica_timeout_ms` is dropped and
 //! the shard serves alone (and says so), until it resyncs. That limit is
 //! watched once per flow ([`watch_acks`]), not by a timer per wait.
+//!
+//! What is decided (numbers, flags, what an ack releases, the lease, the
+//! timeout) is [`PrimaryFlow`]'s, in [`machine`]; the tasks here read and
+//! write the sockets and wait.
 
-use std::cell::{Cell, RefCell};
-use std::collections::VecDeque;
-use std::future::Future;
+use std::cell::RefCell;
 use std::io::IoSlice;
-use std::pin::Pin;
 use std::rc::Rc;
-use std::task::{Context, Poll, Waker};
 use std::time::{Duration, Instant};
 
 use bytes::BytesMut;
 use sluice_protocol::codec::{FrameDecoder, FrameWriter};
-use sluice_protocol::limit::Kind;
 use sluice_protocol::replication::{
-    self, sync_frame_head, FailoverOk, ReplState, Role, Subscribe, SyncHeader, SyncWriter,
-    SYNC_FIXED_BYTES, SYNC_FULL_DONE, SYNC_HEAD_BYTES, SYNC_TAKEOVER,
+    self, sync_frame_head, FailoverOk, ReplState, Role, Subscribe, SYNC_FIXED_BYTES,
+    SYNC_HEAD_BYTES,
 };
 use sluice_protocol::Clock;
 use tokio::io::{AsyncRead, AsyncWrite};
@@ -39,184 +38,12 @@ use crate::stream::Stream;
 use tokio::sync::Notify;
 use tokio_util::codec::Decoder;
 
-use super::{
-    ASYNC_DRAIN_MS, FLOW_WRITE_TIMEOUT_MS, FULL_SYNC_SLOTS_PER_STEP, HEARTBEAT_MS,
-    SYNC_GROUP_ENTRIES,
-};
+use super::machine::{self, Overdue, PrimaryFlow};
+use super::{ASYNC_DRAIN_MS, FLOW_WRITE_TIMEOUT_MS, HEARTBEAT_MS, SYNC_GROUP_ENTRIES};
 use crate::node::ShardCore;
-use crate::shard::table::Walk;
 use crate::sync::Ordering;
 
-/// A primary shard's side of its flow, on the shard's thread.
-#[derive(Debug)]
-pub struct FlowShard {
-    /// Bumped when a flow attaches or is dropped; a flow task that finds
-    /// its generation out of date ends.
-    pub generation: u64,
-    /// Since when a flow is attached with its full sync done (sync-mode
-    /// replies wait for its acks while this is set).
-    pub streaming_since: Option<Instant>,
-    /// The drain the changes made from now on ship in.
-    pub drain_next: u64,
-    /// Told when a connection wants changes shipped.
-    pub wake: Rc<Notify>,
-    /// Sync mode: the flow waits for its last drain's ack before the next
-    /// (group commit; see [`SYNC_GROUP_ENTRIES`]): connections wake it
-    /// only once that many changes wait.
-    pub grouping: bool,
-    /// A planned failover asked this shard's flow to hand over at this
-    /// epoch (see `SYNC_TAKEOVER`).
-    pub takeover: Option<u64>,
-    /// The highest drain the follower has acknowledged, and whether the
-    /// flow was given up on (then every waiter stops waiting, unreplicated).
-    pub acked: Rc<Acked>,
-}
-
-/// [`FlowShard::acked`] and the replies waiting on it. On the shard's
-/// thread only, so a wait is a push and a release a pass over the waiters,
-/// with no atomics or locks: a `watch` channel (subscribe, `wait_for`,
-/// `notify_waiters`) cost about 1,200 instructions a sync wait and its
-/// release under callgrind (benches/notes.md, "Replication").
-#[derive(Debug, Default)]
-pub struct Acked {
-    /// (highest drain acknowledged, given up).
-    state: Cell<(u64, bool)>,
-    /// How many times a flow was given up on: a wait begun before the last
-    /// time ends unreplicated even when a new flow has started since
-    /// (which clears "given up" and acknowledges drains it never had).
-    round: Cell<u64>,
-    /// Tasks waiting, with the drain each needs. An entry whose future was
-    /// dropped stays until its drain is acknowledged or the flow given up
-    /// on, then is woken once, spuriously, and gone.
-    waiters: RefCell<Vec<(u64, Waker)>>,
-    /// The same, woken before `waiters`: the flow's group commit, so that
-    /// on an ack the next drain leaves before the replies the ack released
-    /// are written (the follower applies it meanwhile).
-    first: RefCell<Vec<(u64, Waker)>>,
-}
-
-impl Acked {
-    /// Sets the state and wakes every waiter it ends: all of them when the
-    /// flow is given up on, else those whose drain is acknowledged.
-    pub fn set(&self, drain: u64, gave_up: bool) {
-        if gave_up {
-            self.round.set(self.round.get() + 1);
-        }
-        self.state.set((drain, gave_up));
-        for list in [&self.first, &self.waiters] {
-            list.borrow_mut().retain(|(need, waker)| {
-                let done = gave_up || *need <= drain;
-                if done {
-                    waker.wake_by_ref();
-                }
-                !done
-            });
-        }
-    }
-
-    /// An ack of `drain`: raises the state to it, if it is newer, and
-    /// wakes the waiters it ends.
-    pub fn advance(&self, drain: u64) {
-        let (was, gave_up) = self.state.get();
-        if drain > was {
-            self.set(drain, gave_up);
-        }
-    }
-
-    /// Until drain `need` is acknowledged (`true`) or the flow is given up
-    /// on (`false`, also when both).
-    fn wait(self: &Rc<Self>, need: u64) -> AckWait {
-        AckWait {
-            acked: self.clone(),
-            need,
-            round: self.round.get(),
-            registered: false,
-            first: false,
-        }
-    }
-
-    /// [`Acked::wait`], woken before every plain wait that the same ack
-    /// ends.
-    fn wait_first(self: &Rc<Self>, need: u64) -> AckWait {
-        AckWait {
-            first: true,
-            ..self.wait(need)
-        }
-    }
-
-    /// A reply is (or was, its future dropped since) waiting for an ack.
-    fn has_waiters(&self) -> bool {
-        !self.waiters.borrow().is_empty()
-    }
-}
-
-/// [`Acked::wait`]: ends when the drain it needs is acknowledged, or its
-/// flow is given up on: at most about `replica_timeout_ms`, since then
-/// [`watch_acks`] drops the follower (the shard serves alone until it
-/// resyncs). `true` when the follower has the changes; `false` when it may
-/// not (the caller then may not tell a client what they decided if the
-/// follower may be promoted: see
-/// [`ReplNode::fencing`](super::ReplNode::fencing)).
-#[derive(Debug)]
-#[must_use = "a wait does nothing unless awaited"]
-pub struct AckWait {
-    acked: Rc<Acked>,
-    need: u64,
-    /// [`Acked::round`] when the wait began.
-    round: u64,
-    registered: bool,
-    /// Registered in [`Acked::first`].
-    first: bool,
-}
-
-impl Future for AckWait {
-    type Output = bool;
-
-    fn poll(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<bool> {
-        let (drain, gave_up) = self.acked.state.get();
-        if gave_up || self.acked.round.get() != self.round {
-            return Poll::Ready(false);
-        }
-        if drain >= self.need {
-            return Poll::Ready(true);
-        }
-        if !self.registered {
-            // Once: a task's waker stays the same, and the task is woken
-            // by its other registrations too (its socket), so polls can
-            // repeat while it waits.
-            self.registered = true;
-            let need = self.need;
-            let list = if self.first {
-                &self.acked.first
-            } else {
-                &self.acked.waiters
-            };
-            list.borrow_mut().push((need, cx.waker().clone()));
-        }
-        Poll::Pending
-    }
-}
-
-impl FlowShard {
-    /// See [`FlowShard::streaming_since`].
-    pub fn is_streaming(&self) -> bool {
-        self.streaming_since.is_some()
-    }
-}
-
-impl Default for FlowShard {
-    fn default() -> Self {
-        FlowShard {
-            generation: 0,
-            streaming_since: None,
-            drain_next: 1,
-            takeover: None,
-            wake: Rc::new(Notify::new()),
-            grouping: false,
-            acked: Rc::default(),
-        }
-    }
-}
+pub use super::machine::{AckWait, Acked, FlowShard};
 
 /// Whether replies that change the table wait for the follower's ack on
 /// this shard (sync mode, a flow streaming): [`replication_wait`] can
@@ -251,33 +78,24 @@ fn detach(core: &ShardCore) {
     // Once only per flow: several waits may time out together, and a flow
     // that ends also detaches (a flow is attached while changes are
     // tracked).
-    if !core.table.borrow().tracking() {
+    let detached = machine::detach(&mut core.table.borrow_mut(), &mut core.flow.borrow_mut());
+    let Some(streamed) = detached else {
         return;
+    };
+    let repl = &core.node.repl;
+    if streamed {
+        repl.flows_streaming.fetch_sub(1, Ordering::AcqRel);
     }
-    let mut flow = core.flow.borrow_mut();
-    flow.generation += 1;
-    if flow.streaming_since.take().is_some() {
-        core.node
-            .repl
-            .flows_streaming
-            .fetch_sub(1, Ordering::AcqRel);
-    }
-    let released = flow.drain_next;
-    flow.acked.set(released, true);
-    drop(flow);
-    let mut table = core.table.borrow_mut();
-    table.untrack_changes();
-    table.export_stop(Walk::Sync);
-    let attached = core.node.repl.flows_attached.fetch_sub(1, Ordering::AcqRel) - 1;
-    if attached == 0 && core.node.repl.is_primary() {
-        core.node.repl.set_state(ReplState::Alone);
-        core.node.repl.set_follower(String::new());
+    let attached = repl.flows_attached.fetch_sub(1, Ordering::AcqRel) - 1;
+    if attached == 0 && repl.is_primary() {
+        repl.set_state(ReplState::Alone);
+        repl.set_follower(String::new());
     }
 }
 
-/// Drains sent and not yet acknowledged: `(drain, last SYNC seq, sent at,
-/// sent at by the decision clock)`.
-type Pending = Rc<RefCell<VecDeque<(u64, u64, Instant, u64)>>>;
+/// The flow's machine, shared by its sending, ack-reading and watching
+/// tasks (on the shard's thread).
+type Machine = Rc<RefCell<PrimaryFlow>>;
 
 /// Serves a follower's SUBSCRIBE on this shard until the link fails, the
 /// follower stops acking, or another flow replaces this one.
@@ -295,28 +113,16 @@ pub async fn serve_flow(
         // A follower that reconnects replaces its old flow.
         detach(&core);
     }
-    let generation = {
-        let mut flow = core.flow.borrow_mut();
-        flow.generation += 1;
-        let acked = flow.drain_next - 1;
-        flow.acked.set(acked, false);
-        flow.generation
-    };
-    if sub.promote_after_ms > 0 {
-        // The follower may promote itself: hold a lease of half its
-        // timeout, renewed by every ack (the other half is the margin for
-        // delays and clock rates).
-        let repl = &core.node.repl;
-        repl.last_ack_ns
-            .store(core.clock.now_ns(), Ordering::Relaxed);
-        let lease_ms = (u64::from(sub.promote_after_ms) / 2).min(super::LEASE_MS_MAX);
-        let lease_ns = lease_ms * 1_000_000;
-        repl.lease_ns.store(lease_ns, Ordering::Relaxed);
-    }
-    core.table
-        .borrow_mut()
-        .export_start(Walk::Sync, FULL_SYNC_SLOTS_PER_STEP);
     let repl = &core.node.repl;
+    // The follower may promote itself: this primary holds a lease its
+    // acks renew.
+    let generation = machine::attach(
+        repl,
+        &mut core.table.borrow_mut(),
+        &mut core.flow.borrow_mut(),
+        sub.promote_after_ms,
+        core.clock.now_ns(),
+    );
     repl.flows_attached.fetch_add(1, Ordering::AcqRel);
     repl.set_follower(sub.addr.clone());
     repl.set_state(ReplState::Syncing);
@@ -358,17 +164,17 @@ async fn stream_halves<R, W>(
         detach(&core);
         return;
     }
-    let pending: Pending = Rc::default();
+    let machine: Machine = Rc::default();
     let acks = tokio::task::spawn_local(read_acks(
         core.clone(),
         rd,
         rbuf,
-        pending.clone(),
+        machine.clone(),
         generation,
     ));
     let watch = (core.node.repl.mode == replication::Mode::Sync)
-        .then(|| tokio::task::spawn_local(watch_acks(core.clone(), pending.clone(), generation)));
-    let result = stream_flow(&core, &mut wr, request_id, &pending, generation).await;
+        .then(|| tokio::task::spawn_local(watch_acks(core.clone(), machine.clone(), generation)));
+    let result = stream_flow(&core, &mut wr, request_id, &machine, generation).await;
     acks.abort();
     if let Some(watch) = watch {
         watch.abort();
@@ -382,121 +188,57 @@ async fn stream_halves<R, W>(
 }
 
 /// The flow's sending loop: full sync (interleaved with drains), then
-/// drains and heartbeats.
+/// drains and heartbeats, as the flow's machine makes them.
 async fn stream_flow(
     core: &ShardCore,
     wr: &mut (impl AsyncWrite + Unpin),
     request_id: u32,
-    pending: &Pending,
+    machine: &Machine,
     generation: u64,
 ) -> std::io::Result<()> {
-    let mut seq = 0u64;
-    let mut full_done = false;
-    let mut heap_keys: Option<Vec<(u128, Kind)>> = None;
     let mut heads = Vec::new();
-    let mut full = Vec::new();
+    let mut frame_heads = Vec::new();
     let wake = core.flow.borrow().wake.clone();
     loop {
         if core.flow.borrow().generation != generation {
             return Ok(());
         }
-        let mut sw = SyncWriter::new();
-        let finishing = if full_done {
-            core.table.borrow_mut().drain_changes(&mut sw);
-            false
-        } else {
-            full_sync_step(core, &mut sw, &mut heap_keys, &mut full)
-        };
-        let (drain, takeover) = next_drain(core, full_done);
         let now_ns = core.clock.now_ns();
-        let epoch = takeover.unwrap_or_else(|| core.node.repl.epoch());
-        let parts = sw.take();
-        let last = parts.len().max(1);
-        let empty = [(0u32, BytesMut::new())];
-        let parts: &[(u32, BytesMut)] = if parts.is_empty() { &empty } else { &parts };
+        let drained = machine.borrow_mut().drain(
+            &mut core.table.borrow_mut(),
+            &mut core.flow.borrow_mut(),
+            core.node.repl.epoch(),
+            now_ns,
+            &mut heads,
+        );
         let repl = &core.node.repl;
-        heads.clear();
-        for (i, (count, body)) in parts.iter().enumerate() {
-            seq += 1;
+        repl.keys_synced
+            .fetch_add(drained.synced as u64, Ordering::Relaxed);
+        frame_heads.clear();
+        for (h, (count, body)) in heads.iter().zip(&drained.parts) {
             repl.stream_bytes
                 .fetch_add((SYNC_FIXED_BYTES + body.len()) as u64, Ordering::Relaxed);
             repl.stream_records
                 .fetch_add(u64::from(*count), Ordering::Relaxed);
             repl.stream_syncs.fetch_add(1, Ordering::Relaxed);
-            let mut flags = 0;
-            if finishing && i + 1 == last {
-                flags |= SYNC_FULL_DONE;
-            }
-            if takeover.is_some() && i + 1 == last {
-                flags |= SYNC_TAKEOVER;
-            }
-            let h = SyncHeader {
-                seq,
-                epoch,
-                now_ns,
-                flags,
-                count: *count,
-            };
-            heads.push(sync_frame_head(request_id, &h, body.len()));
+            frame_heads.push(sync_frame_head(request_id, h, body.len()));
         }
-        pending
-            .borrow_mut()
-            .push_back((drain, seq, Instant::now(), now_ns));
-        if finishing {
+        if drained.finishing {
             // Before the follower can see its copy complete (and tell etcd
             // it may take over): no more admitting alone.
-            core.node.repl.solo.store(0, Ordering::Release);
+            repl.solo.store(0, Ordering::Release);
         }
-        write_syncs_within(wr, &heads, parts).await?;
-        if finishing {
-            full_done = true;
-            full_sync_sent(core, generation);
+        write_syncs_within(wr, &frame_heads, &drained.parts).await?;
+        if drained.finishing {
+            full_sync_sent(core, machine, generation);
         }
-        if !full_done {
+        if !machine.borrow().streaming() {
             // Let the shard serve between two steps of a large full sync.
             tokio::task::yield_now().await;
             continue;
         }
-        until_next_drain(core, drain, &wake).await;
+        until_next_drain(core, machine, drained.drain, &wake).await;
     }
-}
-
-/// One step of the full sync, after the changes since the last drain:
-/// the next [`FULL_SYNC_SLOTS_PER_STEP`] slots' buckets (the heap kinds'
-/// keys listed once, at the first step). Returns whether it was the last.
-fn full_sync_step(
-    core: &ShardCore,
-    sw: &mut SyncWriter,
-    heap_keys: &mut Option<Vec<(u128, Kind)>>,
-    full: &mut Vec<(u128, Kind, Option<replication::State>)>,
-) -> bool {
-    let mut table = core.table.borrow_mut();
-    table.drain_changes(sw);
-    let keys = heap_keys.get_or_insert_with(|| table.heap_keys());
-    full.clear();
-    let finishing = table.export_step(Walk::Sync, FULL_SYNC_SLOTS_PER_STEP, keys, full);
-    for (key, kind, state) in full.iter() {
-        sw.push(*kind, *key, state.as_ref());
-    }
-    core.node
-        .repl
-        .keys_synced
-        .fetch_add(full.len() as u64, Ordering::Relaxed);
-    finishing
-}
-
-/// The number of the drain about to be sent, and (once the full sync is
-/// done) a planned handover's epoch, if one was asked for.
-fn next_drain(core: &ShardCore, full_done: bool) -> (u64, Option<u64>) {
-    let mut flow = core.flow.borrow_mut();
-    let drain = flow.drain_next;
-    flow.drain_next += 1;
-    let takeover = if full_done {
-        flow.takeover.take()
-    } else {
-        None
-    };
-    (drain, takeover)
 }
 
 /// [`write_syncs`], failing once the follower has taken no bytes for
@@ -519,12 +261,14 @@ async fn write_syncs_within(
 /// The last step of the full sync is written: the walk ends, and (unless
 /// another flow replaced this one) the flow streams; once every shard's
 /// does, the node is streaming.
-fn full_sync_sent(core: &ShardCore, generation: u64) {
-    core.table.borrow_mut().export_stop(Walk::Sync);
-    let mut flow = core.flow.borrow_mut();
-    if flow.generation == generation {
-        flow.streaming_since = Some(Instant::now());
-        drop(flow);
+fn full_sync_sent(core: &ShardCore, machine: &Machine, generation: u64) {
+    let current = machine.borrow_mut().full_sync_written(
+        &mut core.table.borrow_mut(),
+        &mut core.flow.borrow_mut(),
+        generation,
+        core.clock.now_ns(),
+    );
+    if current {
         let repl = &core.node.repl;
         let streaming = repl.flows_streaming.fetch_add(1, Ordering::AcqRel) + 1;
         if streaming >= u64::from(core.node.shard_count) {
@@ -539,9 +283,9 @@ fn full_sync_sent(core: &ShardCore, generation: u64) {
 /// Streaming: waits before the next drain. Sync mode first waits for
 /// `drain`'s ack ([`group_commit`]); with no changes waiting, until one
 /// comes or a heartbeat is due; async mode then lets changes gather.
-async fn until_next_drain(core: &ShardCore, drain: u64, wake: &Notify) {
+async fn until_next_drain(core: &ShardCore, machine: &Machine, drain: u64, wake: &Notify) {
     if core.node.repl.mode == replication::Mode::Sync {
-        group_commit(core, drain, wake).await;
+        group_commit(core, machine, drain, wake).await;
     }
     if !core.table.borrow().has_changes() {
         let heartbeat = Duration::from_millis(HEARTBEAT_MS);
@@ -556,10 +300,11 @@ async fn until_next_drain(core: &ShardCore, drain: u64, wake: &Notify) {
 }
 
 /// Sync mode: until `drain` (the one just sent) is acknowledged or its
-/// flow given up on, or [`SYNC_GROUP_ENTRIES`] changes wait for the next
-/// drain, whichever comes first: one drain in flight while changes are
-/// few, so that the ones made during its round trip ship together.
-async fn group_commit(core: &ShardCore, drain: u64, wake: &Notify) {
+/// flow given up on, or the machine no longer holds the next drain for it
+/// ([`PrimaryFlow::groups`]: [`SYNC_GROUP_ENTRIES`] changes wait),
+/// whichever comes first: one drain in flight while changes are few, so
+/// that the ones made during its round trip ship together.
+async fn group_commit(core: &ShardCore, machine: &Machine, drain: u64, wake: &Notify) {
     let acked = core.flow.borrow().acked.wait_first(drain);
     let mut acked = std::pin::pin!(acked);
     core.flow.borrow_mut().grouping = true;
@@ -568,7 +313,7 @@ async fn group_commit(core: &ShardCore, drain: u64, wake: &Notify) {
             biased;
             _ = &mut acked => break,
             () = wake.notified() => {
-                if core.table.borrow().changes_len() >= SYNC_GROUP_ENTRIES {
+                if !machine.borrow().groups(core.table.borrow().changes_len()) {
                     break;
                 }
             }
@@ -631,7 +376,7 @@ async fn read_acks(
     core: Rc<ShardCore>,
     mut rd: impl AsyncRead + Unpin,
     mut rbuf: BytesMut,
-    pending: Pending,
+    machine: Machine,
     generation: u64,
 ) {
     let mut decoder = FrameDecoder::new(core.node.config.frame_bytes_max);
@@ -657,35 +402,17 @@ async fn read_acks(
                     );
                     return end(&core, generation);
                 };
-                let mut released = None;
-                let mut q = pending.borrow_mut();
-                while let Some(&(drain, last_seq, sent, sent_ns)) = q.front() {
-                    if last_seq > acked {
-                        break;
-                    }
-                    q.pop_front();
-                    released = Some(drain);
-                    let lag_ns = u64::try_from(sent.elapsed().as_nanos()).unwrap_or(u64::MAX);
+                let now_ns = core.clock.now_ns();
+                let released = machine.borrow_mut().ack(acked, now_ns, |lag_ns| {
                     core.node
                         .repl
                         .lag_us
                         .store(lag_ns / 1_000, Ordering::Relaxed);
                     core.count_ack(lag_ns);
-                    // The lease runs from when the acknowledged SYNC was
-                    // *sent*: the follower received it later, and promotes
-                    // itself only `promote_after_ms` after its last receipt,
-                    // so the lease is over first whatever the delays.
-                    core.node
-                        .repl
-                        .last_ack_ns
-                        .fetch_max(sent_ns, Ordering::Relaxed);
-                }
-                drop(q);
-                if let Some(drain) = released {
+                });
+                if let Some(released) = released {
                     let flow = core.flow.borrow();
-                    if flow.generation == generation {
-                        flow.acked.advance(drain);
-                    }
+                    machine::acknowledged(&core.node.repl, &flow, generation, released);
                 }
             }
         }
@@ -704,39 +431,38 @@ async fn read_acks(
 /// every reply batch) cost about 460 instructions a wait under callgrind.
 /// A wait lasts at most the timeout plus the time its drain took to be
 /// sent (the shard's other work before the flow ships it).
-async fn watch_acks(core: Rc<ShardCore>, pending: Pending, generation: u64) {
-    let timeout = Duration::from_millis(core.node.config.replica_timeout_ms);
+async fn watch_acks(core: Rc<ShardCore>, machine: Machine, generation: u64) {
+    let timeout_ns = core.node.config.replica_timeout_ms * 1_000_000;
     // While nothing is due: no drain sent later than this can be overdue
     // before the next look.
-    let poll = timeout.min(Duration::from_millis(HEARTBEAT_MS));
+    let poll_ns = timeout_ns.min(HEARTBEAT_MS * 1_000_000);
     loop {
-        let now = Instant::now();
-        let next = {
+        let now_ns = core.clock.now_ns();
+        let overdue = {
             let flow = core.flow.borrow();
             if flow.generation != generation {
                 return;
             }
-            let oldest = pending.borrow().front().map(|&(_, _, sent, _)| sent);
-            match (flow.streaming_since, oldest) {
-                (Some(since), Some(sent)) if now < sent.max(since) + timeout => {
-                    sent.max(since) + timeout
-                }
-                (Some(_), Some(_)) if flow.acked.has_waiters() => {
-                    drop(flow);
-                    tracing::warn!(
-                        shard = core.id,
-                        timeout_ms = core.node.config.replica_timeout_ms,
-                        "follower did not acknowledge in time; serving alone"
-                    );
-                    detach(&core);
-                    return;
-                }
-                // Overdue with nobody waiting (an idle link), not
-                // streaming yet, or nothing unacknowledged.
-                _ => now + poll,
-            }
+            let replies_wait = flow.acked.has_waiters();
+            machine
+                .borrow()
+                .overdue(now_ns, timeout_ns, poll_ns, replies_wait)
         };
-        tokio::time::sleep_until(next.into()).await;
+        match overdue {
+            Overdue::LookAt(at_ns) => {
+                let wait = Duration::from_nanos(at_ns.saturating_sub(now_ns));
+                tokio::time::sleep(wait).await;
+            }
+            Overdue::GiveUp => {
+                tracing::warn!(
+                    shard = core.id,
+                    timeout_ms = core.node.config.replica_timeout_ms,
+                    "follower did not acknowledge in time; serving alone"
+                );
+                detach(&core);
+                return;
+            }
+        }
     }
 }
 
@@ -839,6 +565,7 @@ pub async fn failover(core: Rc<ShardCore>) -> Result<FailoverOk, String> {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use sluice_protocol::replication::SyncHeader;
 
     /// Heads and records reach the follower whole and in order when the
     /// socket takes them a piece at a time (a reader slower than the
@@ -897,100 +624,5 @@ mod tests {
             assert_eq!(got.len(), want.len());
             assert!(got == want, "the bytes arrived out of order");
         });
-    }
-
-    fn poll(wait: &mut AckWait) -> Poll<bool> {
-        let mut cx = Context::from_waker(Waker::noop());
-        Pin::new(wait).poll(&mut cx)
-    }
-
-    /// A waker that records `id` in `log` when woken.
-    struct Recorder {
-        id: u32,
-        log: std::sync::Arc<std::sync::Mutex<Vec<u32>>>,
-    }
-
-    impl std::task::Wake for Recorder {
-        fn wake(self: std::sync::Arc<Self>) {
-            self.wake_by_ref();
-        }
-        fn wake_by_ref(self: &std::sync::Arc<Self>) {
-            self.log.lock().unwrap().push(self.id);
-        }
-    }
-
-    /// On an ack, the flow's group commit is woken before the replies the
-    /// same ack releases, whatever order they began waiting in (the
-    /// executor runs woken tasks in order: the next drain leaves first).
-    /// The flow's wait is not a reply waiting either.
-    #[test]
-    fn an_ack_wakes_the_flow_before_the_replies_it_releases() {
-        let acked = Rc::new(Acked::default());
-        let log = std::sync::Arc::new(std::sync::Mutex::new(Vec::new()));
-        let waker = |id| {
-            Waker::from(std::sync::Arc::new(Recorder {
-                id,
-                log: log.clone(),
-            }))
-        };
-        let (w1, w2, w3) = (waker(1), waker(2), waker(3));
-        let mut reply = acked.wait(1);
-        let mut flow = acked.wait_first(1);
-        let mut later = acked.wait(2);
-        assert!(Pin::new(&mut flow)
-            .poll(&mut Context::from_waker(&w3))
-            .is_pending());
-        assert!(!acked.has_waiters(), "the flow's wait is no reply's");
-        assert!(Pin::new(&mut reply)
-            .poll(&mut Context::from_waker(&w1))
-            .is_pending());
-        assert!(Pin::new(&mut later)
-            .poll(&mut Context::from_waker(&w2))
-            .is_pending());
-        acked.advance(1);
-        assert_eq!(
-            *log.lock().unwrap(),
-            [3, 1],
-            "the flow first; drain 2 still waits"
-        );
-        assert_eq!(poll(&mut flow), Poll::Ready(true));
-        assert_eq!(poll(&mut reply), Poll::Ready(true));
-        assert_eq!(poll(&mut later), Poll::Pending);
-    }
-
-    #[test]
-    fn a_wait_ends_replicated_when_its_drain_is_acknowledged() {
-        let acked = Rc::new(Acked::default());
-        acked.set(3, false);
-        let mut wait = acked.wait(5);
-        assert_eq!(poll(&mut wait), Poll::Pending);
-        assert!(acked.has_waiters());
-        acked.advance(4);
-        assert_eq!(poll(&mut wait), Poll::Pending);
-        acked.advance(6);
-        assert_eq!(poll(&mut wait), Poll::Ready(true));
-        assert!(!acked.has_waiters(), "released waiters leave the list");
-    }
-
-    /// A flow given up on and replaced at once (a follower that
-    /// reconnects) must not release a wait of the old flow as replicated:
-    /// the new flow acknowledges drains the follower never had.
-    #[test]
-    fn a_wait_from_a_flow_given_up_on_ends_unreplicated() {
-        let acked = Rc::new(Acked::default());
-        acked.set(3, false);
-        let mut early = acked.wait(4);
-        let mut late = acked.wait(5);
-        assert_eq!(poll(&mut early), Poll::Pending);
-        assert_eq!(poll(&mut late), Poll::Pending);
-        // detach, then the next flow's start (`serve_flow`), before the
-        // woken waits are polled.
-        acked.set(5, true);
-        acked.set(4, false);
-        assert_eq!(poll(&mut early), Poll::Ready(false));
-        assert_eq!(poll(&mut late), Poll::Ready(false));
-        // A wait begun under the new flow is its own.
-        let mut next = acked.wait(4);
-        assert_eq!(poll(&mut next), Poll::Ready(true));
     }
 }

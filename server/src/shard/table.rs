@@ -39,6 +39,18 @@ use super::{DecideOp, Op, Outcome};
 
 pub use sluice_protocol::message::LIMITS_MAX;
 
+/// How many records ahead of the one being imported
+/// [`Table::apply_records`] loads a slot into cache.
+const PREFETCH_AHEAD: usize = 16;
+
+/// A follower's records for another shard of its layout, from
+/// [`Table::apply_records`]: every kind's but token buckets', and token
+/// buckets' (`None`: absent), each in stream order.
+pub type ForeignRecords = (
+    Vec<sluice_protocol::replication::Record>,
+    Vec<(u128, Option<Bucket>)>,
+);
+
 /// The one match from a [`Limit`] to its kind's type: runs `body` with `K`
 /// the kind's [`LimitKind`] (and [`Stored`]) type and `n` its numbers, so
 /// each arm is `body` monomorphised for one kind (no `dyn`, and no match on
@@ -531,6 +543,54 @@ impl Table {
         match state {
             Some(b) => self.buckets.set(bucket, Some(b), now_ns),
             None => self.drop_bucket(Kind::TokenBucket, bucket),
+        }
+    }
+
+    /// Applies a follower's records, as its flow parsed them from SYNCs:
+    /// `records` (every kind but token buckets) then `buckets` (token
+    /// buckets, `None`: absent), each in stream order (each kind has its
+    /// own table, so the two lists' order between them does not matter).
+    /// A record whose key `owner` names another shard of the follower's
+    /// layout goes, in order, to that shard's lists in `others`; the rest
+    /// are imported here, each slot loaded into cache
+    /// [`PREFETCH_AHEAD`] records ahead so that a batch's cache misses
+    /// overlap. Both lists are left empty, their room kept. The one place
+    /// a follower's records are applied: by the flow on its own shard and
+    /// by a shard given another flow's (`worker.rs`).
+    pub fn apply_records(
+        &mut self,
+        records: &mut Vec<sluice_protocol::replication::Record>,
+        buckets: &mut Vec<(u128, Option<Bucket>)>,
+        now_ns: u64,
+        owner: impl Fn(u128) -> Option<usize>,
+        others: &mut [ForeignRecords],
+    ) {
+        let mut batch = records.drain(..);
+        loop {
+            if let Some(ahead) = batch.as_slice().get(PREFETCH_AHEAD) {
+                if owner(ahead.key).is_none() {
+                    self.prefetch_kind(ahead.kind, ahead.key);
+                }
+            }
+            let Some(r) = batch.next() else { break };
+            match owner(r.key) {
+                None => self.import(r.key, r.kind, r.state, now_ns),
+                Some(o) => others[o].0.push(r),
+            }
+        }
+        drop(batch);
+        let mut batch = buckets.drain(..);
+        loop {
+            if let Some(&(key, _)) = batch.as_slice().get(PREFETCH_AHEAD) {
+                if owner(key).is_none() {
+                    self.prefetch_kind(Kind::TokenBucket, key);
+                }
+            }
+            let Some((key, b)) = batch.next() else { break };
+            match owner(key) {
+                None => self.import_bucket(key, b, now_ns),
+                Some(o) => others[o].1.push((key, b)),
+            }
         }
     }
 
