@@ -2,7 +2,8 @@
 """Module import cycles of a crate's src (crate::, use crate::{..}, super::), by
 Tarjan's strongly connected components; test modules (`#[cfg(test)] mod tests`)
 are left out. Usage: python3 scripts/module-cycles.py server/src [MODULE...]
-prints each cycle, then the imports of each MODULE named. docs/ARCHITECTURE.md
+prints each cycle, then the imports of each MODULE named; exits 1 when
+there is a cycle (.ci/run checks server/src and protocol/src). docs/ARCHITECTURE.md
 gives the layering it checks."""
 import re,os,sys,collections
 root=sys.argv[1]
@@ -55,8 +56,9 @@ def sc(v):
 sys.setrecursionlimit(10000)
 for v in sorted(mods):
     if v not in index: sc(v)
-for comp in res:
-    if len(comp)>1: print('cycle:',sorted(comp))
+cycles=[sorted(comp) for comp in res if len(comp)>1]
+for comp in cycles: print('cycle:',comp)
 if len(sys.argv)>2:
     for t in sys.argv[2:]:
         print(t,'->',sorted(edges[t]))
+sys.exit(1 if cycles else 0)

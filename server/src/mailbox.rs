@@ -10,8 +10,10 @@
 use std::net::TcpStream as StdTcpStream;
 
 use bytes::BytesMut;
+use sluice_protocol::replication::Record;
+use sluice_protocol::Bucket;
 
-use crate::replication::follower;
+use crate::inbox::{self, OnceSender};
 use crate::shard::{Batch, ConnectionGuard};
 use crate::sync::Arc;
 use crate::tiers::Tiers;
@@ -28,11 +30,11 @@ pub enum ShardMsg {
     /// Use these tiers from now on (a reload).
     Tiers(Arc<Tiers>),
     /// Follower: clear the table, a new full sync starts.
-    Reset(follower::Reset),
+    Reset(Reset),
     /// Follower: start a flow from a primary shard on this shard.
-    Flow(follower::StartFlow),
+    Flow(StartFlow),
     /// Follower: apply these records (from a flow on another shard).
-    Apply(follower::Apply),
+    Apply(Apply),
     /// Follower: make room for this many more buckets of each kind (a full
     /// sync of this following attempt is about to arrive).
     Reserve(u64, [u64; 5]),
@@ -95,4 +97,46 @@ pub struct AdoptResp {
     pub stream: StdTcpStream,
     /// Keeps the connection counted while it lives.
     pub guard: ConnectionGuard,
+}
+
+// A follower's messages to its shards (replication/follower.rs sends
+// them; worker.rs acts on them).
+
+/// A token bucket's record as `SyncReader::parse_buckets` gives it: its
+/// key and state (`None`: absent). 48 bytes, where a [`Record`] is 80.
+pub type TokenRecord = (u128, Option<Bucket>);
+
+/// Records for a shard of this node, from a flow on another shard.
+#[derive(Debug)]
+pub struct Apply {
+    /// The following attempt they belong to (older ones are dropped).
+    pub generation: u64,
+    /// The records but token buckets', in stream order.
+    pub records: Vec<Record>,
+    /// The token-bucket records (`None`: absent), in stream order.
+    pub buckets: Vec<TokenRecord>,
+    /// Told once they are applied.
+    pub done: OnceSender<()>,
+}
+
+/// Start one flow on this shard.
+#[derive(Debug)]
+pub struct StartFlow {
+    /// The following attempt.
+    pub generation: u64,
+    /// The primary's address.
+    pub primary: String,
+    /// The primary shard this flow streams.
+    pub primary_shard: u16,
+    /// Told when the flow ends (any reason).
+    pub ended: inbox::Sender<u64>,
+}
+
+/// Clear the table for a new full sync, then say so.
+#[derive(Debug)]
+pub struct Reset {
+    /// The following attempt that starts.
+    pub generation: u64,
+    /// Told once the table is empty.
+    pub done: OnceSender<()>,
 }

@@ -23,7 +23,7 @@ use tokio::sync::watch;
 use crate::config::Config;
 use crate::inbox::Sender;
 use crate::mailbox::ShardMsg;
-use crate::replication::primary::FlowShard;
+use crate::replication::machine::FlowShard;
 use crate::replication::ReplNode;
 use crate::reply_budget::ShardReplies;
 use crate::shard::{table, DecideOp, LimitRef, PublishedStats, Table};

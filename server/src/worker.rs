@@ -178,7 +178,7 @@ fn spawn_side_tasks(core: &Rc<ShardCore>) {
 
 /// A follower's records and buckets, imported unless they belong to an
 /// earlier sync (an older generation); answered either way.
-fn apply(core: &ShardCore, a: follower::Apply) {
+fn apply(core: &ShardCore, a: crate::mailbox::Apply) {
     if a.generation == core.follow_gen.get() {
         let now_ns = core.clock.now_ns();
         let (mut records, mut buckets) = (a.records, a.buckets);

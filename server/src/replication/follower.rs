@@ -19,7 +19,7 @@
 use std::rc::Rc;
 use std::time::Duration;
 
-use crate::inbox::{self, oneshot, OnceSender};
+use crate::inbox::{self, oneshot};
 use crate::stream::Stream;
 use bytes::BytesMut;
 use sluice_protocol::auth;
@@ -27,13 +27,13 @@ use sluice_protocol::codec::{FrameDecoder, FrameWriter};
 use sluice_protocol::message::{Hello, Reply, Request};
 use sluice_protocol::replication::{put_ack, Record, ReplState, Subscribe, SyncReader};
 use sluice_protocol::routing::shard_of;
-use sluice_protocol::{Bucket, Clock, PROTOCOL_VERSION};
+use sluice_protocol::{Clock, PROTOCOL_VERSION};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio_util::codec::Decoder;
 
 use super::machine::{self, FollowerFlow, Refused};
 use super::RECONNECT_MS;
-use crate::mailbox::ShardMsg;
+use crate::mailbox::{Apply, Reset, ShardMsg, StartFlow, TokenRecord};
 use crate::node::ShardCore;
 use crate::shard::table::ForeignRecords;
 use crate::sync::Ordering;
@@ -45,45 +45,6 @@ use crate::sync::Ordering;
 /// bounds it (no CPU saving was measurable: benches/notes.md). Each SYNC
 /// is still parsed whole, checked, before any of its records is applied.
 const APPLY_AT: usize = 256;
-
-/// A token bucket's record as [`SyncReader::parse_buckets`] gives it: its
-/// key and state (`None`: absent). 48 bytes, where a [`Record`] is 80.
-pub type TokenRecord = (u128, Option<Bucket>);
-
-/// Records for a shard of this node, from a flow on another shard.
-#[derive(Debug)]
-pub struct Apply {
-    /// The following attempt they belong to (older ones are dropped).
-    pub generation: u64,
-    /// The records but token buckets', in stream order.
-    pub records: Vec<Record>,
-    /// The token-bucket records (`None`: absent), in stream order.
-    pub buckets: Vec<TokenRecord>,
-    /// Told once they are applied.
-    pub done: OnceSender<()>,
-}
-
-/// Start one flow on this shard.
-#[derive(Debug)]
-pub struct StartFlow {
-    /// The following attempt.
-    pub generation: u64,
-    /// The primary's address.
-    pub primary: String,
-    /// The primary shard this flow streams.
-    pub primary_shard: u16,
-    /// Told when the flow ends (any reason).
-    pub ended: inbox::Sender<u64>,
-}
-
-/// Clear the table for a new full sync, then say so.
-#[derive(Debug)]
-pub struct Reset {
-    /// The following attempt that starts.
-    pub generation: u64,
-    /// Told once the table is empty.
-    pub done: OnceSender<()>,
-}
 
 /// Why one attempt to follow failed.
 #[derive(Debug, thiserror::Error)]
