@@ -337,6 +337,7 @@ async fn finish(stream: &mut Stream, linger_on: bool) {
 /// Writes what the connection owes, once the follower has the changes it
 /// reflects (sync mode). `false`: the connection is over (the follower
 /// may be promoted without those changes, or the peer does not read).
+#[inline]
 async fn flush<H: Handler>(
     stream: &mut Stream,
     h: &mut H,
@@ -454,6 +455,7 @@ fn after_read(rbuf: &mut BytesMut, half_sent_on: &mut bool, grown: &mut bool, t:
 /// Writes all of `out`: at once if the socket takes it (the common case,
 /// with no timer), else within `timeout`. `false`: the peer did not read
 /// it in time.
+#[inline]
 async fn write_within(
     stream: &mut Stream,
     out: &[u8],
