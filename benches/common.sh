@@ -23,6 +23,20 @@ descriptors:
     rate_limit: { unit: second, requests_per_unit: 1000 }
 YAML
 
+# two_groups A B: the cluster file of two groups, `a` with primary A and
+# `b` with primary B (host:port), at $WORK/cluster.toml (entry.sh and
+# entry-callgrind.sh).
+two_groups() {
+  cat >"$WORK/cluster.toml" <<TOML
+[[groups]]
+name = "a"
+primary = "$1"
+
+[[groups]]
+name = "b"
+primary = "$2"
+TOML
+}
 # wait_line FILE TEXT: until TEXT is in FILE (10 s at most).
 wait_line() {
   for _ in $(seq 1 200); do grep -q "$2" "$1" 2>/dev/null && return 0; sleep 0.05; done

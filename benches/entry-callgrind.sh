@@ -20,15 +20,7 @@ PROTO=${1:-resp}
 NODE=${NODE:-b}
 TO=${TO:-b}
 BIN=$ROOT/target/release
-cat >"$WORK/cluster.toml" <<TOML
-[[groups]]
-name = "a"
-primary = "127.0.0.1:7880"
-
-[[groups]]
-name = "b"
-primary = "127.0.0.1:7881"
-TOML
+two_groups 127.0.0.1:7880 127.0.0.1:7881
 # node GROUP PORT: RESP at PORT+2, RLS at PORT+4
 node() {
   local pre=()

@@ -42,15 +42,7 @@ RLS_BENCH=$ROOT/target/release/sluice-rls-bench
 
 A=127.0.0.1:$BASE
 B=127.0.0.1:$((BASE + 1))
-cat >"$WORK/cluster.toml" <<TOML
-[[groups]]
-name = "a"
-primary = "$A"
-
-[[groups]]
-name = "b"
-primary = "$B"
-TOML
+two_groups "$A" "$B"
 
 # node NAME GROUP PORT: starts it, its RESP port PORT+2, RLS PORT+4, admin PORT+6
 node() {
