@@ -21,6 +21,18 @@ fn abort_on_panic() {
     }));
 }
 
+/// jemalloc, not glibc's malloc: a call that waits (for a forward to
+/// another node, for another shard) holds its buffers while the calls
+/// behind it allocate theirs, and at 20-50 such calls glibc's per-thread
+/// cache (7 blocks a size) runs dry, so most of them take its slow path
+/// (an Envoy call forwarded to its owner: about 22 slow allocations,
+/// 5.5k instructions more than a local one). jemalloc's thread cache
+/// holds far more a size. The memory bounds hold the same
+/// (tests/tests/hardening.rs); benches/notes.md has the figures.
+#[cfg(feature = "jemalloc")]
+#[global_allocator]
+static GLOBAL: tikv_jemallocator::Jemalloc = tikv_jemallocator::Jemalloc;
+
 fn main() -> std::process::ExitCode {
     abort_on_panic();
     let config = match Config::load(std::env::args_os()) {
