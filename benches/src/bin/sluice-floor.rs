@@ -70,6 +70,10 @@ type Table = Rc<RefCell<Vec<Option<Bucket>>>>;
 /// The RESP floor's buckets: redis-cell's state, a theoretical arrival time.
 type CellTable = Rc<RefCell<Vec<Option<u64>>>>;
 
+/// sluiced's allocator, so that the ratio to this floor is the work's.
+#[global_allocator]
+static GLOBAL: tikv_jemallocator::Jemalloc = tikv_jemallocator::Jemalloc;
+
 fn main() {
     let mut args = std::env::args().skip(1);
     let mut port = 0u16;

@@ -50,6 +50,10 @@ impl RateLimitService for Floor {
     }
 }
 
+/// sluiced's allocator, so that the ratio to this floor is the work's.
+#[global_allocator]
+static GLOBAL: tikv_jemallocator::Jemalloc = tikv_jemallocator::Jemalloc;
+
 fn main() {
     let mut args = std::env::args().skip(1);
     let (mut port, mut threads) = (0u16, 1u16);
