@@ -124,7 +124,7 @@ impl<V> Slot<V> {
 #[derive(Debug)]
 pub struct BucketMap<V> {
     /// The slots; `slots.len()` is the capacity.
-    slots: Vec<Slot<V>>,
+    slots: Slots<V>,
     /// Slots in use.
     len: usize,
     /// Where the incremental sweep examines next.
@@ -586,11 +586,12 @@ impl<V: Record> BucketMap<V> {
             // Every record moves: read them all again.
             *e = Export::new(capacity, e.slots_per_step, e.in_order);
         }
-        for slot in old {
+        for slot in old.iter() {
             if !slot.is_empty() {
-                self.place(slot);
+                self.place(*slot);
             }
         }
+        // `old`'s pages go back to the kernel here.
     }
 
     /// Every `(key, record)`, in slot order.
@@ -602,11 +603,89 @@ impl<V: Record> BucketMap<V> {
     }
 }
 
-/// `n` empty slots, from zeroed memory (`alloc_zeroed`, through
-/// bytemuck): the allocator hands out fresh pages for a large table
-/// without writing them first. An all-zero slot is empty (key 0).
-fn zeroed_slots<V: Record>(n: usize) -> Vec<Slot<V>> {
-    bytemuck::allocation::zeroed_vec(n)
+/// `n` empty slots (an all-zero slot is empty: key 0).
+fn zeroed_slots<V: Record>(n: usize) -> Slots<V> {
+    Slots::zeroed(n)
+}
+
+/// A table's slots in anonymous pages mapped for it alone: zeroed by the
+/// kernel, so a new table writes nothing before use, and unmapped when the
+/// table grows past them or goes, whatever the process's allocator keeps
+/// for itself. (jemalloc keeps a freed extent until its decay purges it,
+/// and an idle process never does: a table grown to 1M buckets held 75
+/// bytes a bucket of RSS from its freed predecessors, against 31 in pages
+/// of its own. benches/notes.md.)
+struct Slots<V> {
+    /// `None` when `len` is 0.
+    map: Option<memmap2::MmapMut>,
+    len: usize,
+    _slot: std::marker::PhantomData<Slot<V>>,
+}
+
+impl<V: Record> Slots<V>
+where
+    // What makes a zeroed mapping `n` valid slots (see the SAFETY below).
+    Slot<V>: bytemuck::Zeroable,
+{
+    /// `n` zeroed slots. A mapping the kernel refuses is out of memory, as
+    /// a refused allocation is: the process ends (no table can be half
+    /// grown).
+    fn zeroed(n: usize) -> Slots<V> {
+        let bytes = n
+            .checked_mul(std::mem::size_of::<Slot<V>>())
+            .expect("a table's size fits the address space");
+        let map = (bytes > 0).then(|| {
+            memmap2::MmapOptions::new()
+                .len(bytes)
+                .map_anon()
+                .unwrap_or_else(|e| panic!("mapping {bytes} bytes for {n} table slots: {e}"))
+        });
+        Slots {
+            map,
+            len: n,
+            _slot: std::marker::PhantomData,
+        }
+    }
+}
+
+impl<V> std::fmt::Debug for Slots<V> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Slots").field("len", &self.len).finish()
+    }
+}
+
+// SAFETY (both impls): the mapping is page-aligned, which is more than a
+// slot's alignment, and `len * size_of::<Slot<V>>()` bytes long (`zeroed`);
+// the kernel zeroed it and an all-zero `Slot<V>` is a valid (empty) slot
+// (`Slot<V>: Zeroable`); it is written only through these slices, so it
+// holds `len` valid slots; and the slices borrow `self`, which owns the
+// mapping, so they cannot outlive it.
+#[allow(unsafe_code)]
+impl<V: Record> std::ops::Deref for Slots<V> {
+    type Target = [Slot<V>];
+
+    #[inline]
+    fn deref(&self) -> &[Slot<V>] {
+        match &self.map {
+            None => &[],
+            Some(m) => unsafe {
+                std::slice::from_raw_parts(m.as_ptr().cast::<Slot<V>>(), self.len)
+            },
+        }
+    }
+}
+
+#[allow(unsafe_code)]
+impl<V: Record> std::ops::DerefMut for Slots<V> {
+    #[inline]
+    fn deref_mut(&mut self) -> &mut [Slot<V>] {
+        match &mut self.map {
+            None => &mut [],
+            Some(m) => unsafe {
+                std::slice::from_raw_parts_mut(m.as_mut_ptr().cast::<Slot<V>>(), self.len)
+            },
+        }
+    }
 }
 
 /// Asks the CPU to start loading the cache line of `p`, valid or not (it
