@@ -7,6 +7,8 @@ set -euo pipefail
 need=()
 command -v protoc >/dev/null 2>&1 || need+=(protobuf-compiler)
 command -v etcd >/dev/null 2>&1 || need+=(etcd-server)
+# make: jemalloc's build (tikv-jemalloc-sys, sluiced's allocator) runs it.
+command -v make >/dev/null 2>&1 || need+=(make)
 # openssl makes the self-signed certificate of the TLS tests
 # (tests/tests/security.rs).
 command -v openssl >/dev/null 2>&1 || need+=(openssl)
