@@ -616,8 +616,9 @@ fn zeroed_slots<V: Record>(n: usize) -> Slots<V> {
 /// bytes a bucket of RSS from its freed predecessors, against 31 in pages
 /// of its own. benches/notes.md.)
 struct Slots<V> {
-    /// `None` when `len` is 0.
-    map: Option<memmap2::MmapMut>,
+    /// At least one byte (a mapping cannot be empty), so that a slot's
+    /// access is one pointer and no branch.
+    map: memmap2::MmapMut,
     len: usize,
     _slot: std::marker::PhantomData<Slot<V>>,
 }
@@ -634,12 +635,10 @@ where
         let bytes = n
             .checked_mul(std::mem::size_of::<Slot<V>>())
             .expect("a table's size fits the address space");
-        let map = (bytes > 0).then(|| {
-            memmap2::MmapOptions::new()
-                .len(bytes)
-                .map_anon()
-                .unwrap_or_else(|e| panic!("mapping {bytes} bytes for {n} table slots: {e}"))
-        });
+        let map = memmap2::MmapOptions::new()
+            .len(bytes.max(1))
+            .map_anon()
+            .unwrap_or_else(|e| panic!("mapping {bytes} bytes for {n} table slots: {e}"));
         Slots {
             map,
             len: n,
@@ -655,7 +654,8 @@ impl<V> std::fmt::Debug for Slots<V> {
 }
 
 // SAFETY (both impls): the mapping is page-aligned, which is more than a
-// slot's alignment, and `len * size_of::<Slot<V>>()` bytes long (`zeroed`);
+// slot's alignment, and at least `len * size_of::<Slot<V>>()` bytes long
+// (`zeroed`);
 // the kernel zeroed it and an all-zero `Slot<V>` is a valid (empty) slot
 // (`Slot<V>: Zeroable`); it is written only through these slices, so it
 // holds `len` valid slots; and the slices borrow `self`, which owns the
@@ -666,12 +666,7 @@ impl<V: Record> std::ops::Deref for Slots<V> {
 
     #[inline]
     fn deref(&self) -> &[Slot<V>] {
-        match &self.map {
-            None => &[],
-            Some(m) => unsafe {
-                std::slice::from_raw_parts(m.as_ptr().cast::<Slot<V>>(), self.len)
-            },
-        }
+        unsafe { std::slice::from_raw_parts(self.map.as_ptr().cast::<Slot<V>>(), self.len) }
     }
 }
 
@@ -679,12 +674,7 @@ impl<V: Record> std::ops::Deref for Slots<V> {
 impl<V: Record> std::ops::DerefMut for Slots<V> {
     #[inline]
     fn deref_mut(&mut self) -> &mut [Slot<V>] {
-        match &mut self.map {
-            None => &mut [],
-            Some(m) => unsafe {
-                std::slice::from_raw_parts_mut(m.as_mut_ptr().cast::<Slot<V>>(), self.len)
-            },
-        }
+        unsafe { std::slice::from_raw_parts_mut(self.map.as_mut_ptr().cast::<Slot<V>>(), self.len) }
     }
 }
 
