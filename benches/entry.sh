@@ -175,9 +175,8 @@ met = lambda ok: "met" if ok else "NOT met"
 def rate_of(route, load):
     return f"{statistics.median(pick('rls', load, route, r)['calls_per_s'] for r in range(1, rounds + 1)):,.0f}"
 def a_per_fwd(load):
-    v = statistics.median(pick("rls", load, "other", r)["cpu_a_s"] * 1e6 / max(pick("rls", load, "other", r)["forwarded"], 1)
-                          for r in range(1, rounds + 1))
-    return "%.2f us" % v
+    others = [pick("rls", load, "other", r) for r in range(1, rounds + 1)]
+    return "%.2f us" % statistics.median(x["cpu_a_s"] * 1e6 / max(x["forwarded"], 1) for x in others)
 resp = med[("resp", "c50 x P64")]
 sat, low = rls_loads[-1], rls_loads[0]
 rls, rls_low = med[("rls", sat)], med[("rls", low)]

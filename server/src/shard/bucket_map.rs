@@ -234,7 +234,7 @@ impl<V: Record> BucketMap<V> {
     pub fn with_capacity(n: usize) -> BucketMap<V> {
         let capacity = (n * 1000 / LOAD_MAX_PERMILLE + 1).max(CAPACITY_MIN);
         BucketMap {
-            slots: zeroed_slots(capacity),
+            slots: Slots::zeroed(capacity),
             len: 0,
             cursor: 0,
             swept_total: 0,
@@ -567,7 +567,7 @@ impl<V: Record> BucketMap<V> {
     }
 
     fn resize(&mut self, capacity: usize) {
-        let mut slots = zeroed_slots(capacity);
+        let mut slots = Slots::zeroed(capacity);
         // Fault the new array's pages in, in order, before the rehash
         // writes them at random: the rehash touches every page anyway (the
         // records fill three quarters of the slots, uniformly), and in
@@ -603,11 +603,6 @@ impl<V: Record> BucketMap<V> {
     }
 }
 
-/// `n` empty slots (an all-zero slot is empty: key 0).
-fn zeroed_slots<V: Record>(n: usize) -> Slots<V> {
-    Slots::zeroed(n)
-}
-
 /// A table's slots in anonymous pages mapped for it alone: zeroed by the
 /// kernel, so a new table writes nothing before use, and unmapped when the
 /// table grows past them or goes, whatever the process's allocator keeps
@@ -628,7 +623,7 @@ where
     // What makes a zeroed mapping `n` valid slots (see the SAFETY below).
     Slot<V>: bytemuck::Zeroable,
 {
-    /// `n` zeroed slots. A mapping the kernel refuses is out of memory, as
+    /// `n` empty slots (an all-zero slot is empty: key 0). A mapping the kernel refuses is out of memory, as
     /// a refused allocation is: the process ends (no table can be half
     /// grown).
     fn zeroed(n: usize) -> Slots<V> {
