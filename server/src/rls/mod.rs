@@ -692,11 +692,17 @@ impl Rls {
             outbox::queue(&self.node, shard, items, reply_tx);
             waiting += 1;
         }
+        let Some((reply_tx, mut replies)) = inbox else {
+            // Decided here: answered with this thread's hops in flight
+            // (outbox.rs says why).
+            outbox::hold().await;
+            return Ok(decided);
+        };
         // The outbox holds the senders now: the inbox ends if it drops
         // them unanswered (shutting down).
-        let mut replies = inbox.map(|(_, replies)| replies);
+        drop(reply_tx);
         let mut got = Vec::new();
-        while let (true, Some(replies)) = (waiting > 0, replies.as_mut()) {
+        while waiting > 0 {
             if !replies.recv_many(&mut got).await {
                 return Err(tonic::Status::unavailable("sluiced is shutting down"));
             }
