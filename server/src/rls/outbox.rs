@@ -204,29 +204,26 @@ impl Outbox {
 /// every batch it accepted within a turn of its loop, or drops it while
 /// shutting down (and then the thread's runtime ends too).
 pub async fn hold() {
-    let upto = OUTBOX.with(|cell| {
-        let cell = cell.borrow();
-        let outbox = cell.as_ref()?;
-        let queued = outbox.queued.iter().any(|q| !q.is_empty());
-        let upto = outbox.sent + u64::from(queued);
-        (upto > outbox.answered).then_some(upto)
-    });
-    let Some(upto) = upto else { return };
-    let mut registered = false;
+    // The `answered` count to wait for, fixed at the first poll.
+    let mut upto = None;
     poll_fn(|cx| {
         OUTBOX.with(|cell| {
             let mut cell = cell.borrow_mut();
             let Some(outbox) = cell.as_mut() else {
                 return Poll::Ready(());
             };
-            if outbox.answered >= upto {
+            let first = upto.is_none();
+            let wait_for = *upto.get_or_insert_with(|| {
+                let queued = outbox.queued.iter().any(|q| !q.is_empty());
+                outbox.sent + u64::from(queued)
+            });
+            if outbox.answered >= wait_for {
                 return Poll::Ready(());
             }
-            // Polled again only when woken, and a wake removed the entry;
-            // the flag covers a spurious poll.
-            if !registered {
-                registered = true;
-                outbox.held.push((upto, cx.waker().clone()));
+            // Polled again only when woken, and the wake removed the
+            // entry: registered once, at the first poll.
+            if first {
+                outbox.held.push((wait_for, cx.waker().clone()));
             }
             Poll::Pending
         })
