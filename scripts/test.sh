@@ -14,7 +14,7 @@ echo "== loom models of the cross-thread handoff"
 # either way, and the build is a third shorter.
 RUSTFLAGS="--cfg sluice_loom" LOOM_MAX_PREEMPTIONS=2 \
   CARGO_PROFILE_RELEASE_LTO=false CARGO_PROFILE_RELEASE_DEBUG=0 CARGO_PROFILE_RELEASE_CODEGEN_UNITS=16 \
-  cargo test -p sluice-loom-tests --release --target-dir target/loom --test handoff --test promotion
+  cargo test -p sluice-loom-tests --release --target-dir target/loom --test handoff --test promotion --test over_limit
 
 echo "== build (binaries the integration tests start)"
 # --all-features: sluiced with etcd (--coordinator), for tests/tests/etcd_failover.rs.

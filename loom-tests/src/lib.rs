@@ -17,12 +17,17 @@
 //! - [`inbox`]: the server's MPSC inbox, as is.
 //! - [`lease`]: a follower's receipts and its decision to promote itself.
 //! - [`signal`]: the permit that evicts an unauthenticated connection.
+//! - [`over_limit`]: a shard's published over-limit windows.
 //! - `tests/handoff.rs`: connection to shard and back, several producers,
 //!   shutdown racing with sends, end of stream; a shard's one answer
 //!   through `inbox::oneshot` (or its absence), and shards reporting they
 //!   drained. Every channel between the server's threads is an inbox (the
 //!   tokio channels the shards used for these went: loom cannot see into
 //!   them).
+//! - [`over_limit`] and `tests/over_limit.rs`: a shard's published
+//!   over-limit windows, read by another thread while the shard replaces
+//!   and withdraws them: a reader never takes one entry's fields for
+//!   another's.
 //! - `tests/promotion.rs`: no ack renews the old primary's lease once the
 //!   follower has decided to promote.
 
@@ -44,3 +49,7 @@ pub mod lease;
 #[cfg(sluice_loom)]
 #[path = "../../server/src/signal.rs"]
 pub mod signal;
+
+#[cfg(sluice_loom)]
+#[path = "../../server/src/shard/over_limit.rs"]
+pub mod over_limit;

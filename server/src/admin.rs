@@ -78,6 +78,9 @@ pub struct RlsStats {
     pub over_budget: std::sync::atomic::AtomicU64,
     /// Request bytes held now for messages still arriving.
     pub buffered: std::sync::atomic::AtomicUsize,
+    /// Calls denied from a shard's published over-limit windows, with no
+    /// hop to the shard (`--rls-over-limit-slots`).
+    pub over_limit_denied: std::sync::atomic::AtomicU64,
 }
 
 /// Serves the admin endpoints on `listener` until the runtime stops:
@@ -364,7 +367,7 @@ fn time_histogram(
 fn rls_metrics(out: &mut String, rls: &RlsStats) {
     use std::sync::atomic::Ordering::Relaxed;
     let one = |v: u64| [(String::new(), v.to_string())];
-    let families: [(&str, &str, &str, u64); 6] = [
+    let families: [(&str, &str, &str, u64); 7] = [
         (
             "sluice_rls_connections_open",
             "gauge",
@@ -400,6 +403,12 @@ fn rls_metrics(out: &mut String, rls: &RlsStats) {
             "gauge",
             "Bytes of rate limit request messages still arriving, held now.",
             rls.buffered.load(Relaxed) as u64,
+        ),
+        (
+            "sluice_rls_over_limit_denied_total",
+            "counter",
+            "Rate limit calls denied from a shard's published over-limit windows, with no hop to the shard (--rls-over-limit-slots).",
+            rls.over_limit_denied.load(Relaxed),
         ),
     ];
     for (name, kind, help, v) in families {

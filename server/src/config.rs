@@ -58,6 +58,9 @@ pub const RLS_REQUEST_TIMEOUT_MS_DEFAULT: u64 = 5_000;
 /// Default `--rls-buffer-bytes-max`: request bytes the rate limit service
 /// holds for messages still arriving, all connections together: 64 MiB.
 pub const RLS_BUFFER_BYTES_MAX_DEFAULT: usize = 64 << 20;
+/// Default `--rls-over-limit-slots`: each shard's published over-limit
+/// fixed windows (64 bytes a slot: 64 KiB a shard).
+pub const RLS_OVER_LIMIT_SLOTS_DEFAULT: usize = 1_024;
 /// Default `--reply-bytes-node-max`: 256 MiB.
 pub const REPLY_BYTES_NODE_MAX_DEFAULT: usize = 256 << 20;
 
@@ -304,6 +307,14 @@ pub struct Config {
     /// go past it ends RESOURCE_EXHAUSTED and frees what it held.
     #[arg(long, value_name = "BYTES", default_value_t = RLS_BUFFER_BYTES_MAX_DEFAULT)]
     pub rls_buffer_bytes_max: usize,
+
+    /// With --rls-port: slots per shard (rounded up to a power of two) of
+    /// the fixed windows over their limit that a shard publishes, so that
+    /// a call on another thread is denied there without a hop, exactly as
+    /// the shard would deny it (a refund or reset withdraws the entry
+    /// first). 0 turns it off: every descriptor is asked of its shard.
+    #[arg(long, value_name = "N", default_value_t = RLS_OVER_LIMIT_SLOTS_DEFAULT)]
+    pub rls_over_limit_slots: usize,
 
     /// Shard threads; default one per core.
     #[arg(long)]
@@ -614,6 +625,7 @@ struct FileConfig {
     rls_connections_max: Option<usize>,
     rls_request_timeout_ms: Option<u64>,
     rls_buffer_bytes_max: Option<usize>,
+    rls_over_limit_slots: Option<usize>,
     shards: Option<u16>,
     cpu_list: Option<crate::affinity::CpuList>,
     connections_max: Option<usize>,
@@ -848,6 +860,7 @@ impl Config {
             rls_connections_max,
             rls_request_timeout_ms,
             rls_buffer_bytes_max,
+            rls_over_limit_slots,
             forward_failure,
             forward_connections,
             forward_deadline_ms,
@@ -1076,6 +1089,12 @@ impl Config {
             self.rls_buffer_bytes_max,
             1 << 16,
             1 << 40,
+        )?;
+        check(
+            "rls-over-limit-slots",
+            self.rls_over_limit_slots,
+            0,
+            crate::shard::over_limit::SLOTS_MAX,
         )?;
         if let Some(port) = self.rls_port {
             let bad = |range: &str| ConfigError {

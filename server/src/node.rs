@@ -52,6 +52,10 @@ pub struct Node {
     pub started: Instant,
     /// Each shard's counters as it last published them (STATS reads them).
     pub stats: Vec<CachePadded<PublishedStats>>,
+    /// Each shard's fixed windows over their limit, which it publishes
+    /// and any thread may read (`--rls-over-limit-slots`; the rate limit
+    /// service denies from it without a hop).
+    pub over_limit: Vec<Arc<crate::shard::over_limit::OverLimit>>,
     /// With `--cluster`: the entry point's view of the cluster and its
     /// forwarder (keys of other groups go to their primaries).
     pub forward: Option<Arc<crate::forward::Forwarder>>,
@@ -167,6 +171,7 @@ impl ShardCore {
         let base = table::lease_id_base(node.epoch(), id);
         let mut table = Table::with_cap(node.config.keys_max, base);
         table.set_heap_bytes_max(node.config.heap_bytes_max);
+        table.publish_over_limit(node.over_limit[usize::from(id)].clone());
         let lease_epoch = Cell::new(node.epoch());
         let reply_share = node.config.reply_bytes_node_max / usize::from(node.shard_count.max(1));
         ShardCore {

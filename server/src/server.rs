@@ -19,6 +19,7 @@ use crate::config::{Config, ConfigError};
 use crate::inbox;
 use crate::mailbox::{Adopt, AdoptResp, ShardMsg};
 use crate::node::Node;
+use crate::shard::over_limit::OverLimit;
 use crate::shard::ConnectionGuard;
 use crate::sync::{Arc, AtomicUsize};
 use crate::worker;
@@ -157,6 +158,12 @@ impl Server {
             config.coordinator.is_some(),
         );
         let forward = start_forwarder(&config, &listener)?;
+        // Read only by the rate limit service: without it, nothing is
+        // published.
+        let over_limit_slots = match config.rls_port {
+            Some(_) => config.rls_over_limit_slots,
+            None => 0,
+        };
         let node = Arc::new(Node {
             config,
             shard_count,
@@ -167,6 +174,9 @@ impl Server {
             resp_addr: resp_listener.as_ref().map(bound_addr),
             started,
             stats: (0..shard_count).map(|_| Default::default()).collect(),
+            over_limit: (0..shard_count)
+                .map(|_| Arc::new(OverLimit::new(over_limit_slots)))
+                .collect(),
             forward,
             auth_failures: Default::default(),
             replica_tls,
@@ -181,7 +191,7 @@ impl Server {
         let admin = Arc::new(admin_state(&node, clock));
         #[cfg(feature = "rls")]
         let rls = match rls_start {
-            Some(start) => Some(start.start(&node, clock)?),
+            Some(start) => Some(start.start(&node, clock, admin.rls.clone())?),
             None => None,
         };
         Ok(Server {
@@ -479,8 +489,9 @@ impl RlsStart {
         self,
         node: &Arc<Node>,
         clock: MonotonicClock,
+        stats: Arc<crate::admin::RlsStats>,
     ) -> Result<(std::net::TcpListener, Arc<crate::rls::Rls>), StartError> {
-        let rls = crate::rls::Rls::new(node.clone(), clock, self.rules, self.tls);
+        let rls = crate::rls::Rls::new(node.clone(), clock, self.rules, self.tls, stats);
         let listener = self.listener.into_std().map_err(StartError::Thread)?;
         Ok((listener, Arc::new(rls)))
     }

@@ -6,11 +6,11 @@
 //! `std::sync` directly.
 
 #[cfg(sluice_loom)]
-pub(crate) use loom::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
+pub(crate) use loom::sync::atomic::{fence, AtomicBool, AtomicU64, AtomicUsize, Ordering};
 #[cfg(sluice_loom)]
 pub(crate) use loom::sync::{mpsc, Arc, Mutex};
 
 #[cfg(not(sluice_loom))]
-pub(crate) use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
+pub(crate) use std::sync::atomic::{fence, AtomicBool, AtomicU64, AtomicUsize, Ordering};
 #[cfg(not(sluice_loom))]
 pub(crate) use std::sync::{mpsc, Arc, Mutex};

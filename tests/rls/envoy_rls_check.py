@@ -21,6 +21,9 @@ Usage: envoy_rls_check.py PORT MODE [ARGS]
   open             a call without a token is answered
   tls CA TOKEN     over TLS (CA: the server's certificate, for localhost)
                    a call with the token is answered; in clear, none is
+  over_limit V     a key over its limit (domain "sluice", a=V..., 5 a day)
+                   is denied with the shard's own numbers however it is
+                   answered, and a refund makes room at once
   concurrent N     N calls at once on each of the six tenants of domain
                    "conc" (t{i}: 10 + i an hour): each tenant admits exactly
                    its limit, every answer carries its own tenant's limit,
@@ -283,6 +286,27 @@ if mode == "examples":
     examples()
 elif mode == "concurrent":
     concurrent(int(sys.argv[3]))
+elif mode == "over_limit":
+    v1, v2 = sys.argv[3] + "-1", sys.argv[3] + "-2"
+    for left in range(4, -1, -1):
+        expect(ask("sluice", [("a", v1)]), OK, (OK, 5, left))
+    for _ in range(20):
+        r = ask("sluice", [("a", v1)])
+        expect(r, OVER, (OVER, 5, 0))
+        assert 0 < r.statuses[0].duration_until_reset.seconds <= 86400, r
+    # A check (hits 0) is within it, over or not.
+    expect(ask("sluice", descriptor([("a", v1)], hits=0)), OK, (OK, 5, 0))
+    # A refund makes room for the next two at once.
+    ask("sluice", descriptor([("a", v1)], hits=2, negative=True))
+    expect(ask("sluice", [("a", v1)]), OK, (OK, 5, 1))
+    expect(ask("sluice", [("a", v1)]), OK, (OK, 5, 0))
+    expect(ask("sluice", [("a", v1)]), OVER, (OVER, 5, 0))
+    # All or nothing: a request with the key over its limit spends nothing
+    # on its other descriptor.
+    expect(ask("sluice", [("a", v2)]), OK, (OK, 5, 4))
+    expect(ask("sluice", [("a", v1)], [("a", v2)]), OVER, (OVER, 5, 0), (OK, 5, 4))
+    expect(ask("sluice", [("a", v2)]), OK, (OK, 5, 3))
+    print("over_limit: ok")
 elif mode == "headers":
     prefix = sys.argv[3]
     r = ask("sluice", [("a", "x")], [("b", "x")])

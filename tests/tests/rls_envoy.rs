@@ -233,6 +233,63 @@ fn a_follower_refuses_with_unavailable_and_names_its_primary() {
     assert!(out.contains("unavailable:") && out.contains(&addr), "{out}");
 }
 
+/// `sluice_rls_over_limit_denied_total` on `server`'s admin port.
+fn denied_in_place(server: &Sluiced) -> u64 {
+    let (_, scrape) =
+        sluice_tests::support::http_get(server.admin_addr.expect("admin"), "/metrics");
+    scrape
+        .lines()
+        .find_map(|l| l.strip_prefix("sluice_rls_over_limit_denied_total "))
+        .expect("the counter is exported")
+        .trim()
+        .parse()
+        .expect("a count")
+}
+
+/// A key over its limit is denied on the thread that read the call, from
+/// the windows its shard publishes (`shard/over_limit.rs`), with the same
+/// answer the shard gives: its numbers, all or nothing with the request's
+/// other descriptors, a check (hits 0) still within it. A refund withdraws
+/// the entry before it makes room, so the next calls are admitted at once.
+/// With `--rls-over-limit-slots 0` every call asks the shard, and the
+/// answers are the same. Two shards on the shard threads and on a service
+/// thread, so that keys are asked of other threads' shards.
+#[test]
+fn a_key_over_its_limit_is_denied_in_place_exactly_as_its_shard_denies_it() {
+    let dir = rules_dir();
+    for (threads, slots) in [("0", "1024"), ("1", "1"), ("1", "0")] {
+        let server = Sluiced::start(&[
+            "--shards",
+            "2",
+            "--rls-threads",
+            threads,
+            "--rls-over-limit-slots",
+            slots,
+            "--rls-port",
+            "0",
+            "--rls-config",
+            &dir,
+            "--admin-port",
+            "0",
+        ]);
+        for run in 0..4 {
+            let out = check(&server, &["over_limit", &format!("ol{run}")]);
+            assert!(out.contains("over_limit: ok"), "{out}");
+        }
+        let in_place = denied_in_place(&server);
+        if slots == "0" {
+            assert_eq!(in_place, 0, "nothing is published");
+        } else {
+            // Of each run's 23 denials, the first is the shard's; a table of
+            // one slot holds one key at a time, and these are asked one by one.
+            assert!(
+                in_place >= 4 * 19,
+                "{in_place} denied in place ({threads}, {slots})"
+            );
+        }
+    }
+}
+
 /// Decisions and buckets as the node counts them (`sluice stats --json`).
 fn counted(server: &Sluiced) -> (u64, u64) {
     let stats = json_object(&sluice_cli(server, &["stats", "--json"]));

@@ -41,6 +41,7 @@ mod outbox;
 pub mod rules;
 
 use std::borrow::Cow;
+use std::sync::atomic::Ordering;
 use std::sync::{Arc, RwLock};
 
 use envoy_types::pb::envoy::config::core::v3::HeaderValue;
@@ -53,8 +54,10 @@ use envoy_types::pb::envoy::service::ratelimit::v3::rate_limit_service_server::{
 };
 use envoy_types::pb::envoy::service::ratelimit::v3::{RateLimitRequest, RateLimitResponse};
 use envoy_types::pb::google::protobuf::Duration as ProtoDuration;
+use sluice_protocol::gcra::Verdict;
 use sluice_protocol::identity::{bucket_key, Slot};
-use sluice_protocol::limit::Limit;
+use sluice_protocol::limit::fixed_window::{self, FixedWindowState};
+use sluice_protocol::limit::{Kind, Limit};
 use sluice_protocol::message::LimitSet;
 use sluice_protocol::routing::{key_hash, shard_of};
 use sluice_protocol::{Clock, MonotonicClock, Priority};
@@ -85,6 +88,8 @@ pub struct Rls {
     headers: RlsHeaders,
     /// The port's TLS (`--rls-tls-cert`), checked at start.
     tls: Option<tonic::transport::ServerTlsConfig>,
+    /// The port's counters (`/metrics`).
+    stats: Arc<guard::RlsStats>,
 }
 
 impl Rls {
@@ -95,6 +100,7 @@ impl Rls {
         clock: MonotonicClock,
         rules: Rules,
         tls: Option<tonic::transport::ServerTlsConfig>,
+        stats: Arc<guard::RlsStats>,
     ) -> Rls {
         tracing::info!(
             domains = rules.domains(),
@@ -108,6 +114,7 @@ impl Rls {
             rules: RwLock::new(Arc::new(rules)),
             headers,
             tls,
+            stats,
         }
     }
 
@@ -275,6 +282,11 @@ struct Plan<'r> {
     refund: bool,
     /// Where its verdict is once decided: shard, item, limit index.
     at: Option<(usize, usize, usize)>,
+    /// Its key's hash, when [`Rls::denied_here`] worked it out.
+    hash: Option<u128>,
+    /// Its verdict, when its shard's published over-limit windows gave it
+    /// without asking the shard ([`Rls::denied_here`]).
+    cached: Option<Verdict>,
 }
 
 impl Plan<'_> {
@@ -344,7 +356,7 @@ impl RateLimitService for Rls {
                 self.node.repl.not_primary_text(),
             ));
         }
-        let (decided, denied) = self.decide(&request, &mut plans).await?;
+        let (decided, denied) = self.decide(&request, &mut plans, now_ns).await?;
         Ok(tonic::Response::new(
             self.respond(&plans, &decided, denied, now_ns),
         ))
@@ -367,6 +379,8 @@ fn plan<'r>(rules: &'r Rules, request: &RateLimitRequest) -> Vec<Plan<'r>> {
             cost: d.hits_addend.as_ref().map_or(request_cost, |h| h.value),
             refund: d.is_negative_hits,
             at: None,
+            hash: None,
+            cached: None,
         })
         .collect();
     let replaced: Vec<String> = plans
@@ -440,6 +454,18 @@ pub fn descriptor_key_into<'e>(
         out.push(b'=');
         push(out, v);
     }
+}
+
+/// `plan`'s key (descriptor `d` of `domain`, by its rule) into `key`;
+/// its hash.
+fn plan_key(key: &mut Vec<u8>, domain: &str, plan: &Plan<'_>, d: &RateLimitDescriptor) -> u128 {
+    let rule = plan
+        .rule
+        .as_deref()
+        .expect("a plan with a limit has a rule");
+    let entries = d.entries.iter().map(|e| (e.key.as_str(), e.value.as_str()));
+    descriptor_key_into(key, domain, rule.key_entries(entries));
+    key_hash(key)
 }
 
 /// Puts limit `r` of `plan` into one of a shard's DECIDEs: one of the
@@ -547,8 +573,12 @@ impl Rls {
         &self,
         request: &RateLimitRequest,
         plans: &mut [Plan<'_>],
+        now_ns: u64,
     ) -> Result<(Decided, bool), tonic::Status> {
         let hopeless = plans.iter().any(|p| p.enforced() && p.hopeless());
+        // A request one of whose limits is denied in place cannot be
+        // admitted either: its other limits are only asked about.
+        let hopeless = hopeless || self.denied_here(request, plans, now_ns);
         let pending = self.pending(request, plans, hopeless);
         let decided = self.send(&pending).await?;
         let denied = hopeless
@@ -586,16 +616,14 @@ impl Rls {
         let n = plans.len();
         for (plan, d) in plans.iter_mut().zip(&request.descriptors) {
             let Some(limit) = plan.limit() else { continue };
-            if plan.hopeless() {
+            if plan.hopeless() || plan.cached.is_some() {
                 continue;
             }
-            let rule = plan
-                .rule
-                .as_deref()
-                .expect("a plan with a limit has a rule");
-            let entries = d.entries.iter().map(|e| (e.key.as_str(), e.value.as_str()));
-            descriptor_key_into(&mut key, &request.domain, rule.key_entries(entries));
-            let hash = key_hash(&key);
+            let hash = match (plan.hash, &route) {
+                // Worked out already, and no other node needs the key.
+                (Some(hash), None) => hash,
+                _ => plan_key(&mut key, &request.domain, plan, d),
+            };
             let remote = route.as_ref().and_then(|(view, decides_own)| {
                 let group = view.group_of(hash);
                 (!(*decides_own && view.is_own(group))).then_some((view, group))
@@ -649,6 +677,57 @@ impl Rls {
             plan.at = Some((shard, item, index));
         }
         pending
+    }
+
+    /// Gives each enforced fixed-window spend that its shard has published
+    /// as over its limit (`shard/over_limit.rs`) the shard's verdict, with
+    /// no hop to the shard: the denial the shard would give now. `true`
+    /// if any was, and then the request cannot be admitted. With
+    /// `--cluster`, only the keys this node decides; never when the
+    /// request is hopeless already (nothing will be spent).
+    fn denied_here(&self, request: &RateLimitRequest, plans: &mut [Plan<'_>], now_ns: u64) -> bool {
+        let published = &self.node.over_limit;
+        if !published.first().is_some_and(|o| !o.is_empty()) {
+            return false;
+        }
+        let route = self.node.forward.as_ref().map(|f| f.view());
+        let decides_own = self.node.repl.is_primary();
+        let mut key = Vec::new();
+        let mut denied = false;
+        for (plan, d) in plans.iter_mut().zip(&request.descriptors) {
+            let Some(Limit::FixedWindow(w)) = plan.limit() else {
+                continue;
+            };
+            if !plan.enforced() || plan.cost == 0 || plan.hopeless() {
+                continue;
+            }
+            let hash = plan_key(&mut key, &request.domain, plan, d);
+            plan.hash = Some(hash);
+            if route
+                .as_ref()
+                .is_some_and(|view| !(decides_own && view.is_own(view.group_of(hash))))
+            {
+                continue;
+            }
+            let shard = usize::from(shard_of(hash, self.node.shard_count));
+            let bucket = bucket_key(hash, Kind::FixedWindow, Slot::Inline(0));
+            let Some(entry) = published[shard].lookup(bucket, w.limit, w.window_ns, now_ns) else {
+                continue;
+            };
+            let state = FixedWindowState {
+                window_start_ns: entry.window_start_ns,
+                count: entry.count,
+            };
+            let verdict = fixed_window::peek(Some(state), &w, plan.cost, now_ns);
+            if !verdict.allowed {
+                plan.cached = Some(verdict);
+                denied = true;
+            }
+        }
+        if denied {
+            self.stats.over_limit_denied.fetch_add(1, Ordering::Relaxed);
+        }
+        denied
     }
 
     /// Sends each shard its DECIDEs as one batch and waits for every
@@ -818,10 +897,12 @@ fn status(p: &Plan<'_>, decided: &Decided, denied: bool, now_ns: u64) -> Descrip
             ..Default::default()
         };
     };
-    let verdict = p.at.and_then(|(shard, item, index)| {
-        decided[shard][item]
-            .as_ref()
-            .map(|m| m.verdicts[index].verdict)
+    let verdict = p.cached.or_else(|| {
+        p.at.and_then(|(shard, item, index)| {
+            decided[shard][item]
+                .as_ref()
+                .map(|m| m.verdicts[index].verdict)
+        })
     });
     let (own_allowed, remaining, reset_ns) = match verdict {
         Some(v) => {

@@ -17,6 +17,7 @@
 pub mod bucket_map;
 mod changes;
 mod fold;
+pub mod over_limit;
 pub mod table;
 pub mod tat;
 

@@ -34,8 +34,10 @@ pub use super::bucket_map::Walk;
 use super::bucket_map::{BucketMap, Record, SWEEP_IDLE_NS, SWEEP_SLOTS_PER_TICK};
 use super::changes::Changes;
 use super::fold::FoldState;
+use super::over_limit::{self, OverLimit};
 use super::tat::{Found, TokenBuckets};
 use super::{DecideOp, Op, Outcome};
+use crate::sync::Arc;
 
 pub use sluice_protocol::message::LIMITS_MAX;
 
@@ -259,6 +261,9 @@ pub struct Table {
     /// (kind in the value): bucket keys of different kinds differ
     /// (`protocol::identity` mixes the kind in).
     changes: Option<Changes>,
+    /// Its fixed windows over their limit, published for other threads
+    /// (`over_limit.rs`); `None`: nothing is published.
+    over_limit: Option<Arc<OverLimit>>,
 }
 
 impl Table {
@@ -289,6 +294,46 @@ impl Table {
     /// hands out an id its old primary may have given.
     pub fn set_lease_id_base(&mut self, base: u64) {
         self.next_lease_id = base;
+    }
+
+    /// Publishes this table's fixed windows that are over their limit in
+    /// `over_limit` (the shard's own: this table is its only writer).
+    pub fn publish_over_limit(&mut self, over_limit: Arc<OverLimit>) {
+        over_limit.clear();
+        self.over_limit = Some(over_limit);
+    }
+
+    /// Removes `bucket`'s published over-limit entry, before a write that
+    /// could make room on it.
+    #[inline]
+    fn unpublish(&self, kind: Kind, bucket: u128) {
+        if kind == Kind::FixedWindow {
+            if let Some(o) = &self.over_limit {
+                o.unpublish(bucket);
+            }
+        }
+    }
+
+    /// After a spend denied by `r`: publishes its window if it is a fixed
+    /// one (of the default class) with nothing left.
+    fn publish_denied(&self, r: &LimitRef, verdict: &Verdict, now_ns: u64) {
+        let (Some(o), Limit::FixedWindow(w)) = (&self.over_limit, &r.limit) else {
+            return;
+        };
+        if verdict.allowed || verdict.remaining > 0 || r.floor != 0 {
+            return;
+        }
+        let Some(stored) = self.fixed.get(r.bucket) else {
+            return;
+        };
+        let state = stored.state;
+        if state.count >= w.limit && !state.is_full(w, now_ns) {
+            let entry = over_limit::Entry {
+                window_start_ns: state.window_start_ns,
+                count: state.count,
+            };
+            o.publish(r.bucket, w.limit, w.window_ns, entry);
+        }
     }
 
     /// Starts recording every written bucket (a follower attached).
@@ -645,7 +690,11 @@ impl Table {
     pub fn clear(&mut self) {
         let (keys_max, lease, counters) = (self.keys_max, self.next_lease_id, self.counters_total);
         let (heap_max, tracking) = (self.heap_bytes_max, self.changes.is_some());
+        let over_limit = self.over_limit.take();
         *self = Table::with_cap(keys_max, lease);
+        if let Some(o) = over_limit {
+            self.publish_over_limit(o);
+        }
         self.heap_bytes_max = heap_max;
         self.counters_total = counters;
         if tracking {
@@ -1090,6 +1139,9 @@ impl Table {
                     out.allowed = false;
                     out.denied_index = Some(i as u8);
                 }
+                if mode == Mode::Spend && !verdict.allowed {
+                    self.publish_denied(r, &verdict, now_ns);
+                }
                 out.retry_after_ns = out.retry_after_ns.max(verdict.retry_after_ns);
             }
         }
@@ -1280,10 +1332,12 @@ macro_rules! stored_window {
                 now_ns: u64,
                 decide: impl FnOnce(Option<Self::State>) -> Decision<Self::State>,
             ) -> Verdict {
+                t.unpublish(Kind::$kind, bucket);
                 apply_window(&mut t.$map, bucket, w, now_ns, decide)
             }
 
             fn remove(t: &mut Table, bucket: u128) {
+                t.unpublish(Kind::$kind, bucket);
                 t.$map.remove(bucket);
             }
 
@@ -1299,6 +1353,7 @@ macro_rules! stored_window {
                     return Err(state);
                 };
                 let w = Windowed { state, window_ns };
+                t.unpublish(Kind::$kind, bucket);
                 store_map(&mut t.$map, bucket, Some(w), now_ns);
                 Ok(())
             }
@@ -1546,6 +1601,117 @@ mod tests {
                 floor: 0,
             })
             .collect()
+    }
+
+    /// A table publishing its over-limit windows, and one fixed window of
+    /// 3 a minute on bucket 1000 (plus a token bucket on 1001).
+    fn publishing() -> (Table, Arc<OverLimit>, Vec<LimitRef>) {
+        let mut t = Table::new();
+        let published = Arc::new(OverLimit::new(64));
+        t.publish_over_limit(published.clone());
+        let limits: Vec<Limit> = ["fixed-window:3/m", "token-bucket:1/m,burst=1"]
+            .iter()
+            .map(|s| s.parse().unwrap())
+            .collect();
+        (t, published, refs(&limits))
+    }
+
+    fn looked_up(published: &OverLimit, r: &LimitRef, now: u64) -> Option<over_limit::Entry> {
+        let Limit::FixedWindow(w) = r.limit else {
+            panic!("a fixed window")
+        };
+        published.lookup(r.bucket, w.limit, w.window_ns, now)
+    }
+
+    #[test]
+    fn a_fixed_window_denied_with_nothing_left_is_published_until_room_is_made() {
+        let (mut t, published, r) = publishing();
+        let now = 60_000 * S;
+        // 2 of 3, then a spend of 2 is denied with 1 left: not published
+        // (a spend of 1 would be admitted).
+        t.decide_many(&r[..1], Mode::Spend, 2, now).unwrap();
+        assert!(!t.decide_many(&r[..1], Mode::Spend, 2, now).unwrap().allowed);
+        assert_eq!(looked_up(&published, &r[0], now), None);
+        t.decide_many(&r[..1], Mode::Spend, 1, now).unwrap();
+        assert_eq!(looked_up(&published, &r[0], now), None, "admitted");
+        let denied = t.decide_many(&r[..1], Mode::Spend, 1, now).unwrap();
+        assert!(!denied.allowed);
+        let entry = looked_up(&published, &r[0], now).expect("published");
+        assert_eq!(entry.count, 3);
+        assert_eq!(entry.window_start_ns, now);
+        // A probe says what the shard says, and the entry gives the same.
+        let Limit::FixedWindow(w) = r[0].limit else {
+            unreachable!()
+        };
+        let state = FixedWindowState {
+            window_start_ns: entry.window_start_ns,
+            count: entry.count,
+        };
+        let later = now + 30 * S;
+        assert_eq!(
+            sluice_protocol::limit::fixed_window::peek(Some(state), &w, 1, later),
+            t.probe_one(&r[0], 1, later)
+        );
+        assert_eq!(looked_up(&published, &r[0], now + 60 * S), None, "ended");
+        // A refund makes room: the entry goes first.
+        t.decide_many(&r[..1], Mode::Refund, 1, now).unwrap();
+        assert_eq!(looked_up(&published, &r[0], now), None);
+        assert!(t.decide_many(&r[..1], Mode::Spend, 1, now).unwrap().allowed);
+        // Denied again, then reset: gone again.
+        t.decide_many(&r[..1], Mode::Spend, 1, now).unwrap();
+        assert!(looked_up(&published, &r[0], now).is_some());
+        t.decide_many(&r[..1], Mode::Reset, 0, now).unwrap();
+        assert_eq!(looked_up(&published, &r[0], now), None);
+    }
+
+    #[test]
+    fn replication_storing_or_emptying_the_table_withdraws_entries() {
+        let (mut t, published, r) = publishing();
+        let now = 60_000 * S;
+        t.decide_many(&r[..1], Mode::Spend, 3, now).unwrap();
+        t.decide_many(&r[..1], Mode::Spend, 1, now).unwrap();
+        assert!(looked_up(&published, &r[0], now).is_some());
+        let state = State::FixedWindow {
+            window_ns: 60 * S,
+            state: FixedWindowState {
+                window_start_ns: now,
+                count: 1,
+            },
+        };
+        t.import(r[0].bucket, Kind::FixedWindow, Some(state), now);
+        assert_eq!(looked_up(&published, &r[0], now), None, "imported");
+        t.decide_many(&r[..1], Mode::Spend, 2, now).unwrap();
+        t.decide_many(&r[..1], Mode::Spend, 1, now).unwrap();
+        assert!(looked_up(&published, &r[0], now).is_some());
+        t.clear();
+        assert_eq!(looked_up(&published, &r[0], now), None, "cleared");
+        // Still publishing after the clear.
+        t.decide_many(&r[..1], Mode::Spend, 3, now).unwrap();
+        t.decide_many(&r[..1], Mode::Spend, 1, now).unwrap();
+        assert!(looked_up(&published, &r[0], now).is_some());
+    }
+
+    #[test]
+    fn only_fixed_windows_of_the_default_class_are_published() {
+        let (mut t, published, r) = publishing();
+        let now = 60_000 * S;
+        t.decide_many(&r[1..], Mode::Spend, 1, now).unwrap();
+        assert!(!t.decide_many(&r[1..], Mode::Spend, 1, now).unwrap().allowed);
+        let slots_written = (0..64u128).any(|b| {
+            [3, 1]
+                .iter()
+                .any(|&l| published.lookup(b, l, 60 * S, now).is_some())
+        });
+        assert!(!slots_written, "a token bucket's denial publishes nothing");
+        let mut reserved = r[0];
+        reserved.floor = 1;
+        t.decide_many(&[reserved], Mode::Spend, 2, now).unwrap();
+        assert!(
+            !t.decide_many(&[reserved], Mode::Spend, 1, now)
+                .unwrap()
+                .allowed
+        );
+        assert_eq!(looked_up(&published, &r[0], now), None, "a class's floor");
     }
 
     #[test]
