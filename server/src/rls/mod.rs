@@ -690,6 +690,11 @@ impl Rls {
         if !published.first().is_some_and(|o| !o.is_empty()) {
             return false;
         }
+        // An entry point checks whether it may admit only in its shards:
+        // one that may not (fenced, handing over) answers as they would.
+        if self.node.forward.is_some() && !self.node.repl.admits(now_ns) {
+            return false;
+        }
         let route = self.node.forward.as_ref().map(|f| f.view());
         let decides_own = self.node.repl.is_primary();
         let mut key = Vec::new();
