@@ -578,8 +578,10 @@ impl Rls {
         let hopeless = plans.iter().any(|p| p.enforced() && p.hopeless());
         // A request one of whose limits is denied in place cannot be
         // admitted either: its other limits are only asked about.
-        let hopeless = hopeless || self.denied_here(request, plans, now_ns);
-        let pending = self.pending(request, plans, hopeless);
+        // One key buffer for the request's descriptors, both passes.
+        let mut key = Vec::with_capacity(128);
+        let hopeless = hopeless || self.denied_here(&mut key, request, plans, now_ns);
+        let pending = self.pending(&mut key, request, plans, hopeless);
         let decided = self.send(&pending).await?;
         let denied = hopeless
             || pending.iter().zip(&decided).any(|(groups, outs)| {
@@ -600,6 +602,7 @@ impl Rls {
     /// the last list, for its key's group; `plan.at` says where.
     fn pending(
         &self,
+        key: &mut Vec<u8>,
         request: &RateLimitRequest,
         plans: &mut [Plan<'_>],
         hopeless: bool,
@@ -611,8 +614,6 @@ impl Rls {
             let decides_own = self.node.repl.is_primary();
             (f.view(), decides_own)
         });
-        // One key buffer for the request's descriptors.
-        let mut key = Vec::with_capacity(128);
         let n = plans.len();
         for (plan, d) in plans.iter_mut().zip(&request.descriptors) {
             let Some(limit) = plan.limit() else { continue };
@@ -622,7 +623,7 @@ impl Rls {
             let hash = match (plan.hash, &route) {
                 // Worked out already, and no other node needs the key.
                 (Some(hash), None) => hash,
-                _ => plan_key(&mut key, &request.domain, plan, d),
+                _ => plan_key(key, &request.domain, plan, d),
             };
             let remote = route.as_ref().and_then(|(view, decides_own)| {
                 let group = view.group_of(hash);
@@ -658,7 +659,7 @@ impl Rls {
                     op,
                     joinable: plan.enforced(),
                     remote: Some(Remote {
-                        key: bytes::Bytes::copy_from_slice(&key),
+                        key: bytes::Bytes::copy_from_slice(key),
                         group,
                         view: view.clone(),
                     }),
@@ -685,7 +686,13 @@ impl Rls {
     /// if any was, and then the request cannot be admitted. With
     /// `--cluster`, only the keys this node decides; never when the
     /// request is hopeless already (nothing will be spent).
-    fn denied_here(&self, request: &RateLimitRequest, plans: &mut [Plan<'_>], now_ns: u64) -> bool {
+    fn denied_here(
+        &self,
+        key: &mut Vec<u8>,
+        request: &RateLimitRequest,
+        plans: &mut [Plan<'_>],
+        now_ns: u64,
+    ) -> bool {
         let published = &self.node.over_limit;
         if !published.first().is_some_and(|o| !o.is_empty()) {
             return false;
@@ -697,7 +704,6 @@ impl Rls {
         }
         let route = self.node.forward.as_ref().map(|f| f.view());
         let decides_own = self.node.repl.is_primary();
-        let mut key = Vec::new();
         let mut denied = false;
         for (plan, d) in plans.iter_mut().zip(&request.descriptors) {
             let Some(Limit::FixedWindow(w)) = plan.limit() else {
@@ -706,7 +712,7 @@ impl Rls {
             if !plan.enforced() || plan.cost == 0 || plan.hopeless() {
                 continue;
             }
-            let hash = plan_key(&mut key, &request.domain, plan, d);
+            let hash = plan_key(key, &request.domain, plan, d);
             plan.hash = Some(hash);
             if route
                 .as_ref()
