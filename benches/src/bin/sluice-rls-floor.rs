@@ -6,9 +6,13 @@
 //! No rules, no decision, no shard, no auth: what it leaves out is what
 //! Sluice's ratio to it measures (benches/rls.sh, issue 39).
 //!
-//! Usage: `sluice-rls-floor [--port N] [--threads N]` (0, the default for
-//! `--port`, picks a free one); prints `sluice-rls-floor listening on
-//! ADDR`, and serves until killed.
+//! `--stack h2` serves the same answers on HTTP/2 directly (the h2 crate,
+//! no hyper, no tonic; a connection's calls run inside its task): what
+//! the gRPC stack itself costs, measured (benches/notes.md, issue 39).
+//!
+//! Usage: `sluice-rls-floor [--port N] [--threads N] [--stack tonic|h2]`
+//! (0, the default for `--port`, picks a free one); prints
+//! `sluice-rls-floor listening on ADDR`, and serves until killed.
 
 use std::net::SocketAddr;
 
@@ -23,7 +27,9 @@ use sluice_server::rls::guard::{
 use sluice_server::rls::{MESSAGE_BYTES_MAX, STREAMS_PER_CONNECTION_MAX};
 
 fn usage(why: &str) -> ! {
-    eprintln!("sluice-rls-floor: {why}\nusage: sluice-rls-floor [--port N] [--threads N]");
+    eprintln!(
+        "sluice-rls-floor: {why}\nusage: sluice-rls-floor [--port N] [--threads N] [--stack tonic|h2]"
+    );
     std::process::exit(2)
 }
 
@@ -54,9 +60,109 @@ impl RateLimitService for Floor {
 #[global_allocator]
 static GLOBAL: tikv_jemallocator::Jemalloc = tikv_jemallocator::Jemalloc;
 
+/// One call on HTTP/2 directly: the request's message read whole, decoded,
+/// and answered OK with a status per descriptor.
+async fn h2_call(
+    request: http::Request<h2::RecvStream>,
+    mut respond: h2::server::SendResponse<bytes::Bytes>,
+) -> Result<(), h2::Error> {
+    use prost::Message;
+    let mut body = request.into_body();
+    let mut message = bytes::BytesMut::new();
+    while let Some(chunk) = body.data().await {
+        let chunk = chunk?;
+        let _ = body.flow_control().release_capacity(chunk.len());
+        message.extend_from_slice(&chunk);
+    }
+    let n = if message.len() >= 5 {
+        RateLimitRequest::decode(&message[5..]).map_or(0, |r| r.descriptors.len())
+    } else {
+        0
+    };
+    let ok = DescriptorStatus {
+        code: Code::Ok as i32,
+        ..Default::default()
+    };
+    let reply = RateLimitResponse {
+        overall_code: Code::Ok as i32,
+        statuses: vec![ok; n],
+        ..Default::default()
+    };
+    let len = reply.encoded_len();
+    let mut out = bytes::BytesMut::with_capacity(5 + len);
+    out.extend_from_slice(&[0]);
+    out.extend_from_slice(&(len as u32).to_be_bytes());
+    reply.encode(&mut out).expect("capacity reserved");
+    let response = http::Response::builder()
+        .status(200)
+        .header("content-type", "application/grpc")
+        .body(())
+        .expect("a response");
+    let mut send = respond.send_response(response, false)?;
+    send.send_data(out.freeze(), false)?;
+    let mut trailers = http::HeaderMap::new();
+    trailers.insert("grpc-status", http::HeaderValue::from_static("0"));
+    send.send_trailers(trailers)
+}
+
+/// Serves `listener` on HTTP/2 directly (h2, no hyper, no tonic).
+async fn h2_serve(listener: tokio::net::TcpListener) {
+    loop {
+        let Ok((socket, _)) = listener.accept().await else {
+            continue;
+        };
+        let _ = socket.set_nodelay(true);
+        tokio::spawn(async move {
+            let mut builder = h2::server::Builder::new();
+            builder
+                .max_concurrent_streams(STREAMS_PER_CONNECTION_MAX)
+                .initial_window_size(STREAM_WINDOW_BYTES)
+                .initial_connection_window_size(CONNECTION_WINDOW_BYTES)
+                .max_header_list_size(HEADER_LIST_BYTES_MAX);
+            let Ok(mut conn) = builder.handshake::<_, bytes::Bytes>(socket).await else {
+                return;
+            };
+            // The connection's calls run inside its task: no spawn a call.
+            let mut calls = futures_util::stream::FuturesUnordered::new();
+            let mut open = true;
+            std::future::poll_fn(|cx| {
+                use futures_util::Stream;
+                use std::task::Poll;
+                loop {
+                    // Accepting also drives the connection: it writes what
+                    // the calls queued and reads what arrived.
+                    let mut accepted = false;
+                    while open {
+                        match conn.poll_accept(cx) {
+                            Poll::Ready(Some(Ok((request, respond)))) => {
+                                calls.push(h2_call(request, respond));
+                                accepted = true;
+                            }
+                            Poll::Ready(_) => open = false,
+                            Poll::Pending => break,
+                        }
+                    }
+                    let mut finished = false;
+                    while let Poll::Ready(Some(_)) = std::pin::Pin::new(&mut calls).poll_next(cx) {
+                        finished = true;
+                    }
+                    if !open && calls.is_empty() {
+                        return Poll::Ready(());
+                    }
+                    if !accepted && !finished {
+                        return Poll::Pending;
+                    }
+                }
+            })
+            .await;
+        });
+    }
+}
+
 fn main() {
     let mut args = std::env::args().skip(1);
     let (mut port, mut threads) = (0u16, 1u16);
+    let mut h2 = false;
     while let Some(a) = args.next() {
         match (a.as_str(), args.next()) {
             ("--port", Some(p)) => port = p.parse().unwrap_or_else(|_| usage("--port N")),
@@ -67,6 +173,7 @@ fn main() {
                     .filter(|&n| n > 0)
                     .unwrap_or_else(|| usage("--threads N, at least 1"))
             }
+            ("--stack", Some(s)) if s == "h2" || s == "tonic" => h2 = s == "h2",
             _ => usage(&format!("unknown argument {a}")),
         }
     }
@@ -87,6 +194,9 @@ fn main() {
                 .expect("a runtime");
             rt.block_on(async move {
                 let listener = tokio::net::TcpListener::from_std(listener).expect("tokio listener");
+                if h2 {
+                    return h2_serve(listener).await;
+                }
                 let service =
                     RateLimitServiceServer::new(Floor).max_decoding_message_size(MESSAGE_BYTES_MAX);
                 let served = tonic::transport::Server::builder()
