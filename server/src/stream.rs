@@ -283,26 +283,43 @@ impl std::fmt::Debug for ReplicaTls {
 /// The server side of `--tls-port`: `--tls-cert` (a PEM chain) and
 /// `--tls-key` (PKCS#8, PKCS#1 or SEC1), read and checked at start.
 pub fn acceptor(cert: &Path, key: &Path) -> Result<Acceptor, String> {
+    let config = server_config(["tls-cert", "tls-key"], cert, key)?;
+    Ok(Acceptor(tokio_rustls::TlsAcceptor::from(Arc::new(config))))
+}
+
+/// A TLS server's configuration from the certificate chain and key of
+/// `flags` (their names, for the errors), read and checked.
+pub fn server_config(
+    flags: [&str; 2],
+    cert: &Path,
+    key: &Path,
+) -> Result<rustls::ServerConfig, String> {
     use rustls::pki_types::pem::PemObject;
     use rustls::pki_types::{CertificateDer, PrivateKeyDer};
-    let chain = CertificateDer::pem_slice_iter(&read_pem("tls-cert", cert)?)
+    let [cert_flag, key_flag] = flags;
+    let chain = CertificateDer::pem_slice_iter(&read_pem(cert_flag, cert)?)
         .collect::<Result<Vec<_>, _>>()
-        .map_err(|e| format!("--tls-cert {}: {e}", cert.display()))?;
+        .map_err(|e| format!("--{cert_flag} {}: {e}", cert.display()))?;
     if chain.is_empty() {
         return Err(format!(
-            "--tls-cert {}: no certificate in it",
+            "--{cert_flag} {}: no certificate in it",
             cert.display()
         ));
     }
-    let key = PrivateKeyDer::from_pem_slice(&read_pem("tls-key", key)?)
-        .map_err(|e| format!("--tls-key {}: {e}", key.display()))?;
-    let config = rustls::ServerConfig::builder_with_provider(provider())
+    let key_der = PrivateKeyDer::from_pem_slice(&read_pem(key_flag, key)?)
+        .map_err(|e| format!("--{key_flag} {}: {e}", key.display()))?;
+    rustls::ServerConfig::builder_with_provider(provider())
         .with_safe_default_protocol_versions()
         .map_err(|e| e.to_string())?
         .with_no_client_auth()
-        .with_single_cert(chain, key)
-        .map_err(|e| format!("--tls-cert {} / --tls-key: {e}", cert.display()))?;
-    Ok(Acceptor(tokio_rustls::TlsAcceptor::from(Arc::new(config))))
+        .with_single_cert(chain, key_der)
+        .map_err(|e| {
+            format!(
+                "--{cert_flag} {} / --{key_flag} {}: {e}",
+                cert.display(),
+                key.display()
+            )
+        })
 }
 
 /// The client side of a follower's TLS (`--replica-tls-ca`): the

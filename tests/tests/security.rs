@@ -549,6 +549,76 @@ async fn half_sent_calls_hold_at_most_the_rate_limit_buffer_budget() {
     assert!(said.contains("auth: ok"));
 }
 
+/// Sends one call to the rate limit port at `path` with the token, its
+/// message cut short (`partial_message`), `grpc-timeout` if given; the
+/// `grpc-status` it ends with and how long that took.
+async fn cut_short_call(
+    addr: std::net::SocketAddr,
+    path: &str,
+    grpc_timeout: Option<&str>,
+) -> (String, std::time::Duration) {
+    let tcp = tokio::net::TcpStream::connect(addr).await.unwrap();
+    let (client, connection) = h2::client::handshake(tcp).await.unwrap();
+    tokio::spawn(connection);
+    let mut request = http::Request::builder()
+        .method("POST")
+        .uri(format!("http://{addr}{path}"))
+        .header("content-type", "application/grpc")
+        .header("te", "trailers")
+        .header("authorization", format!("Bearer {TOKEN}"));
+    if let Some(t) = grpc_timeout {
+        request = request.header("grpc-timeout", t);
+    }
+    let start = std::time::Instant::now();
+    let mut client = client.ready().await.unwrap();
+    let (response, mut send) = client
+        .send_request(request.body(()).unwrap(), false)
+        .unwrap();
+    send.send_data(partial_message(1_000, 10), false).unwrap();
+    let response = tokio::time::timeout(std::time::Duration::from_secs(20), response)
+        .await
+        .expect("an answer within 20 s")
+        .unwrap();
+    // A refusal is trailers-only: the status is in the headers.
+    let status = response
+        .headers()
+        .get("grpc-status")
+        .map(|v| v.to_str().unwrap().to_owned())
+        .unwrap_or_default();
+    drop(send);
+    (status, start.elapsed())
+}
+
+/// A call whose message never completes ends DEADLINE_EXCEEDED (gRPC's
+/// status 4, as docs/ENVOY.md says) at --rls-request-timeout-ms, or at the
+/// call's own `grpc-timeout` when that is sooner; a path other than
+/// ShouldRateLimit's is UNIMPLEMENTED (12) at once.
+#[tokio::test]
+async fn a_rate_limit_call_ends_at_its_deadline_and_only_should_rate_limit_is_served() {
+    let server = rls_node(&["--shards", "1", "--rls-request-timeout-ms", "1500"]);
+    let addr = server.rls_addr.unwrap();
+    let path = "/envoy.service.ratelimit.v3.RateLimitService/ShouldRateLimit";
+    let (status, took) = cut_short_call(addr, path, None).await;
+    assert_eq!(status, "4", "a half-sent call past the server's deadline");
+    assert!(took >= std::time::Duration::from_millis(1_500), "{took:?}");
+    let (status, took) = cut_short_call(addr, path, Some("200m")).await;
+    assert_eq!(status, "4", "a half-sent call past its own grpc-timeout");
+    assert!(
+        took >= std::time::Duration::from_millis(200)
+            && took < std::time::Duration::from_millis(1_500),
+        "the call's own 200 ms wins over the server's 1,500: {took:?}"
+    );
+    let other = "/envoy.service.ratelimit.v2.RateLimitService/ShouldRateLimit";
+    let (status, _) = cut_short_call(addr, other, None).await;
+    assert_eq!(status, "12", "another method");
+    // The calls gave their bytes back before they were answered.
+    let scrape = tokio::task::spawn_blocking(move || scrape(&server))
+        .await
+        .unwrap();
+    let buffered = sluice_tests::support::metric_sample(&scrape, "sluice_rls_buffered_bytes");
+    assert_eq!(buffered, 0.0, "{scrape}");
+}
+
 /// The port's connections are capped (--rls-connections-max) and one that
 /// makes no call with the token within --auth-timeout-ms is closed, as on
 /// the binary port.

@@ -14,14 +14,13 @@
 //!   one is closed at once. A connection that has not made an authenticated
 //!   call within `--auth-timeout-ms` of its start is closed (with a token);
 //!   one that sends nothing for `--idle-timeout-ms` (when not 0) too.
-//! - **Bytes.** Every byte of a request message handed to the gRPC decoder
+//! - **Bytes.** Every byte of a request message, as its DATA frames arrive,
 //!   is counted against `--rls-buffer-bytes-max` (all connections) until
 //!   the call has its message; a call whose bytes would go past it ends
 //!   RESOURCE_EXHAUSTED and gives back what it held. With HTTP/2's windows
 //!   ([`STREAM_WINDOW_BYTES`], [`CONNECTION_WINDOW_BYTES`]) and the request
 //!   deadline, that bounds what a client can make the node hold.
 
-use std::convert::Infallible;
 use std::future::Future;
 use std::io;
 use std::net::SocketAddr;
@@ -31,16 +30,10 @@ use std::sync::Arc;
 use std::task::{Context, Poll};
 use std::time::{Duration, Instant};
 
-use bytes::Bytes;
+use futures_util::Stream;
 use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
 use tokio::net::{TcpListener, TcpStream};
 use tokio::time::Sleep;
-use tonic::body::Body;
-use tonic::codegen::http;
-use tonic::codegen::tokio_stream::Stream;
-use tonic::server::NamedService;
-use tonic::transport::server::Connected;
-use tower_service::Service;
 
 pub use crate::admin::RlsStats;
 use crate::coordinator::constant_time_eq;
@@ -91,21 +84,19 @@ impl Gate {
 
     /// `Ok` when `request` may be served; else the UNAUTHENTICATED status
     /// that answers it.
-    fn admit(&self, request: &http::Request<Body>) -> Result<(), tonic::Status> {
+    pub(super) fn admit(
+        &self,
+        headers: &http::HeaderMap,
+        peer: &Peer,
+    ) -> Result<(), tonic::Status> {
         let Some(token) = &self.token else {
             return Ok(());
         };
         // Every call's token is checked, even on a connection that has
         // authenticated before.
-        let extensions = request.extensions();
-        let peer = extensions.get::<Peer>().or_else(|| {
-            extensions
-                .get::<tonic::transport::server::TlsConnectInfo<Peer>>()
-                .map(|t| t.get_ref())
-        });
         let failures = &self.node.auth_failures;
         let now = Instant::now();
-        let ip = peer.and_then(|p| p.remote).map(|a| a.ip());
+        let ip = peer.remote.map(|a| a.ip());
         if let Some(wait) = ip.and_then(|ip| failures.blocked(ip, now)) {
             self.stats.unauthenticated.fetch_add(1, Ordering::Relaxed);
             return Err(tonic::Status::unauthenticated(format!(
@@ -113,8 +104,7 @@ impl Gate {
                 wait.as_millis()
             )));
         }
-        let given = request
-            .headers()
+        let given = headers
             .get(http::header::AUTHORIZATION)
             .map(|v| v.as_bytes());
         let Some(given) = given else {
@@ -133,14 +123,12 @@ impl Gate {
             self.stats.unauthenticated.fetch_add(1, Ordering::Relaxed);
             return Err(tonic::Status::unauthenticated("the token is wrong"));
         }
-        if let Some(p) = peer {
-            p.authed.store(true, Ordering::Relaxed);
-        }
+        peer.authed.store(true, Ordering::Relaxed);
         Ok(())
     }
 
     /// Takes `n` bytes of the budget; `false` (nothing taken) past it.
-    fn reserve(&self, n: usize) -> bool {
+    pub(super) fn reserve(&self, n: usize) -> bool {
         let before = self.stats.buffered.fetch_add(n, Ordering::AcqRel);
         if before + n > self.buffer_bytes_max {
             self.stats.buffered.fetch_sub(n, Ordering::AcqRel);
@@ -149,14 +137,31 @@ impl Gate {
         true
     }
 
-    fn release(&self, n: usize) {
+    /// Gives back `n` bytes [`Gate::reserve`] took.
+    pub(super) fn release(&self, n: usize) {
         if n > 0 {
             self.stats.buffered.fetch_sub(n, Ordering::AcqRel);
         }
     }
+
+    /// The status of a call refused at the byte budget, counted (and
+    /// logged for the first and then one in 1,000).
+    pub(super) fn over_budget(&self) -> tonic::Status {
+        let over = self.stats.over_budget.fetch_add(1, Ordering::Relaxed);
+        if over % 1_000 == 0 {
+            tracing::warn!(
+                rls_buffer_bytes_max = self.buffer_bytes_max,
+                refused = over + 1,
+                "rate limit call refused: the node holds --rls-buffer-bytes-max of messages still arriving"
+            );
+        }
+        tonic::Status::resource_exhausted(
+            "the rate limit service holds as many request bytes as --rls-buffer-bytes-max allows; retry",
+        )
+    }
 }
 
-/// The port's connections, as tonic takes them: accepted under the cap.
+/// The port's connections: accepted under the cap.
 #[derive(Debug)]
 pub struct Incoming {
     listener: TcpListener,
@@ -263,15 +268,12 @@ impl Drop for Conn {
     }
 }
 
-impl Connected for Conn {
-    type ConnectInfo = Peer;
-
-    fn connect_info(&self) -> Peer {
+impl Conn {
+    /// Who is at the other end.
+    pub fn peer(&self) -> Peer {
         self.peer.clone()
     }
-}
 
-impl Conn {
     /// Moves to the idle deadline once a call has carried the token.
     fn authenticated(&mut self) {
         if self.phase == Phase::Auth && self.peer.authed.load(Ordering::Relaxed) {
@@ -367,133 +369,5 @@ impl AsyncWrite for Conn {
 
     fn poll_shutdown(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
         Pin::new(&mut self.get_mut().stream).poll_shutdown(cx)
-    }
-}
-
-/// The service behind the gate: the token checked on the headers, the
-/// message's bytes counted against the budget.
-#[derive(Debug, Clone)]
-pub struct Guarded<S> {
-    inner: S,
-    gate: Arc<Gate>,
-}
-
-impl<S> Guarded<S> {
-    /// `inner` behind `gate`.
-    pub fn new(inner: S, gate: Arc<Gate>) -> Guarded<S> {
-        Guarded { inner, gate }
-    }
-}
-
-impl<S: NamedService> NamedService for Guarded<S> {
-    const NAME: &'static str = S::NAME;
-}
-
-impl<S> Service<http::Request<Body>> for Guarded<S>
-where
-    S: Service<http::Request<Body>, Response = http::Response<Body>, Error = Infallible>,
-    S::Future: Unpin,
-{
-    type Response = http::Response<Body>;
-    type Error = Infallible;
-    type Future = GuardedFuture<S::Future>;
-
-    fn poll_ready(&mut self, cx: &mut Context<'_>) -> Poll<Result<(), Infallible>> {
-        self.inner.poll_ready(cx)
-    }
-
-    fn call(&mut self, request: http::Request<Body>) -> Self::Future {
-        if let Err(status) = self.gate.admit(&request) {
-            // The body is dropped unread: HTTP/2 resets the stream.
-            return GuardedFuture::Refused(Some(status.into_http()));
-        }
-        let gate = self.gate.clone();
-        let request = request.map(|inner| {
-            Body::new(Counted {
-                inner,
-                held: 0,
-                gate,
-            })
-        });
-        GuardedFuture::Inner(self.inner.call(request))
-    }
-}
-
-/// [`Guarded`]'s answer: a refusal at once, or the service's.
-#[derive(Debug)]
-pub enum GuardedFuture<F> {
-    /// Refused on the headers.
-    Refused(Option<http::Response<Body>>),
-    /// The service's.
-    Inner(F),
-}
-
-impl<F> Future for GuardedFuture<F>
-where
-    F: Future<Output = Result<http::Response<Body>, Infallible>> + Unpin,
-{
-    type Output = Result<http::Response<Body>, Infallible>;
-
-    fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
-        match self.get_mut() {
-            GuardedFuture::Refused(r) => Poll::Ready(Ok(r.take().expect("polled once"))),
-            GuardedFuture::Inner(f) => Pin::new(f).poll(cx),
-        }
-    }
-}
-
-/// A call's body, its bytes held against the budget until it is dropped.
-struct Counted {
-    inner: Body,
-    held: usize,
-    gate: Arc<Gate>,
-}
-
-impl Drop for Counted {
-    fn drop(&mut self) {
-        self.gate.release(self.held);
-    }
-}
-
-impl http_body::Body for Counted {
-    type Data = Bytes;
-    type Error = tonic::Status;
-
-    fn poll_frame(
-        self: Pin<&mut Self>,
-        cx: &mut Context<'_>,
-    ) -> Poll<Option<Result<http_body::Frame<Bytes>, tonic::Status>>> {
-        let this = self.get_mut();
-        let frame = match std::task::ready!(Pin::new(&mut this.inner).poll_frame(cx)) {
-            None => return Poll::Ready(None),
-            Some(Err(e)) => return Poll::Ready(Some(Err(e))),
-            Some(Ok(frame)) => frame,
-        };
-        if let Some(data) = frame.data_ref() {
-            let n = data.len();
-            if !this.gate.reserve(n) {
-                let over = this.gate.stats.over_budget.fetch_add(1, Ordering::Relaxed);
-                if over % 1_000 == 0 {
-                    tracing::warn!(
-                        rls_buffer_bytes_max = this.gate.buffer_bytes_max,
-                        refused = over + 1,
-                        "rate limit call refused: the node holds --rls-buffer-bytes-max of messages still arriving"
-                    );
-                }
-                return Poll::Ready(Some(Err(tonic::Status::resource_exhausted(
-                    "the rate limit service holds as many request bytes as --rls-buffer-bytes-max allows; retry",
-                ))));
-            }
-            this.held += n;
-        }
-        Poll::Ready(Some(Ok(frame)))
-    }
-
-    fn is_end_stream(&self) -> bool {
-        self.inner.is_end_stream()
-    }
-
-    fn size_hint(&self) -> http_body::SizeHint {
-        self.inner.size_hint()
     }
 }

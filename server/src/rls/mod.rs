@@ -37,6 +37,7 @@
 //! holds the reply until the follower has the state, as for any client.
 
 pub mod guard;
+mod http2;
 mod outbox;
 pub mod rules;
 
@@ -48,9 +49,6 @@ use envoy_types::pb::envoy::config::core::v3::HeaderValue;
 use envoy_types::pb::envoy::extensions::common::ratelimit::v3::RateLimitDescriptor;
 use envoy_types::pb::envoy::service::ratelimit::v3::rate_limit_response::{
     Code, DescriptorStatus, RateLimit,
-};
-use envoy_types::pb::envoy::service::ratelimit::v3::rate_limit_service_server::{
-    RateLimitService, RateLimitServiceServer,
 };
 use envoy_types::pb::envoy::service::ratelimit::v3::{RateLimitRequest, RateLimitResponse};
 use envoy_types::pb::google::protobuf::Duration as ProtoDuration;
@@ -87,7 +85,7 @@ pub struct Rls {
     rules: RwLock<Arc<Rules>>,
     headers: RlsHeaders,
     /// The port's TLS (`--rls-tls-cert`), checked at start.
-    tls: Option<tonic::transport::ServerTlsConfig>,
+    tls: Option<Tls>,
     /// The port's counters (`/metrics`).
     stats: Arc<guard::RlsStats>,
 }
@@ -99,7 +97,7 @@ impl Rls {
         node: Arc<Node>,
         clock: MonotonicClock,
         rules: Rules,
-        tls: Option<tonic::transport::ServerTlsConfig>,
+        tls: Option<Tls>,
         stats: Arc<guard::RlsStats>,
     ) -> Rls {
         tracing::info!(
@@ -152,35 +150,23 @@ impl Rls {
 }
 
 /// The TLS of `--rls-tls-cert` and `--rls-tls-key`, read and checked (a
-/// certificate and key rustls accepts), or why not.
-pub fn load_tls(
-    cert: &std::path::Path,
-    key: &std::path::Path,
-) -> Result<tonic::transport::ServerTlsConfig, String> {
-    let read = |flag: &str, p: &std::path::Path| {
-        std::fs::read(p).map_err(|e| format!("--{flag} {}: {e}", p.display()))
-    };
-    let identity = tonic::transport::Identity::from_pem(
-        read("rls-tls-cert", cert)?,
-        read("rls-tls-key", key)?,
-    );
-    let tls = tonic::transport::ServerTlsConfig::new().identity(identity);
-    tonic::transport::Server::builder()
-        .tls_config(tls.clone())
-        .map_err(|e| {
-            let mut text = format!(
-                "--rls-tls-cert {} / --rls-tls-key {}: {e}",
-                cert.display(),
-                key.display()
-            );
-            let mut source = std::error::Error::source(&e);
-            while let Some(s) = source {
-                text.push_str(&format!(": {s}"));
-                source = s.source();
-            }
-            text
-        })?;
-    Ok(tls)
+/// certificate and key rustls accepts); HTTP/2 offered by ALPN, as gRPC
+/// clients ask.
+pub fn load_tls(cert: &std::path::Path, key: &std::path::Path) -> Result<Tls, String> {
+    let mut config = crate::stream::server_config(["rls-tls-cert", "rls-tls-key"], cert, key)?;
+    config.alpn_protocols = vec![b"h2".to_vec()];
+    Ok(Tls(tokio_rustls::TlsAcceptor::from(Arc::new(config))))
+}
+
+/// The port's TLS (`--rls-tls-cert`, `--rls-tls-key`): rustls, HTTP/2
+/// offered by ALPN.
+#[derive(Clone)]
+pub struct Tls(tokio_rustls::TlsAcceptor);
+
+impl std::fmt::Debug for Tls {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("Tls")
+    }
 }
 
 /// Serves the rate limit service on `listener` from `threads` threads, each
@@ -231,42 +217,12 @@ pub fn start(
     Ok(())
 }
 
-/// [`serve`] on `listener`, from the runtime this runs on.
+/// The service on `listener`, from the runtime this runs on
+/// ([`http2::serve`]).
 async fn listen(listener: std::net::TcpListener, rls: Arc<Rls>, gate: Arc<guard::Gate>) {
     match tokio::net::TcpListener::from_std(listener) {
-        Ok(listener) => serve(listener, rls, gate).await,
+        Ok(listener) => http2::serve(listener, rls, gate).await,
         Err(e) => tracing::error!(error = %e, "the rate limit service cannot listen"),
-    }
-}
-
-/// Serves the port's connections on this thread, every HTTP/2 limit set
-/// (SECURITY.md's table gives the formula they make).
-async fn serve(listener: tokio::net::TcpListener, rls: Arc<Rls>, gate: Arc<guard::Gate>) {
-    let timeout = std::time::Duration::from_millis(rls.node.config.rls_request_timeout_ms);
-    let mut builder = tonic::transport::Server::builder();
-    if let Some(tls) = rls.tls.clone() {
-        builder = match builder.tls_config(tls) {
-            Ok(b) => b,
-            Err(e) => {
-                // Checked at start: not expected.
-                return tracing::error!(error = %e, "the rate limit service's TLS");
-            }
-        };
-    }
-    let service =
-        RateLimitServiceServer::from_arc(rls).max_decoding_message_size(MESSAGE_BYTES_MAX);
-    let served = builder
-        .max_concurrent_streams(STREAMS_PER_CONNECTION_MAX)
-        .initial_stream_window_size(guard::STREAM_WINDOW_BYTES)
-        .initial_connection_window_size(guard::CONNECTION_WINDOW_BYTES)
-        .http2_max_header_list_size(guard::HEADER_LIST_BYTES_MAX)
-        .http2_max_pending_accept_reset_streams(Some(STREAMS_PER_CONNECTION_MAX as usize))
-        .timeout(timeout)
-        .add_service(guard::Guarded::new(service, gate.clone()))
-        .serve_with_incoming(guard::Incoming::new(listener, gate))
-        .await;
-    if let Err(e) = served {
-        tracing::error!(error = %e, "the rate limit service stopped");
     }
 }
 
@@ -313,13 +269,13 @@ impl Plan<'_> {
     }
 }
 
-#[tonic::async_trait]
-impl RateLimitService for Rls {
-    async fn should_rate_limit(
+impl Rls {
+    /// `ShouldRateLimit`: the answer to `request`, or the status that
+    /// refuses it ([`http2`] serves it).
+    async fn decide_request(
         &self,
-        request: tonic::Request<RateLimitRequest>,
-    ) -> Result<tonic::Response<RateLimitResponse>, tonic::Status> {
-        let request = request.into_inner();
+        request: RateLimitRequest,
+    ) -> Result<RateLimitResponse, tonic::Status> {
         if request.domain.is_empty() {
             return Err(tonic::Status::invalid_argument(
                 "rate limit domain must not be empty",
@@ -357,9 +313,7 @@ impl RateLimitService for Rls {
             ));
         }
         let (decided, denied) = self.decide(&request, &mut plans, now_ns).await?;
-        Ok(tonic::Response::new(
-            self.respond(&plans, &decided, denied, now_ns),
-        ))
+        Ok(self.respond(&plans, &decided, denied, now_ns))
     }
 }
 
