@@ -1,13 +1,16 @@
 #!/usr/bin/env bash
 # Envoy's rate limit service against its gRPC floor (issues 14 and 39),
-# one command. Two servers, started alike and measured in alternating
+# one command. Three servers, started alike and measured in alternating
 # rounds by the same generators:
 #
 #  - sluiced --rls-port (default shards, --rls-threads T);
 #  - sluice-rls-floor (benches/src/bin/sluice-rls-floor.rs): tonic and
 #    envoy-types on the same runtime setup and HTTP/2 settings, answering
-#    every ShouldRateLimit OK at once, a status per descriptor. Sluice's
-#    ratio to it is what its rules, decisions and shards cost.
+#    every ShouldRateLimit OK at once, a status per descriptor: the floor
+#    issue 39's targets read;
+#  - sluice-rls-floor --stack h2: the same answers on HTTP/2 directly,
+#    the stack sluiced serves the port with (server/src/rls/http2.rs).
+#    Sluice's ratio to it is what its rules, decisions and shards cost.
 #
 # Generators: sluice-rls-bench (a tonic client, 50 streams over 4
 # connections) and h2load (nghttp2's, -c 4 -m 50, one prepared body: the
@@ -30,7 +33,7 @@
 # Environment: SECONDS_PER_RUN (5), ROUNDS (3), THREADS ("0 1 2"; 0 serves the
 # service on the shard threads, against a floor of as many threads),
 # OUT (benches/rls.md), PORT (7795), RLS_PORT (7796), REDIS_PORT (7797),
-# FLOOR_PORT (7798).
+# FLOOR_PORT (7798), FLOOR2_PORT (7799).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 ROOT=$PWD
@@ -41,6 +44,7 @@ PORT=${PORT:-7795}
 RLS_PORT=${RLS_PORT:-7796}
 REDIS_PORT=${REDIS_PORT:-7797}
 FLOOR_PORT=${FLOOR_PORT:-7798}
+FLOOR2_PORT=${FLOOR2_PORT:-7799}
 # RLS_SHARDS=N: sluiced --shards N (default: its own, the cores), written
 # to benches/rls-shards-N.md, a section of its own.
 RLS_SHARDS=${RLS_SHARDS:-}
@@ -127,19 +131,24 @@ for threads in $THREADS; do
   "$FLOOR" --port "$FLOOR_PORT" --threads "$floor_threads" >"$WORK/floor.log" 2>&1 &
   FPID=$!; PIDS+=($FPID)
   wait_line "$WORK/floor.log" "listening"
+  "$FLOOR" --port "$FLOOR2_PORT" --threads "$floor_threads" --stack h2 >"$WORK/floor2.log" 2>&1 &
+  F2PID=$!; PIDS+=($F2PID)
+  wait_line "$WORK/floor2.log" "listening"
   # Warm-up: connections, the table's first growth.
   "$BENCH" --addr "127.0.0.1:$RLS_PORT" --domain bench --seconds 1 >/dev/null
   "$BENCH" --addr "127.0.0.1:$FLOOR_PORT" --domain bench --seconds 1 >/dev/null
+  "$BENCH" --addr "127.0.0.1:$FLOOR2_PORT" --domain bench --seconds 1 >/dev/null
   for round in $(seq 1 "$ROUNDS"); do
     for scenario in hot 100k 4desc; do
       for gen in sluice-rls-bench h2load; do
         [ "$gen" = h2load ] && [ "$scenario" != hot ] && continue
         run floor "$FPID" "$FLOOR_PORT" "$threads" "$round" "$scenario" "$gen"
         run sluice "$SPID" "$RLS_PORT" "$threads" "$round" "$scenario" "$gen"
+        run floor-h2 "$F2PID" "$FLOOR2_PORT" "$threads" "$round" "$scenario" "$gen"
       done
     done
   done
-  kill "$SPID" "$FPID"; wait "$SPID" "$FPID" 2>/dev/null || true
+  kill "$SPID" "$FPID" "$F2PID"; wait "$SPID" "$FPID" "$F2PID" 2>/dev/null || true
   PIDS=()
 done
 
@@ -163,10 +172,11 @@ def median_round(threads, scenario, gen):
     for rnd in range(1, rounds + 1):
         f = [r for r in runs if (r["server"], r["threads"], r["round"], r["scenario"], r["gen"]) == ("floor", threads, rnd, scenario, gen)]
         s = [r for r in runs if (r["server"], r["threads"], r["round"], r["scenario"], r["gen"]) == ("sluice", threads, rnd, scenario, gen)]
+        h = [r for r in runs if (r["server"], r["threads"], r["round"], r["scenario"], r["gen"]) == ("floor-h2", threads, rnd, scenario, gen)]
         if f and s:
-            pairs.append((f[0]["cpu_us_per_call"] / s[0]["cpu_us_per_call"], f[0], s[0]))
+            pairs.append((f[0]["cpu_us_per_call"] / s[0]["cpu_us_per_call"], f[0], s[0], h[0] if h else None))
     pairs.sort(key=lambda p: p[0])
-    return pairs[len(pairs) // 2], [p[0] for p in pairs]
+    return pairs[len(pairs) // 2], [p[0] for p in pairs], [p[3]["cpu_us_per_call"] / p[2]["cpu_us_per_call"] for p in pairs if p[3]]
 lines = []
 w = lines.append
 plural = lambda n: "%s shard%s" % (n, "" if str(n) == "1" else "s")
@@ -174,7 +184,10 @@ w("## Envoy's rate limit service (gRPC)" + (", " + plural(sys.argv[7]) if sys.ar
 w("")
 w("From `bash benches/rls.sh` (%d alternating rounds of %s s runs; this machine's 2 cores run "
   "the server and the generator both). *Floor*: `sluice-rls-floor`, tonic and envoy-types on "
-  "the service's runtime setup and HTTP/2 settings, answering OK at once. *Sluice*: `sluiced "
+  "the service's runtime setup and HTTP/2 settings, answering OK at once: the floor issue 39's "
+  "targets read. *h2 floor*: the same answers from `sluice-rls-floor --stack h2`, on HTTP/2 "
+  "directly, the stack sluiced serves the port with (server/src/rls/http2.rs); Sluice's ratio "
+  "to it is what its own work costs. *Sluice*: `sluiced "
   "--rls-port` on %s, the rules of one descriptor (remote_address, 1,000 a second). "
   "Scenarios: *hot*, one value (over its limit most of the time); *100k*, 100,000 values each "
   "under its limit; *4desc*, 4 descriptors a call. Generators: `sluice-rls-bench` (50 streams "
@@ -182,8 +195,8 @@ w("From `bash benches/rls.sh` (%d alternating rounds of %s s runs; this machine'
   "the server's utime + stime from /proc over the run. Each row is the round with the median "
   "floor / Sluice CPU ratio; all rounds' ratios follow it." % (rounds, run_s, plural(shards)))
 w("")
-w("| rls-threads | scenario | generator | floor calls/s | Sluice calls/s | calls/s, Sluice / floor | floor p99 | Sluice p99 | floor CPU/call | Sluice CPU/call | **CPU, floor / Sluice** (all rounds) |")
-w("|---:|---|---|---:|---:|---:|---:|---:|---:|---:|---|")
+w("| rls-threads | scenario | generator | floor calls/s | Sluice calls/s | calls/s, Sluice / floor | floor p99 | Sluice p99 | floor CPU/call | Sluice CPU/call | **CPU, floor / Sluice** (all rounds) | h2 floor CPU/call | CPU, h2 floor / Sluice (all rounds) |")
+w("|---:|---|---|---:|---:|---:|---:|---:|---:|---:|---|---:|---|")
 med = {}
 threads_seen = sorted({r["threads"] for r in runs})
 label = lambda t: "on the shard threads" if t == 0 else "%d thread(s)" % t
@@ -191,15 +204,17 @@ for threads in threads_seen:
     for scenario in ["hot", "100k", "4desc"]:
         for gen in ["sluice-rls-bench", "h2load"]:
             try:
-                (ratio, f, s), all_r = median_round(threads, scenario, gen)
+                (ratio, f, s, h), all_r, all_h = median_round(threads, scenario, gen)
             except IndexError:
                 continue
             med[(threads, scenario, gen)] = (ratio, f, s)
             p99 = lambda r: ("%d us" % r["p99_us"]) if "p99_us" in r else "-"
-            w("| %d | %s | %s | %s | %s | %.2f | %s | %s | %.1f us | %.1f us | **%.2f** (%s) |" % (
+            w("| %d | %s | %s | %s | %s | %.2f | %s | %s | %.1f us | %.1f us | **%.2f** (%s) | %s | %s |" % (
                 threads, scenario, gen, f"{f['calls_per_s']:,.0f}", f"{s['calls_per_s']:,.0f}",
                 s["calls_per_s"] / f["calls_per_s"], p99(f), p99(s), f["cpu_us_per_call"],
-                s["cpu_us_per_call"], ratio, ", ".join("%.2f" % x for x in all_r)))
+                s["cpu_us_per_call"], ratio, ", ".join("%.2f" % x for x in all_r),
+                "%.1f us" % h["cpu_us_per_call"] if h else "-",
+                ("%.2f (%s)" % (h["cpu_us_per_call"] / s["cpu_us_per_call"], ", ".join("%.2f" % x for x in all_h))) if h else "-"))
 w("")
 one = med.get((1, "100k", "sluice-rls-bench"))
 four = med.get((1, "4desc", "sluice-rls-bench"))
