@@ -549,12 +549,15 @@ async fn half_sent_calls_hold_at_most_the_rate_limit_buffer_budget() {
     assert!(said.contains("auth: ok"));
 }
 
-/// Sends one call to the rate limit port at `path` with the token, its
-/// message cut short (`partial_message`), `grpc-timeout` if given; the
-/// `grpc-status` it ends with and how long that took.
-async fn cut_short_call(
+/// Sends one call to the rate limit port at `path` with the token: `body`
+/// as its DATA (ending the stream if `end`), `grpc-timeout` if given.
+/// Returns the `grpc-status` it ends with (from a trailers-only answer's
+/// headers, else from the trailers) and how long that took.
+async fn raw_call(
     addr: std::net::SocketAddr,
     path: &str,
+    body: bytes::Bytes,
+    end: bool,
     grpc_timeout: Option<&str>,
 ) -> (String, std::time::Duration) {
     let tcp = tokio::net::TcpStream::connect(addr).await.unwrap();
@@ -572,21 +575,100 @@ async fn cut_short_call(
     let start = std::time::Instant::now();
     let mut client = client.ready().await.unwrap();
     let (response, mut send) = client
-        .send_request(request.body(()).unwrap(), false)
+        .send_request(request.body(()).unwrap(), body.is_empty() && end)
         .unwrap();
-    send.send_data(partial_message(1_000, 10), false).unwrap();
-    let response = tokio::time::timeout(std::time::Duration::from_secs(20), response)
+    if !body.is_empty() {
+        send.send_data(body, end).unwrap();
+    }
+    let answered = async {
+        let response = response.await.unwrap();
+        let status =
+            |h: &http::HeaderMap| h.get("grpc-status").map(|v| v.to_str().unwrap().to_owned());
+        if let Some(s) = status(response.headers()) {
+            return s;
+        }
+        let mut body = response.into_body();
+        while let Some(data) = body.data().await {
+            let _ = body.flow_control().release_capacity(data.unwrap().len());
+        }
+        let trailers = body.trailers().await.unwrap().unwrap_or_default();
+        status(&trailers).unwrap_or_default()
+    };
+    let status = tokio::time::timeout(std::time::Duration::from_secs(20), answered)
         .await
-        .expect("an answer within 20 s")
-        .unwrap();
-    // A refusal is trailers-only: the status is in the headers.
-    let status = response
-        .headers()
-        .get("grpc-status")
-        .map(|v| v.to_str().unwrap().to_owned())
-        .unwrap_or_default();
+        .expect("an answer within 20 s");
     drop(send);
     (status, start.elapsed())
+}
+
+/// A gRPC message: its 5-byte prefix (`flag`, the length of `message`)
+/// and `message`.
+fn grpc_message(flag: u8, message: &[u8]) -> Vec<u8> {
+    let mut body = vec![flag];
+    body.extend_from_slice(&(message.len() as u32).to_be_bytes());
+    body.extend_from_slice(message);
+    body
+}
+
+/// A call that does not carry one well-formed ShouldRateLimit message
+/// gets gRPC's typed answer, and the port answers the next call as
+/// before: a message declared past 64 KiB is RESOURCE_EXHAUSTED (8) as
+/// soon as its prefix arrives; a compressed one UNIMPLEMENTED (12); no
+/// message, a message cut short, bytes that are not the protobuf, or two
+/// messages in a unary call INTERNAL (13).
+#[tokio::test]
+async fn a_rate_limit_call_without_one_well_formed_message_gets_a_typed_error() {
+    let server = rls_node(&["--shards", "1"]);
+    let addr = server.rls_addr.unwrap();
+    let path = "/envoy.service.ratelimit.v3.RateLimitService/ShouldRateLimit";
+    // RateLimitRequest { domain: "edge_proxy_per_ip", descriptors: [
+    // (remote_address, 10.0.0.1)] }, encoded by hand (tests/rls/rules:
+    // 10 a second).
+    let entry = [&[0x0a, 14][..], b"remote_address", &[0x12, 8], b"10.0.0.1"].concat();
+    let descriptor = [&[0x0a, entry.len() as u8][..], &entry].concat();
+    let domain = b"edge_proxy_per_ip";
+    let request = [
+        &[0x0a, domain.len() as u8][..],
+        domain,
+        &[0x12, descriptor.len() as u8],
+        &descriptor,
+    ]
+    .concat();
+    let good = grpc_message(0, &request);
+    let call = |body: Vec<u8>, end: bool| raw_call(addr, path, body.into(), end, None);
+    assert_eq!(call(good.clone(), true).await.0, "0", "a well-formed call");
+
+    let mut oversized = grpc_message(0, &[]);
+    oversized[1..5].copy_from_slice(&(64u32 << 10 | 1).to_be_bytes());
+    assert_eq!(call(oversized, false).await.0, "8", "declared past 64 KiB");
+    assert_eq!(
+        call(grpc_message(1, &request), true).await.0,
+        "12",
+        "compressed"
+    );
+    assert_eq!(call(Vec::new(), true).await.0, "13", "no message");
+    assert_eq!(
+        call(good[..good.len() - 3].to_vec(), true).await.0,
+        "13",
+        "cut short"
+    );
+    assert_eq!(
+        call(grpc_message(0, &[0xff; 9]), true).await.0,
+        "13",
+        "not the protobuf"
+    );
+    assert_eq!(
+        call([&good[..], &good].concat(), true).await.0,
+        "13",
+        "two messages"
+    );
+
+    assert_eq!(call(good, true).await.0, "0", "the port answers as before");
+    let scrape = tokio::task::spawn_blocking(move || scrape(&server))
+        .await
+        .unwrap();
+    let buffered = sluice_tests::support::metric_sample(&scrape, "sluice_rls_buffered_bytes");
+    assert_eq!(buffered, 0.0, "{scrape}");
 }
 
 /// A call whose message never completes ends DEADLINE_EXCEEDED (gRPC's
@@ -598,10 +680,11 @@ async fn a_rate_limit_call_ends_at_its_deadline_and_only_should_rate_limit_is_se
     let server = rls_node(&["--shards", "1", "--rls-request-timeout-ms", "1500"]);
     let addr = server.rls_addr.unwrap();
     let path = "/envoy.service.ratelimit.v3.RateLimitService/ShouldRateLimit";
-    let (status, took) = cut_short_call(addr, path, None).await;
+    let cut_short = || partial_message(1_000, 10);
+    let (status, took) = raw_call(addr, path, cut_short(), false, None).await;
     assert_eq!(status, "4", "a half-sent call past the server's deadline");
     assert!(took >= std::time::Duration::from_millis(1_500), "{took:?}");
-    let (status, took) = cut_short_call(addr, path, Some("200m")).await;
+    let (status, took) = raw_call(addr, path, cut_short(), false, Some("200m")).await;
     assert_eq!(status, "4", "a half-sent call past its own grpc-timeout");
     assert!(
         took >= std::time::Duration::from_millis(200)
@@ -609,7 +692,7 @@ async fn a_rate_limit_call_ends_at_its_deadline_and_only_should_rate_limit_is_se
         "the call's own 200 ms wins over the server's 1,500: {took:?}"
     );
     let other = "/envoy.service.ratelimit.v2.RateLimitService/ShouldRateLimit";
-    let (status, _) = cut_short_call(addr, other, None).await;
+    let (status, _) = raw_call(addr, other, cut_short(), false, None).await;
     assert_eq!(status, "12", "another method");
     // The calls gave their bytes back before they were answered.
     let scrape = tokio::task::spawn_blocking(move || scrape(&server))
