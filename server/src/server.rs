@@ -460,7 +460,7 @@ struct RlsStart {
     /// `--rls-config`'s rules, checked.
     rules: crate::rls::rules::Rules,
     /// `--rls-tls-cert` and `--rls-tls-key`, read and checked.
-    tls: Option<crate::rls::Tls>,
+    tls: Option<crate::stream::Acceptor>,
 }
 
 #[cfg(feature = "rls")]

@@ -246,7 +246,8 @@ fn read_pem(flag: &str, path: &Path) -> Result<Vec<u8>, String> {
     std::fs::read(path).map_err(|e| format!("--{flag} {}: {e}", path.display()))
 }
 
-/// The server side of `--tls-port`: the certificate and key, loaded.
+/// A TLS server's certificate and key, loaded (`--tls-port`'s, the rate
+/// limit port's).
 #[derive(Clone)]
 pub struct Acceptor(tokio_rustls::TlsAcceptor);
 
@@ -257,6 +258,19 @@ impl std::fmt::Debug for Acceptor {
 }
 
 impl Acceptor {
+    /// An acceptor of `config`.
+    pub fn new(config: rustls::ServerConfig) -> Acceptor {
+        Acceptor(tokio_rustls::TlsAcceptor::from(Arc::new(config)))
+    }
+
+    /// The TLS handshake over `io` (a stream of another port's own kind).
+    pub async fn accept_io<IO>(&self, io: IO) -> io::Result<tokio_rustls::server::TlsStream<IO>>
+    where
+        IO: tokio::io::AsyncRead + tokio::io::AsyncWrite + Unpin,
+    {
+        self.0.accept(io).await
+    }
+
     /// The TLS handshake on a freshly accepted socket.
     pub async fn accept(&self, stream: TcpStream) -> io::Result<Stream> {
         let session = self.0.accept(Socket::new(stream)).await?;
@@ -283,8 +297,11 @@ impl std::fmt::Debug for ReplicaTls {
 /// The server side of `--tls-port`: `--tls-cert` (a PEM chain) and
 /// `--tls-key` (PKCS#8, PKCS#1 or SEC1), read and checked at start.
 pub fn acceptor(cert: &Path, key: &Path) -> Result<Acceptor, String> {
-    let config = server_config(["tls-cert", "tls-key"], cert, key)?;
-    Ok(Acceptor(tokio_rustls::TlsAcceptor::from(Arc::new(config))))
+    Ok(Acceptor::new(server_config(
+        ["tls-cert", "tls-key"],
+        cert,
+        key,
+    )?))
 }
 
 /// A TLS server's configuration from the certificate chain and key of

@@ -30,7 +30,6 @@ use std::sync::Arc;
 use std::task::{Context, Poll};
 use std::time::{Duration, Instant};
 
-use futures_util::Stream;
 use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
 use tokio::net::{TcpListener, TcpStream};
 use tokio::time::Sleep;
@@ -96,8 +95,8 @@ impl Gate {
         // authenticated before.
         let failures = &self.node.auth_failures;
         let now = Instant::now();
-        let ip = peer.remote.map(|a| a.ip());
-        if let Some(wait) = ip.and_then(|ip| failures.blocked(ip, now)) {
+        let ip = peer.remote.ip();
+        if let Some(wait) = failures.blocked(ip, now) {
             self.stats.unauthenticated.fetch_add(1, Ordering::Relaxed);
             return Err(tonic::Status::unauthenticated(format!(
                 "too many failed authentications from this address; retry in {} ms",
@@ -117,9 +116,7 @@ impl Gate {
             .strip_prefix(b"Bearer ")
             .is_some_and(|t| constant_time_eq(token, t));
         if !ok {
-            if let Some(ip) = ip {
-                failures.failed(ip, now);
-            }
+            failures.failed(ip, now);
             self.stats.unauthenticated.fetch_add(1, Ordering::Relaxed);
             return Err(tonic::Status::unauthenticated("the token is wrong"));
         }
@@ -181,11 +178,15 @@ impl Incoming {
     }
 }
 
-impl Stream for Incoming {
-    type Item = io::Result<Conn>;
+impl Incoming {
+    /// The next connection under the cap (a failed accept, out of
+    /// descriptors, is logged and retried after a pause).
+    pub async fn accept(&mut self) -> Conn {
+        std::future::poll_fn(|cx| self.poll_accept(cx)).await
+    }
 
-    fn poll_next(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Option<Self::Item>> {
-        let this = self.get_mut();
+    fn poll_accept(&mut self, cx: &mut Context<'_>) -> Poll<Conn> {
+        let this = self;
         loop {
             if let Some(b) = this.backoff.as_mut() {
                 std::task::ready!(b.as_mut().poll(cx));
@@ -218,16 +219,16 @@ impl Stream for Incoming {
             } else {
                 (Phase::Idle, gate.idle_timeout)
             };
-            return Poll::Ready(Some(Ok(Conn {
+            return Poll::Ready(Conn {
                 stream,
                 peer: Peer {
-                    remote: Some(remote),
+                    remote,
                     authed: Arc::new(AtomicBool::new(gate.token.is_none())),
                 },
                 phase,
                 deadline: first.map(|d| Box::pin(tokio::time::sleep(d))),
                 gate: gate.clone(),
-            })));
+            });
         }
     }
 }
@@ -236,7 +237,7 @@ impl Stream for Incoming {
 #[derive(Debug, Clone)]
 pub struct Peer {
     /// Its address.
-    pub remote: Option<SocketAddr>,
+    pub remote: SocketAddr,
     /// Whether a call of this connection carried the token.
     authed: Arc<AtomicBool>,
 }

@@ -53,20 +53,18 @@ const PATH: &str = "/envoy.service.ratelimit.v3.RateLimitService/ShouldRateLimit
 /// gRPC's message prefix: a compressed flag and a 4-byte length.
 const PREFIX_BYTES: usize = 5;
 
-/// Serves the port's connections on this thread until the listener fails.
+/// Serves the port's connections on this thread, for as long as the
+/// process runs.
 pub(super) async fn serve(listener: TcpListener, rls: Arc<Rls>, gate: Arc<Gate>) {
     let timeout = Duration::from_millis(rls.node.config.rls_request_timeout_ms);
     let mut incoming = Incoming::new(listener, gate.clone());
     loop {
-        let next = std::future::poll_fn(|cx| Pin::new(&mut incoming).poll_next(cx)).await;
-        let Some(Ok(conn)) = next else {
-            return;
-        };
+        let conn = incoming.accept().await;
         let (rls, gate) = (rls.clone(), gate.clone());
         tokio::spawn(async move {
             let peer = conn.peer();
-            match rls.tls.clone() {
-                Some(tls) => match tls.0.accept(conn).await {
+            match &rls.tls {
+                Some(tls) => match tls.accept_io(conn).await {
                     Ok(stream) => connection(stream, &rls, &gate, &peer, timeout).await,
                     Err(e) => {
                         tracing::debug!(peer = ?peer.remote, error = %e, "rate limit service TLS handshake failed")

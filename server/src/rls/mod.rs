@@ -85,7 +85,7 @@ pub struct Rls {
     rules: RwLock<Arc<Rules>>,
     headers: RlsHeaders,
     /// The port's TLS (`--rls-tls-cert`), checked at start.
-    tls: Option<Tls>,
+    tls: Option<crate::stream::Acceptor>,
     /// The port's counters (`/metrics`).
     stats: Arc<guard::RlsStats>,
 }
@@ -97,7 +97,7 @@ impl Rls {
         node: Arc<Node>,
         clock: MonotonicClock,
         rules: Rules,
-        tls: Option<Tls>,
+        tls: Option<crate::stream::Acceptor>,
         stats: Arc<guard::RlsStats>,
     ) -> Rls {
         tracing::info!(
@@ -152,21 +152,13 @@ impl Rls {
 /// The TLS of `--rls-tls-cert` and `--rls-tls-key`, read and checked (a
 /// certificate and key rustls accepts); HTTP/2 offered by ALPN, as gRPC
 /// clients ask.
-pub fn load_tls(cert: &std::path::Path, key: &std::path::Path) -> Result<Tls, String> {
+pub fn load_tls(
+    cert: &std::path::Path,
+    key: &std::path::Path,
+) -> Result<crate::stream::Acceptor, String> {
     let mut config = crate::stream::server_config(["rls-tls-cert", "rls-tls-key"], cert, key)?;
     config.alpn_protocols = vec![b"h2".to_vec()];
-    Ok(Tls(tokio_rustls::TlsAcceptor::from(Arc::new(config))))
-}
-
-/// The port's TLS (`--rls-tls-cert`, `--rls-tls-key`): rustls, HTTP/2
-/// offered by ALPN.
-#[derive(Clone)]
-pub struct Tls(tokio_rustls::TlsAcceptor);
-
-impl std::fmt::Debug for Tls {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.write_str("Tls")
-    }
+    Ok(crate::stream::Acceptor::new(config))
 }
 
 /// Serves the rate limit service on `listener` from `threads` threads, each
