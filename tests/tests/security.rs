@@ -561,9 +561,27 @@ async fn raw_call(
     end: bool,
     grpc_timeout: Option<&str>,
 ) -> (String, String, std::time::Duration) {
+    let client = h2_connection(addr).await;
+    call_on(client, addr, path, body, end, grpc_timeout).await
+}
+
+/// A new HTTP/2 connection to the rate limit port at `addr`.
+async fn h2_connection(addr: std::net::SocketAddr) -> h2::client::SendRequest<bytes::Bytes> {
     let tcp = tokio::net::TcpStream::connect(addr).await.unwrap();
     let (client, connection) = h2::client::handshake(tcp).await.unwrap();
     tokio::spawn(connection);
+    client
+}
+
+/// [`raw_call`] on an open connection (`client`).
+async fn call_on(
+    client: h2::client::SendRequest<bytes::Bytes>,
+    addr: std::net::SocketAddr,
+    path: &str,
+    body: bytes::Bytes,
+    end: bool,
+    grpc_timeout: Option<&str>,
+) -> (String, String, std::time::Duration) {
     let mut request = http::Request::builder()
         .method("POST")
         .uri(format!("http://{addr}{path}"))
@@ -649,19 +667,7 @@ async fn a_rate_limit_call_without_one_well_formed_message_gets_a_typed_error() 
     let server = rls_node(&["--shards", "1"]);
     let addr = server.rls_addr.unwrap();
     let path = "/envoy.service.ratelimit.v3.RateLimitService/ShouldRateLimit";
-    // RateLimitRequest { domain: "edge_proxy_per_ip", descriptors: [
-    // (remote_address, 10.0.0.1)] }, encoded by hand (tests/rls/rules:
-    // 10 a second).
-    let entry = [&[0x0a, 14][..], b"remote_address", &[0x12, 8], b"10.0.0.1"].concat();
-    let descriptor = [&[0x0a, entry.len() as u8][..], &entry].concat();
-    let domain = b"edge_proxy_per_ip";
-    let request = [
-        &[0x0a, domain.len() as u8][..],
-        domain,
-        &[0x12, descriptor.len() as u8],
-        &descriptor,
-    ]
-    .concat();
+    let request = well_formed_request();
     let good = grpc_message(0, &request);
     let call = |body: Vec<u8>, end: bool| raw_call(addr, path, body.into(), end, None);
     assert_eq!(call(good.clone(), true).await.0, "0", "a well-formed call");
@@ -718,6 +724,63 @@ async fn a_rate_limit_call_ends_at_its_deadline_and_only_should_rate_limit_is_se
     let (status, _, _) = raw_call(addr, other, cut_short(), false, None).await;
     assert_eq!(status, "12", "another method");
     // The calls gave their bytes back before they were answered.
+    assert_nothing_buffered(server).await;
+}
+
+/// RateLimitRequest { domain: "edge_proxy_per_ip", descriptors: [
+/// (remote_address, 10.0.0.1)] }, encoded by hand (tests/rls/rules: 10 a
+/// second).
+fn well_formed_request() -> Vec<u8> {
+    let entry = [&[0x0a, 14][..], b"remote_address", &[0x12, 8], b"10.0.0.1"].concat();
+    let descriptor = [&[0x0a, entry.len() as u8][..], &entry].concat();
+    let domain = b"edge_proxy_per_ip";
+    [
+        &[0x0a, domain.len() as u8][..],
+        domain,
+        &[0x12, descriptor.len() as u8],
+        &descriptor,
+    ]
+    .concat()
+}
+
+/// Calls sharing a connection each end at their own deadline, whichever
+/// order they came in, while the connection's other calls are answered
+/// (the connection keeps one timer for all: http2.rs's `Deadlines`).
+#[tokio::test]
+async fn calls_on_one_connection_each_end_at_their_own_deadline() {
+    let server = rls_node(&["--shards", "1", "--rls-request-timeout-ms", "1200"]);
+    let addr = server.rls_addr.unwrap();
+    let path = "/envoy.service.ratelimit.v3.RateLimitService/ShouldRateLimit";
+    let good = bytes::Bytes::from(grpc_message(0, &well_formed_request()));
+    let half = || partial_message(1_000, 10);
+    let client = h2_connection(addr).await;
+    // The server's deadline first, then a shorter one of the call's own:
+    // the timer is brought forward, and re-armed for the first once the
+    // second has ended. Then the other order, on the same connection.
+    for (first, second) in [(None, Some("300m")), (Some("300m"), Some("900m"))] {
+        let long = call_on(client.clone(), addr, path, half(), false, first);
+        let short = call_on(client.clone(), addr, path, half(), false, second);
+        let answered = call_on(client.clone(), addr, path, good.clone(), true, None);
+        let (a, b, ok) = tokio::join!(long, short, answered);
+        assert_eq!(ok.0, "0", "a well-formed call beside them: {ok:?}");
+        assert!(ok.2 < std::time::Duration::from_millis(300), "{ok:?}");
+        for ((status, message, took), timeout) in [(a, first), (b, second)] {
+            let ms: u64 = timeout.map_or(1200, |t| t.trim_end_matches('m').parse().unwrap());
+            assert_eq!(status, "4", "{message}");
+            assert!(message.contains(&format!("{ms} ms")), "{message}");
+            assert!(
+                took >= std::time::Duration::from_millis(ms),
+                "{took:?} < {ms} ms"
+            );
+            // Not held for another call's deadline (a generous bound: the
+            // host is shared).
+            let late = took - std::time::Duration::from_millis(ms);
+            assert!(
+                late < std::time::Duration::from_millis(250),
+                "{ms} ms took {took:?}"
+            );
+        }
+    }
     assert_nothing_buffered(server).await;
 }
 

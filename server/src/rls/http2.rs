@@ -18,7 +18,10 @@
 //!   [`MESSAGE_BYTES_MAX`]), decoded by prost into envoy-types' request;
 //! - the whole call (reading its message included) runs under
 //!   `--rls-request-timeout-ms`, or the client's `grpc-timeout` if sooner:
-//!   past it, DEADLINE_EXCEEDED;
+//!   past it, DEADLINE_EXCEEDED. One timer a connection keeps the
+//!   deadlines ([`Deadlines`]), not one a call: registering a tokio timer
+//!   wrote to the thread's own eventfd whenever the runtime had last
+//!   parked with none pending, 0.5-0.7 writes a call (benches/notes.md);
 //! - the answer is HEADERS, one DATA and the `grpc-status: 0` trailers; a
 //!   refusal is a trailers-only response (`grpc-status`, `grpc-message`),
 //!   as tonic writes it.
@@ -27,9 +30,10 @@
 //! streams, the stream and connection windows, the header list size and
 //! the pending resets.
 
+use std::future::Future;
 use std::pin::Pin;
 use std::sync::Arc;
-use std::task::Poll;
+use std::task::{Context, Poll, Waker};
 use std::time::Duration;
 
 use bytes::{Buf, Bytes, BytesMut};
@@ -41,6 +45,7 @@ use h2::RecvStream;
 use prost::Message;
 use tokio::io::{AsyncRead, AsyncWrite};
 use tokio::net::TcpListener;
+use tokio::time::{Instant, Sleep};
 use tonic::Status;
 
 use super::guard::{
@@ -96,6 +101,7 @@ where
         }
     };
     let mut calls = FuturesUnordered::new();
+    let mut deadlines = Deadlines::new();
     // Accepting calls, and whether the connection can still be driven.
     let (mut open, mut alive) = (true, true);
     std::future::poll_fn(|cx| loop {
@@ -105,7 +111,12 @@ where
         while open {
             match h2.poll_accept(cx) {
                 Poll::Ready(Some(Ok((request, respond)))) => {
-                    calls.push(call(rls, gate, peer, timeout, request, respond));
+                    let timeout = client_timeout(request.headers())
+                        .map_or(timeout, |t| t.min(timeout));
+                    let deadline = Instant::now() + timeout;
+                    deadlines.arm(deadline);
+                    let answer = answer(rls, gate, peer, request);
+                    calls.push(Call::new(answer, respond, deadline, timeout, peer));
                     accepted = true;
                 }
                 Poll::Ready(Some(Err(e))) => {
@@ -121,6 +132,8 @@ where
             // answering are driven here until the connection closes.
             alive = false;
         }
+        // Calls past their deadline are woken to answer so.
+        deadlines.poll_sweep(cx, &mut calls);
         let mut finished = false;
         while let Poll::Ready(Some(())) = Pin::new(&mut calls).poll_next(cx) {
             finished = true;
@@ -137,30 +150,149 @@ where
     .await;
 }
 
-/// One call, answered (or refused) on its stream.
-async fn call(
-    rls: &Rls,
-    gate: &Gate,
-    peer: &Peer,
-    timeout: Duration,
-    request: http::Request<RecvStream>,
-    mut respond: SendResponse<Bytes>,
-) {
-    let sent = match answer(rls, gate, peer, timeout, request).await {
-        Ok(response) => send_ok(&mut respond, &response),
-        Err(status) => send_status(&mut respond, status),
-    };
-    if let Err(e) = sent {
-        tracing::debug!(peer = ?peer.remote, error = %e, "rate limit service answer not sent");
+/// The connection's one timer for its calls' deadlines: armed at the
+/// earliest deadline it knows of, it sweeps the calls when it fires,
+/// expiring those past theirs, and re-arms at the earliest left. Calls
+/// answered before their deadline are not taken out: a sweep finds them
+/// gone. Under steady load, with one `--rls-request-timeout-ms` for all,
+/// it is re-armed about once a timeout, where a timer a call registered
+/// and removed a tokio timer every call.
+struct Deadlines {
+    sleep: Pin<Box<Sleep>>,
+    /// The deadline `sleep` is set to, while it matters.
+    armed: Option<Instant>,
+}
+
+impl Deadlines {
+    fn new() -> Deadlines {
+        // Registered with the runtime's timer only once armed and polled.
+        let sleep = Box::pin(tokio::time::sleep_until(Instant::now()));
+        Deadlines { sleep, armed: None }
+    }
+
+    /// A call with `deadline` has started: the timer fires by then.
+    fn arm(&mut self, deadline: Instant) {
+        if self.armed.map_or(true, |armed| deadline < armed) {
+            self.sleep.as_mut().reset(deadline);
+            self.armed = Some(deadline);
+        }
+    }
+
+    /// Expires the calls past their deadline when the timer has fired, and
+    /// re-arms it; leaves it registered to wake `cx` while armed.
+    fn poll_sweep<F>(&mut self, cx: &mut Context<'_>, calls: &mut FuturesUnordered<Call<'_, F>>)
+    where
+        F: Future<Output = Result<RateLimitResponse, Status>>,
+    {
+        while self.armed.is_some() && self.sleep.as_mut().poll(cx).is_ready() {
+            let now = Instant::now();
+            self.armed = None;
+            let next = Pin::new(&mut *calls)
+                .iter_pin_mut()
+                .filter_map(|call| call.expire_by(now))
+                .min();
+            if let Some(next) = next {
+                self.arm(next);
+            }
+        }
     }
 }
 
-/// The call's answer, or the status that refuses it.
+pin_project_lite::pin_project! {
+    /// One call: its answer under way and the stream the answer goes out
+    /// on. Past its deadline ([`Deadlines`] says so) the answer is dropped
+    /// unfinished and the call answers DEADLINE_EXCEEDED.
+    struct Call<'p, F> {
+        #[pin]
+        answer: F,
+        respond: SendResponse<Bytes>,
+        deadline: Instant,
+        // For the refusal's message.
+        timeout: Duration,
+        expired: bool,
+        // What wakes the call when it expires: the waker of its last poll.
+        waker: Option<Waker>,
+        peer: &'p Peer,
+    }
+}
+
+impl<'p, F> Call<'p, F> {
+    fn new(
+        answer: F,
+        respond: SendResponse<Bytes>,
+        deadline: Instant,
+        timeout: Duration,
+        peer: &'p Peer,
+    ) -> Self {
+        Call {
+            answer,
+            respond,
+            deadline,
+            timeout,
+            expired: false,
+            waker: None,
+            peer,
+        }
+    }
+
+    /// Expires the call (and wakes it to answer so) if its deadline is
+    /// past at `now`; else its deadline.
+    fn expire_by(self: Pin<&mut Self>, now: Instant) -> Option<Instant> {
+        let this = self.project();
+        if *this.deadline > now {
+            return Some(*this.deadline);
+        }
+        *this.expired = true;
+        if let Some(waker) = this.waker.take() {
+            waker.wake();
+        }
+        None
+    }
+}
+
+impl<F> Future for Call<'_, F>
+where
+    F: Future<Output = Result<RateLimitResponse, Status>>,
+{
+    type Output = ();
+
+    fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<()> {
+        let this = self.project();
+        let answered = if *this.expired {
+            // DEADLINE_EXCEEDED, as gRPC's spec and docs/ENVOY.md say
+            // (tonic's server answered CANCELLED).
+            Err(Status::deadline_exceeded(format!(
+                "no answer within {} ms (--rls-request-timeout-ms, or the call's grpc-timeout)",
+                this.timeout.as_millis()
+            )))
+        } else {
+            match this.answer.poll(cx) {
+                Poll::Ready(answered) => answered,
+                Poll::Pending => {
+                    if !this.waker.as_ref().is_some_and(|w| w.will_wake(cx.waker())) {
+                        *this.waker = Some(cx.waker().clone());
+                    }
+                    return Poll::Pending;
+                }
+            }
+        };
+        let sent = match answered {
+            Ok(response) => send_ok(this.respond, &response),
+            Err(status) => send_status(this.respond, status),
+        };
+        if let Err(e) = sent {
+            tracing::debug!(peer = ?this.peer.remote, error = %e, "rate limit service answer not sent");
+        }
+        Poll::Ready(())
+    }
+}
+
+/// The call's answer, or the status that refuses it (its deadline is the
+/// [`Call`]'s).
 async fn answer(
     rls: &Rls,
     gate: &Gate,
     peer: &Peer,
-    timeout: Duration,
     request: http::Request<RecvStream>,
 ) -> Result<RateLimitResponse, Status> {
     if request.uri().path() != PATH {
@@ -171,21 +303,8 @@ async fn answer(
     // Refused here, the message is never read: dropping it resets the
     // stream's sending side.
     gate.admit(request.headers(), peer)?;
-    let timeout = client_timeout(request.headers()).map_or(timeout, |t| t.min(timeout));
-    let body = request.into_body();
-    let work = async {
-        let request = read(gate, body).await?;
-        rls.decide_request(request).await
-    };
-    match tokio::time::timeout(timeout, work).await {
-        Ok(answered) => answered,
-        // DEADLINE_EXCEEDED, as gRPC's spec and docs/ENVOY.md say (tonic's
-        // server answered CANCELLED).
-        Err(_) => Err(Status::deadline_exceeded(format!(
-            "no answer within {} ms (--rls-request-timeout-ms, or the call's grpc-timeout)",
-            timeout.as_millis()
-        ))),
-    }
+    let request = read(gate, request.into_body()).await?;
+    rls.decide_request(request).await
 }
 
 /// The client's deadline (`grpc-timeout`: digits and a unit), if it gave
