@@ -561,8 +561,8 @@ async fn raw_call(
     end: bool,
     grpc_timeout: Option<&str>,
 ) -> (String, String, std::time::Duration) {
-    let client = h2_connection(addr).await;
-    call_on(client, addr, path, body, end, grpc_timeout).await
+    let request = grpc_request(addr, path, grpc_timeout);
+    call_on(h2_connection(addr).await, request, body, end).await
 }
 
 /// A new HTTP/2 connection to the rate limit port at `addr`.
@@ -573,15 +573,13 @@ async fn h2_connection(addr: std::net::SocketAddr) -> h2::client::SendRequest<by
     client
 }
 
-/// [`raw_call`] on an open connection (`client`).
-async fn call_on(
-    client: h2::client::SendRequest<bytes::Bytes>,
+/// A gRPC call's head for `path` at `addr`, with the token and
+/// `grpc-timeout` if given.
+fn grpc_request(
     addr: std::net::SocketAddr,
     path: &str,
-    body: bytes::Bytes,
-    end: bool,
     grpc_timeout: Option<&str>,
-) -> (String, String, std::time::Duration) {
+) -> http::Request<()> {
     let mut request = http::Request::builder()
         .method("POST")
         .uri(format!("http://{addr}{path}"))
@@ -591,10 +589,20 @@ async fn call_on(
     if let Some(t) = grpc_timeout {
         request = request.header("grpc-timeout", t);
     }
+    request.body(()).unwrap()
+}
+
+/// [`raw_call`] on an open connection (`client`), with its head made.
+async fn call_on(
+    client: h2::client::SendRequest<bytes::Bytes>,
+    request: http::Request<()>,
+    body: bytes::Bytes,
+    end: bool,
+) -> (String, String, std::time::Duration) {
     let start = std::time::Instant::now();
     let mut client = client.ready().await.unwrap();
     let (response, mut send) = client
-        .send_request(request.body(()).unwrap(), body.is_empty() && end)
+        .send_request(request, body.is_empty() && end)
         .unwrap();
     if !body.is_empty() {
         send.send_data(body, end).unwrap();
@@ -758,9 +766,10 @@ async fn calls_on_one_connection_each_end_at_their_own_deadline() {
     // the timer is brought forward, and re-armed for the first once the
     // second has ended. Then the other order, on the same connection.
     for (first, second) in [(None, Some("300m")), (Some("300m"), Some("900m"))] {
-        let long = call_on(client.clone(), addr, path, half(), false, first);
-        let short = call_on(client.clone(), addr, path, half(), false, second);
-        let answered = call_on(client.clone(), addr, path, good.clone(), true, None);
+        let head = |timeout| grpc_request(addr, path, timeout);
+        let long = call_on(client.clone(), head(first), half(), false);
+        let short = call_on(client.clone(), head(second), half(), false);
+        let answered = call_on(client.clone(), head(None), good.clone(), true);
         let (a, b, ok) = tokio::join!(long, short, answered);
         assert_eq!(ok.0, "0", "a well-formed call beside them: {ok:?}");
         assert!(ok.2 < std::time::Duration::from_millis(300), "{ok:?}");
