@@ -772,7 +772,8 @@ async fn calls_on_one_connection_each_end_at_their_own_deadline() {
         let answered = call_on(client.clone(), head(None), good.clone(), true);
         let (a, b, ok) = tokio::join!(long, short, answered);
         assert_eq!(ok.0, "0", "a well-formed call beside them: {ok:?}");
-        assert!(ok.2 < std::time::Duration::from_millis(300), "{ok:?}");
+        // Answered, not left to the server's deadline.
+        assert!(ok.2 < std::time::Duration::from_millis(1_000), "{ok:?}");
         for ((status, message, took), timeout) in [(a, first), (b, second)] {
             let ms: u64 = timeout.map_or(1200, |t| t.trim_end_matches('m').parse().unwrap());
             assert_eq!(status, "4", "{message}");
@@ -781,11 +782,11 @@ async fn calls_on_one_connection_each_end_at_their_own_deadline() {
                 took >= std::time::Duration::from_millis(ms),
                 "{took:?} < {ms} ms"
             );
-            // Not held for another call's deadline (a generous bound: the
-            // host is shared).
+            // Not held for another call's deadline, 900 ms later in the
+            // first order (a generous bound: the host is shared).
             let late = took - std::time::Duration::from_millis(ms);
             assert!(
-                late < std::time::Duration::from_millis(250),
+                late < std::time::Duration::from_millis(500),
                 "{ms} ms took {took:?}"
             );
         }
