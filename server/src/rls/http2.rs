@@ -155,8 +155,8 @@ where
 /// expiring those past theirs, and re-arms at the earliest left. Calls
 /// answered before their deadline are not taken out: a sweep finds them
 /// gone. Under steady load, with one `--rls-request-timeout-ms` for all,
-/// it is re-armed about once a timeout, where a timer a call registered
-/// and removed a tokio timer every call.
+/// it is re-armed about once a timeout; a timer of each call's own was
+/// registered and removed with every call.
 struct Deadlines {
     sleep: Pin<Box<Sleep>>,
     /// The deadline `sleep` is set to, while it matters.
