@@ -381,15 +381,23 @@ pub fn descriptor_key_into<'e>(
     domain: &str,
     entries: impl IntoIterator<Item = (&'e str, &'e str)>,
 ) {
+    // The runs between escapes are copied whole (a byte at a time, the
+    // push's capacity checks were most of a key's cost).
     fn push(out: &mut Vec<u8>, part: &str) {
-        for b in part.bytes() {
-            match b {
-                b'%' => out.extend_from_slice(b"%25"),
-                b'/' => out.extend_from_slice(b"%2F"),
-                b'=' => out.extend_from_slice(b"%3D"),
-                b => out.push(b),
-            }
+        let bytes = part.as_bytes();
+        let mut from = 0;
+        for (i, b) in bytes.iter().enumerate() {
+            let escaped: &[u8] = match b {
+                b'%' => b"%25",
+                b'/' => b"%2F",
+                b'=' => b"%3D",
+                _ => continue,
+            };
+            out.extend_from_slice(&bytes[from..i]);
+            out.extend_from_slice(escaped);
+            from = i + 1;
         }
+        out.extend_from_slice(&bytes[from..]);
     }
     out.clear();
     out.extend_from_slice(b"rls/");
@@ -912,5 +920,9 @@ mod tests {
             descriptor_key("d", [("a", "b")])
         );
         assert_eq!(descriptor_key("%", [("k", "")]), b"rls/%25/k=");
+        assert_eq!(
+            descriptor_key("a%b", [("/k/", "=v=w"), ("x", "y%")]),
+            b"rls/a%25b/%2Fk%2F=%3Dv%3Dw/x=y%25"
+        );
     }
 }
