@@ -81,7 +81,24 @@ pub struct RlsStats {
     /// Calls denied from a shard's published over-limit windows, with no
     /// hop to the shard (`--rls-over-limit-slots`).
     pub over_limit_denied: std::sync::atomic::AtomicU64,
+    /// Calls answered, by their overall code: OK, then OVER_LIMIT.
+    pub answered: [std::sync::atomic::AtomicU64; 2],
+    /// Calls ended with a gRPC error status, by its code (1-16).
+    pub errors: [std::sync::atomic::AtomicU64; 17],
 }
+
+/// The gRPC statuses the rate limit port ends calls with, by code: the
+/// series `sluice_rls_call_errors_total` always has.
+pub const RLS_ERROR_STATUSES: [(usize, &str); 8] = [
+    (1, "CANCELLED"),
+    (3, "INVALID_ARGUMENT"),
+    (4, "DEADLINE_EXCEEDED"),
+    (8, "RESOURCE_EXHAUSTED"),
+    (12, "UNIMPLEMENTED"),
+    (13, "INTERNAL"),
+    (14, "UNAVAILABLE"),
+    (16, "UNAUTHENTICATED"),
+];
 
 /// Serves the admin endpoints on `listener` until the runtime stops:
 /// HTTP/1.1 on plain hyper, one task a connection.
@@ -414,6 +431,32 @@ fn rls_metrics(out: &mut String, rls: &RlsStats) {
     for (name, kind, help, v) in families {
         family(out, name, kind, help, &one(v));
     }
+    let answered = [("ok", 0), ("over_limit", 1)].map(|(code, i)| {
+        (
+            format!("code=\"{code}\""),
+            rls.answered[i].load(Relaxed).to_string(),
+        )
+    });
+    family(
+        out,
+        "sluice_rls_calls_total",
+        "counter",
+        "Rate limit calls answered, by their overall code.",
+        &answered,
+    );
+    let errors = RLS_ERROR_STATUSES.map(|(code, name)| {
+        (
+            format!("status=\"{name}\""),
+            rls.errors[code].load(Relaxed).to_string(),
+        )
+    });
+    family(
+        out,
+        "sluice_rls_call_errors_total",
+        "counter",
+        "Rate limit calls ended with a gRPC error status instead of an answer (Envoy's failure_mode_deny decides them), by status.",
+        &errors,
+    );
 }
 
 /// An entry point's forwarding (`--cluster`): requests by destination

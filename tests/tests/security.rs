@@ -706,7 +706,69 @@ async fn a_rate_limit_call_without_one_well_formed_message_gets_a_typed_error() 
     );
 
     assert_eq!(call(good, true).await.0, "0", "the port answers as before");
+    // Each refusal is counted by its status, the answers by their code.
+    assert_call_counts(
+        &server,
+        &[
+            ("sluice_rls_call_errors_total{status=\"INTERNAL\"}", 4.0),
+            (
+                "sluice_rls_call_errors_total{status=\"RESOURCE_EXHAUSTED\"}",
+                1.0,
+            ),
+            (
+                "sluice_rls_call_errors_total{status=\"UNIMPLEMENTED\"}",
+                1.0,
+            ),
+            (
+                "sluice_rls_call_errors_total{status=\"DEADLINE_EXCEEDED\"}",
+                0.0,
+            ),
+            ("sluice_rls_calls_total{code=\"ok\"}", 2.0),
+            ("sluice_rls_calls_total{code=\"over_limit\"}", 0.0),
+        ],
+    )
+    .await;
     assert_nothing_buffered(server).await;
+}
+
+/// The port counts its answers by their overall code: 12 calls at once
+/// for a descriptor of 5 a day (tests/rls/rules/sluice.yaml).
+#[tokio::test]
+async fn rate_limit_answers_are_counted_by_their_code() {
+    let server = rls_node(&["--shards", "1"]);
+    let addr = server.rls_addr.unwrap();
+    let path = "/envoy.service.ratelimit.v3.RateLimitService/ShouldRateLimit";
+    let request = one_descriptor_request(b"sluice", b"a", b"counted");
+    let body = bytes::Bytes::from(grpc_message(0, &request));
+    let client = h2_connection(addr).await;
+    let mut calls = tokio::task::JoinSet::new();
+    for _ in 0..12 {
+        let call = call_on(
+            client.clone(),
+            grpc_request(addr, path, None),
+            body.clone(),
+            true,
+        );
+        calls.spawn(call);
+    }
+    while let Some(answer) = calls.join_next().await {
+        assert_eq!(answer.unwrap().0, "0", "answered");
+    }
+    assert_call_counts(
+        &server,
+        &[
+            ("sluice_rls_calls_total{code=\"ok\"}", 5.0),
+            ("sluice_rls_calls_total{code=\"over_limit\"}", 7.0),
+        ],
+    )
+    .await;
+}
+
+/// Asserts each series of `/metrics` reaches its count and stays there.
+async fn assert_call_counts(server: &Sluiced, counts: &[(&str, f64)]) {
+    for (series, n) in counts {
+        assert_eq!(metric_reaches(server, series, *n).await, *n, "{series}");
+    }
 }
 
 /// A call whose message never completes ends DEADLINE_EXCEEDED (gRPC's
@@ -731,17 +793,42 @@ async fn a_rate_limit_call_ends_at_its_deadline_and_only_should_rate_limit_is_se
     let other = "/envoy.service.ratelimit.v2.RateLimitService/ShouldRateLimit";
     let (status, _, _) = raw_call(addr, other, cut_short(), false, None).await;
     assert_eq!(status, "12", "another method");
+    assert_call_counts(
+        &server,
+        &[
+            (
+                "sluice_rls_call_errors_total{status=\"DEADLINE_EXCEEDED\"}",
+                2.0,
+            ),
+            (
+                "sluice_rls_call_errors_total{status=\"UNIMPLEMENTED\"}",
+                1.0,
+            ),
+            ("sluice_rls_calls_total{code=\"ok\"}", 0.0),
+        ],
+    )
+    .await;
     // The calls gave their bytes back before they were answered.
     assert_nothing_buffered(server).await;
 }
 
 /// RateLimitRequest { domain: "edge_proxy_per_ip", descriptors: [
-/// (remote_address, 10.0.0.1)] }, encoded by hand (tests/rls/rules: 10 a
-/// second).
+/// (remote_address, 10.0.0.1)] } (tests/rls/rules: 10 a second).
 fn well_formed_request() -> Vec<u8> {
-    let entry = [&[0x0a, 14][..], b"remote_address", &[0x12, 8], b"10.0.0.1"].concat();
+    one_descriptor_request(b"edge_proxy_per_ip", b"remote_address", b"10.0.0.1")
+}
+
+/// A RateLimitRequest of `domain` with one descriptor of one entry,
+/// encoded by hand.
+fn one_descriptor_request(domain: &[u8], key: &[u8], value: &[u8]) -> Vec<u8> {
+    let entry = [
+        &[0x0a, key.len() as u8][..],
+        key,
+        &[0x12, value.len() as u8],
+        value,
+    ]
+    .concat();
     let descriptor = [&[0x0a, entry.len() as u8][..], &entry].concat();
-    let domain = b"edge_proxy_per_ip";
     [
         &[0x0a, domain.len() as u8][..],
         domain,

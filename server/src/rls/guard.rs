@@ -62,6 +62,19 @@ pub struct Gate {
 }
 
 impl Gate {
+    /// Counts a call's end: its answer's overall code, or the status that
+    /// refused it.
+    pub(super) fn count(&self, ended: Result<bool, tonic::Code>) {
+        let counter = match ended {
+            Ok(over_limit) => &self.stats.answered[usize::from(over_limit)],
+            Err(code) => match self.stats.errors.get(code as usize) {
+                Some(counter) => counter,
+                None => return,
+            },
+        };
+        counter.fetch_add(1, Ordering::Relaxed);
+    }
+
     /// The gate of `node`'s rate limit port, from its configuration.
     pub fn new(node: Arc<Node>, stats: Arc<RlsStats>) -> Arc<Gate> {
         let c = &node.config;

@@ -116,7 +116,7 @@ where
                     let deadline = Instant::now() + timeout;
                     deadlines.arm(deadline);
                     let answer = answer(rls, gate, peer, request);
-                    calls.push(Call::new(answer, respond, deadline, timeout, peer));
+                    calls.push(Call::new(answer, respond, deadline, timeout, (gate, peer)));
                     accepted = true;
                 }
                 Poll::Ready(Some(Err(e))) => {
@@ -212,6 +212,7 @@ pin_project_lite::pin_project! {
         expired: bool,
         // What wakes the call when it expires: the waker of its last poll.
         waker: Option<Waker>,
+        gate: &'p Gate,
         peer: &'p Peer,
     }
 }
@@ -222,7 +223,7 @@ impl<'p, F> Call<'p, F> {
         respond: SendResponse<Bytes>,
         deadline: Instant,
         timeout: Duration,
-        peer: &'p Peer,
+        (gate, peer): (&'p Gate, &'p Peer),
     ) -> Self {
         Call {
             answer,
@@ -231,6 +232,7 @@ impl<'p, F> Call<'p, F> {
             timeout,
             expired: false,
             waker: None,
+            gate,
             peer,
         }
     }
@@ -277,8 +279,17 @@ where
             }
         };
         let sent = match answered {
-            Ok(response) => send_ok(this.respond, &response),
-            Err(status) => send_status(this.respond, status),
+            Ok(response) => {
+                let over_limit = response.overall_code
+                    == envoy_types::pb::envoy::service::ratelimit::v3::rate_limit_response::Code::OverLimit
+                        as i32;
+                this.gate.count(Ok(over_limit));
+                send_ok(this.respond, &response)
+            }
+            Err(status) => {
+                this.gate.count(Err(status.code()));
+                send_status(this.respond, status)
+            }
         };
         if let Err(e) = sent {
             tracing::debug!(peer = ?this.peer.remote, error = %e, "rate limit service answer not sent");
