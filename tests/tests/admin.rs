@@ -13,6 +13,8 @@ use sluice_tests::support::{http_get as get, metric_sample as sample, Sluiced};
 #[tokio::test]
 async fn metrics_pass_promtool_and_count_the_decisions() {
     let dir = std::env::temp_dir().join(format!("sluice-admin-{}", std::process::id()));
+    // With the rate limit port, so that promtool sees its families too.
+    let rules = std::path::PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("rls/rules");
     let server = Sluiced::start(&[
         "--shards",
         "1",
@@ -20,6 +22,10 @@ async fn metrics_pass_promtool_and_count_the_decisions() {
         "0",
         "--snapshot-dir",
         dir.to_str().unwrap(),
+        "--rls-port",
+        "0",
+        "--rls-config",
+        rules.to_str().unwrap(),
     ]);
     let admin = server.admin_addr.expect("the admin line was printed");
     // The shared test client's long deadline: the default (5 ms, a
@@ -80,6 +86,7 @@ async fn metrics_pass_promtool_and_count_the_decisions() {
     assert!(frames >= 1.0, "{frames}");
     assert!(sample(&scrape, r#"sluice_frame_handling_seconds_sum{shard="0"}"#) > 0.0);
     assert_eq!(sample(&scrape, "sluice_snapshot_failures_total"), 0.0);
+    assert_eq!(sample(&scrape, r#"sluice_rls_calls_total{code="ok"}"#), 0.0);
     assert_eq!(
         sample(
             &scrape,
