@@ -81,23 +81,57 @@ pub struct RlsStats {
     /// Calls denied from a shard's published over-limit windows, with no
     /// hop to the shard (`--rls-over-limit-slots`).
     pub over_limit_denied: std::sync::atomic::AtomicU64,
+    /// How calls ended, counted by the threads that serve the port, each
+    /// in a slot of its own (summed when scraped): every call counts, and
+    /// one counter written by every thread would move its cache line
+    /// between their cores on every call.
+    pub ended: [crossbeam_utils::CachePadded<CallsEnded>; ENDED_SLOTS],
+}
+
+/// Slots of [`RlsStats::ended`]: threads past this many share them.
+pub const ENDED_SLOTS: usize = 16;
+
+/// One slot of the rate limit port's call counts.
+#[derive(Debug, Default)]
+pub struct CallsEnded {
     /// Calls answered, by their overall code: OK, then OVER_LIMIT.
     pub answered: [std::sync::atomic::AtomicU64; 2],
-    /// Calls ended with a gRPC error status, by its code (1-16).
+    /// Calls ended with a gRPC error status instead, by its code.
     pub errors: [std::sync::atomic::AtomicU64; 17],
 }
 
-/// The gRPC statuses the rate limit port ends calls with, by code: the
-/// series `sluice_rls_call_errors_total` always has.
-pub const RLS_ERROR_STATUSES: [(usize, &str); 8] = [
-    (1, "CANCELLED"),
-    (3, "INVALID_ARGUMENT"),
-    (4, "DEADLINE_EXCEEDED"),
-    (8, "RESOURCE_EXHAUSTED"),
-    (12, "UNIMPLEMENTED"),
-    (13, "INTERNAL"),
-    (14, "UNAVAILABLE"),
-    (16, "UNAUTHENTICATED"),
+impl RlsStats {
+    /// This thread's slot of [`RlsStats::ended`].
+    pub fn ended_here(&self) -> &CallsEnded {
+        use std::sync::atomic::{AtomicUsize, Ordering::Relaxed};
+        static NEXT: AtomicUsize = AtomicUsize::new(0);
+        thread_local! {
+            static SLOT: usize = NEXT.fetch_add(1, Relaxed) % ENDED_SLOTS;
+        }
+        &self.ended[SLOT.with(|s| *s)]
+    }
+}
+
+/// gRPC's status codes by number, as its spec names them (the label of
+/// `sluice_rls_call_errors_total`; 0, OK, is never an error).
+const GRPC_STATUS_NAMES: [&str; 17] = [
+    "OK",
+    "CANCELLED",
+    "UNKNOWN",
+    "INVALID_ARGUMENT",
+    "DEADLINE_EXCEEDED",
+    "NOT_FOUND",
+    "ALREADY_EXISTS",
+    "PERMISSION_DENIED",
+    "RESOURCE_EXHAUSTED",
+    "FAILED_PRECONDITION",
+    "ABORTED",
+    "OUT_OF_RANGE",
+    "UNIMPLEMENTED",
+    "INTERNAL",
+    "UNAVAILABLE",
+    "DATA_LOSS",
+    "UNAUTHENTICATED",
 ];
 
 /// Serves the admin endpoints on `listener` until the runtime stops:
@@ -431,10 +465,17 @@ fn rls_metrics(out: &mut String, rls: &RlsStats) {
     for (name, kind, help, v) in families {
         family(out, name, kind, help, &one(v));
     }
+    let sum = |count: &dyn Fn(&CallsEnded) -> u64| -> String {
+        rls.ended
+            .iter()
+            .map(|slot| count(slot))
+            .sum::<u64>()
+            .to_string()
+    };
     let answered = [("ok", 0), ("over_limit", 1)].map(|(code, i)| {
         (
             format!("code=\"{code}\""),
-            rls.answered[i].load(Relaxed).to_string(),
+            sum(&|c| c.answered[i].load(Relaxed)),
         )
     });
     family(
@@ -444,12 +485,15 @@ fn rls_metrics(out: &mut String, rls: &RlsStats) {
         "Rate limit calls answered, by their overall code.",
         &answered,
     );
-    let errors = RLS_ERROR_STATUSES.map(|(code, name)| {
-        (
-            format!("status=\"{name}\""),
-            rls.errors[code].load(Relaxed).to_string(),
-        )
-    });
+    let errors: Vec<(String, String)> = (1..GRPC_STATUS_NAMES.len())
+        .map(|code| {
+            let name = GRPC_STATUS_NAMES[code];
+            (
+                format!("status=\"{name}\""),
+                sum(&|c| c.errors[code].load(Relaxed)),
+            )
+        })
+        .collect();
     family(
         out,
         "sluice_rls_call_errors_total",

@@ -65,9 +65,10 @@ impl Gate {
     /// Counts a call's end: its answer's overall code, or the status that
     /// refused it.
     pub(super) fn count(&self, ended: Result<bool, tonic::Code>) {
+        let here = self.stats.ended_here();
         let counter = match ended {
-            Ok(over_limit) => &self.stats.answered[usize::from(over_limit)],
-            Err(code) => match self.stats.errors.get(code as usize) {
+            Ok(over_limit) => &here.answered[usize::from(over_limit)],
+            Err(code) => match here.errors.get(code as usize) {
                 Some(counter) => counter,
                 None => return,
             },

@@ -37,6 +37,7 @@ use std::task::{Context, Poll, Waker};
 use std::time::Duration;
 
 use bytes::{Buf, Bytes, BytesMut};
+use envoy_types::pb::envoy::service::ratelimit::v3::rate_limit_response::Code;
 use envoy_types::pb::envoy::service::ratelimit::v3::{RateLimitRequest, RateLimitResponse};
 use futures_util::stream::FuturesUnordered;
 use futures_util::Stream;
@@ -116,7 +117,7 @@ where
                     let deadline = Instant::now() + timeout;
                     deadlines.arm(deadline);
                     let answer = answer(rls, gate, peer, request);
-                    calls.push(Call::new(answer, respond, deadline, timeout, (gate, peer)));
+                    calls.push(Call::new(answer, respond, deadline, timeout, gate, peer));
                     accepted = true;
                 }
                 Poll::Ready(Some(Err(e))) => {
@@ -223,7 +224,8 @@ impl<'p, F> Call<'p, F> {
         respond: SendResponse<Bytes>,
         deadline: Instant,
         timeout: Duration,
-        (gate, peer): (&'p Gate, &'p Peer),
+        gate: &'p Gate,
+        peer: &'p Peer,
     ) -> Self {
         Call {
             answer,
@@ -280,10 +282,8 @@ where
         };
         let sent = match answered {
             Ok(response) => {
-                let over_limit = response.overall_code
-                    == envoy_types::pb::envoy::service::ratelimit::v3::rate_limit_response::Code::OverLimit
-                        as i32;
-                this.gate.count(Ok(over_limit));
+                this.gate
+                    .count(Ok(response.overall_code == Code::OverLimit as i32));
                 send_ok(this.respond, &response)
             }
             Err(status) => {
