@@ -52,6 +52,7 @@ use tonic::Status;
 use super::guard::{
     Gate, Incoming, Peer, CONNECTION_WINDOW_BYTES, HEADER_LIST_BYTES_MAX, STREAM_WINDOW_BYTES,
 };
+use super::request::Request;
 use super::{Rls, MESSAGE_BYTES_MAX, STREAMS_PER_CONNECTION_MAX};
 
 /// The one path served.
@@ -314,8 +315,19 @@ async fn answer(
     // Refused here, the message is never read: dropping it resets the
     // stream's sending side.
     gate.admit(request.headers(), peer)?;
-    let request = read(gate, request.into_body()).await?;
-    rls.decide_request(request).await
+    let message = read(gate, request.into_body()).await?;
+    // Read where it lies; prost decodes what that read leaves to it
+    // (request.rs), and its error is the call's.
+    let decoded;
+    let request = match Request::parse(&message) {
+        Some(request) => request,
+        None => {
+            decoded = RateLimitRequest::decode(message)
+                .map_err(|e| Status::internal(format!("failed to decode Protobuf message: {e}")))?;
+            Request::of(&decoded)
+        }
+    };
+    rls.decide_request(&request).await
 }
 
 /// The client's deadline (`grpc-timeout`: digits and a unit), if it gave
@@ -363,8 +375,8 @@ impl Drop for Held<'_> {
     }
 }
 
-/// Reads the call's one message, whole, and decodes it.
-async fn read(gate: &Gate, mut body: RecvStream) -> Result<RateLimitRequest, Status> {
+/// Reads the call's one message, whole: its bytes, past the gRPC prefix.
+async fn read(gate: &Gate, mut body: RecvStream) -> Result<Bytes, Status> {
     let mut held = Held { gate, bytes: 0 };
     // Usually the message comes in one DATA frame: kept as it came.
     let mut first: Option<Bytes> = None;
@@ -403,8 +415,7 @@ async fn read(gate: &Gate, mut body: RecvStream) -> Result<RateLimitRequest, Sta
         )));
     }
     whole.advance(PREFIX_BYTES);
-    RateLimitRequest::decode(whole.slice(..len))
-        .map_err(|e| Status::internal(format!("failed to decode Protobuf message: {e}")))
+    Ok(whole.slice(..len))
 }
 
 /// The message's length from its prefix, if the message is one this

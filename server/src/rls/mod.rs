@@ -39,6 +39,7 @@
 pub mod guard;
 mod http2;
 mod outbox;
+mod request;
 pub mod rules;
 
 use std::borrow::Cow;
@@ -46,11 +47,10 @@ use std::sync::atomic::Ordering;
 use std::sync::{Arc, RwLock};
 
 use envoy_types::pb::envoy::config::core::v3::HeaderValue;
-use envoy_types::pb::envoy::extensions::common::ratelimit::v3::RateLimitDescriptor;
 use envoy_types::pb::envoy::service::ratelimit::v3::rate_limit_response::{
     Code, DescriptorStatus, RateLimit,
 };
-use envoy_types::pb::envoy::service::ratelimit::v3::{RateLimitRequest, RateLimitResponse};
+use envoy_types::pb::envoy::service::ratelimit::v3::RateLimitResponse;
 use envoy_types::pb::google::protobuf::Duration as ProtoDuration;
 use sluice_protocol::gcra::Verdict;
 use sluice_protocol::identity::{bucket_key, Slot};
@@ -65,6 +65,7 @@ use crate::forward::{OwnedLimits, RemoteOp};
 use crate::inbox;
 use crate::node::Node;
 use crate::shard::{BatchReply, DecideOp, FwdItem, LimitRef, Mode, MultiVerdict, Op, Outcome};
+use request::{Descriptor, Request};
 use rules::{Rule, Rules};
 
 /// Most descriptors in one request (more is INVALID_ARGUMENT): Envoy sends
@@ -266,7 +267,7 @@ impl Rls {
     /// refuses it ([`http2`] serves it).
     async fn decide_request(
         &self,
-        request: RateLimitRequest,
+        request: &Request<'_>,
     ) -> Result<RateLimitResponse, tonic::Status> {
         if request.domain.is_empty() {
             return Err(tonic::Status::invalid_argument(
@@ -287,15 +288,15 @@ impl Rls {
         if let Some(d) = request
             .descriptors
             .iter()
-            .find(|d| d.entries.len() > ENTRIES_MAX)
+            .find(|d| request.entries(d).len() > ENTRIES_MAX)
         {
             return Err(tonic::Status::invalid_argument(format!(
                 "a descriptor has {} entries; at most {ENTRIES_MAX}",
-                d.entries.len()
+                request.entries(d).len()
             )));
         }
         let rules = self.rules();
-        let mut plans = plan(&rules, &request);
+        let mut plans = plan(&rules, request);
         let now_ns = self.clock.now_ns();
         // An entry point (--cluster) forwards what it does not decide; its
         // shards refuse what they cannot admit.
@@ -304,13 +305,13 @@ impl Rls {
                 self.node.repl.not_primary_text(),
             ));
         }
-        let (decided, denied) = self.decide(&request, &mut plans, now_ns).await?;
+        let (decided, denied) = self.decide(request, &mut plans, now_ns).await?;
         Ok(self.respond(&plans, &decided, denied, now_ns))
     }
 }
 
 /// Each descriptor's rule, cost and direction; replaced rules removed.
-fn plan<'r>(rules: &'r Rules, request: &RateLimitRequest) -> Vec<Plan<'r>> {
+fn plan<'r>(rules: &'r Rules, request: &Request<'_>) -> Vec<Plan<'r>> {
     let request_cost = match request.hits_addend {
         0 => 1,
         n => u64::from(n),
@@ -319,10 +320,10 @@ fn plan<'r>(rules: &'r Rules, request: &RateLimitRequest) -> Vec<Plan<'r>> {
         .descriptors
         .iter()
         .map(|d| Plan {
-            rule: rule_for(rules, &request.domain, d),
+            rule: rule_for(rules, request, d),
             // A descriptor's wrapper may hold 0 (check, spend nothing);
             // the request's plain 0 is "unset", as in envoyproxy/ratelimit.
-            cost: d.hits_addend.as_ref().map_or(request_cost, |h| h.value),
+            cost: d.hits_addend.unwrap_or(request_cost),
             refund: d.is_negative_hits,
             at: None,
             hash: None,
@@ -348,17 +349,15 @@ fn plan<'r>(rules: &'r Rules, request: &RateLimitRequest) -> Vec<Plan<'r>> {
     plans
 }
 
-fn rule_for<'r>(rules: &'r Rules, domain: &str, d: &RateLimitDescriptor) -> Option<Cow<'r, Rule>> {
+fn rule_for<'r>(rules: &'r Rules, request: &Request<'_>, d: &Descriptor) -> Option<Cow<'r, Rule>> {
+    let domain = request.domain;
     if let Some(o) = &d.limit {
         if let (true, Some(unit)) = (rules.has_domain(domain), rules::Unit::from_proto(o.unit)) {
             return Some(Cow::Owned(Rule::override_of(o.requests_per_unit, unit)));
         }
     }
     rules
-        .find(
-            domain,
-            d.entries.iter().map(|e| (e.key.as_str(), e.value.as_str())),
-        )
+        .find(domain, request.entries(d).iter().copied())
         .map(Cow::Borrowed)
 }
 
@@ -412,13 +411,13 @@ pub fn descriptor_key_into<'e>(
 
 /// `plan`'s key (descriptor `d` of `domain`, by its rule) into `key`;
 /// its hash.
-fn plan_key(key: &mut Vec<u8>, domain: &str, plan: &Plan<'_>, d: &RateLimitDescriptor) -> u128 {
+fn plan_key(key: &mut Vec<u8>, request: &Request<'_>, plan: &Plan<'_>, d: &Descriptor) -> u128 {
     let rule = plan
         .rule
         .as_deref()
         .expect("a plan with a limit has a rule");
-    let entries = d.entries.iter().map(|e| (e.key.as_str(), e.value.as_str()));
-    descriptor_key_into(key, domain, rule.key_entries(entries));
+    let entries = request.entries(d).iter().copied();
+    descriptor_key_into(key, request.domain, rule.key_entries(entries));
     key_hash(key)
 }
 
@@ -525,7 +524,7 @@ impl Rls {
     /// `true` with the answers when the request is over a limit.
     async fn decide(
         &self,
-        request: &RateLimitRequest,
+        request: &Request<'_>,
         plans: &mut [Plan<'_>],
         now_ns: u64,
     ) -> Result<(Decided, bool), tonic::Status> {
@@ -557,7 +556,7 @@ impl Rls {
     fn pending(
         &self,
         key: &mut Vec<u8>,
-        request: &RateLimitRequest,
+        request: &Request<'_>,
         plans: &mut [Plan<'_>],
         hopeless: bool,
     ) -> Vec<Vec<Pending>> {
@@ -577,7 +576,7 @@ impl Rls {
             let hash = match (plan.hash, &route) {
                 // Worked out already, and no other node needs the key.
                 (Some(hash), None) => hash,
-                _ => plan_key(key, &request.domain, plan, d),
+                _ => plan_key(key, request, plan, d),
             };
             let remote = route.as_ref().and_then(|(view, decides_own)| {
                 let group = view.group_of(hash);
@@ -643,7 +642,7 @@ impl Rls {
     fn denied_here(
         &self,
         key: &mut Vec<u8>,
-        request: &RateLimitRequest,
+        request: &Request<'_>,
         plans: &mut [Plan<'_>],
         now_ns: u64,
     ) -> bool {
@@ -666,7 +665,7 @@ impl Rls {
             if !plan.enforced() || plan.cost == 0 || plan.hopeless() {
                 continue;
             }
-            let hash = plan_key(key, &request.domain, plan, d);
+            let hash = plan_key(key, request, plan, d);
             plan.hash = Some(hash);
             if route
                 .as_ref()
