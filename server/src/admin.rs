@@ -86,6 +86,9 @@ pub struct RlsStats {
     /// one counter written by every thread would move its cache line
     /// between their cores on every call.
     pub ended: [crossbeam_utils::CachePadded<CallsEnded>; ENDED_SLOTS],
+    /// The threads that serve the port, by name, and the connections each
+    /// holds (set when the port starts).
+    pub serving: std::sync::OnceLock<Arc<[(String, std::sync::atomic::AtomicUsize)]>>,
 }
 
 /// Slots of [`RlsStats::ended`]: threads past this many share them.
@@ -500,6 +503,30 @@ fn rls_metrics(out: &mut String, rls: &RlsStats) {
         "counter",
         "Rate limit calls ended with a gRPC error status instead of an answer (Envoy's failure_mode_deny decides them), by status.",
         &errors,
+    );
+    rls_thread_connections(out, rls);
+}
+
+/// `sluice_rls_thread_connections`: the connections each thread serving
+/// the rate limit port holds.
+fn rls_thread_connections(out: &mut String, rls: &RlsStats) {
+    use std::sync::atomic::Ordering::Relaxed;
+    let held: Vec<(String, String)> = rls
+        .serving
+        .get()
+        .map(|serving| {
+            serving
+                .iter()
+                .map(|(name, n)| (format!("thread=\"{name}\""), n.load(Relaxed).to_string()))
+                .collect()
+        })
+        .unwrap_or_default();
+    family(
+        out,
+        "sluice_rls_thread_connections",
+        "gauge",
+        "Rate limit service connections each serving thread holds (a new one goes to the thread holding fewest).",
+        &held,
     );
 }
 

@@ -881,6 +881,71 @@ async fn calls_on_one_connection_each_end_at_their_own_deadline() {
     assert_nothing_buffered(server).await;
 }
 
+/// The threads serving the rate limit port hold its connections evenly:
+/// four connections are held two by each of two shards (the default),
+/// and two by each of two service threads (`--rls-threads 2`), and each
+/// thread's count falls back as they close. When every thread accepted
+/// from the one socket, the first awake took what was queued: a burst of
+/// four all went to one thread (one of two service threads served a whole
+/// benchmark), and this test failed.
+#[tokio::test]
+async fn rate_limit_connections_are_spread_over_the_serving_threads() {
+    let path = "/envoy.service.ratelimit.v3.RateLimitService/ShouldRateLimit";
+    let good = bytes::Bytes::from(grpc_message(0, &well_formed_request()));
+    let cases: [(&[&str], [&str; 2]); 2] = [
+        (&["--shards", "2"], ["sluice-shard-0", "sluice-shard-1"]),
+        (
+            &["--shards", "1", "--rls-threads", "2"],
+            ["sluice-rls-0", "sluice-rls-1"],
+        ),
+    ];
+    for (extra, threads) in cases {
+        let server = rls_node(extra);
+        let addr = server.rls_addr.unwrap();
+        let connect = || h2_connection(addr);
+        let (a, b, c, d) = tokio::join!(connect(), connect(), connect(), connect());
+        let clients = [a, b, c, d];
+        for client in &clients {
+            let answer = call_on(
+                client.clone(),
+                grpc_request(addr, path, None),
+                good.clone(),
+                true,
+            );
+            assert_eq!(answer.await.0, "0", "{extra:?}");
+        }
+        let held = |scrape: &str, thread: &str| {
+            let series = format!("sluice_rls_thread_connections{{thread=\"{thread}\"}}");
+            sluice_tests::support::metric_sample(scrape, &series)
+        };
+        let scrape = scrape_async(&server).await;
+        for thread in threads {
+            assert_eq!(held(&scrape, thread), 2.0, "{extra:?}:\n{scrape}");
+        }
+        drop(clients);
+        let start = std::time::Instant::now();
+        loop {
+            let scrape = scrape_async(&server).await;
+            if threads.iter().all(|t| held(&scrape, t) == 0.0) {
+                break;
+            }
+            assert!(
+                start.elapsed() < std::time::Duration::from_secs(20),
+                "{extra:?}: connections closed, still held:\n{scrape}"
+            );
+            tokio::time::sleep(std::time::Duration::from_millis(50)).await;
+        }
+    }
+}
+
+/// [`scrape`], off the test's runtime.
+async fn scrape_async(server: &Sluiced) -> String {
+    let admin = server.admin_addr.expect("--admin-port");
+    tokio::task::spawn_blocking(move || sluice_tests::support::http_get(admin, "/metrics").1)
+        .await
+        .unwrap()
+}
+
 /// The port's connections are capped (--rls-connections-max) and one that
 /// makes no call with the token within --auth-timeout-ms is closed, as on
 /// the binary port.

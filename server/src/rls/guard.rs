@@ -194,12 +194,13 @@ impl Incoming {
 
 impl Incoming {
     /// The next connection under the cap (a failed accept, out of
-    /// descriptors, is logged and retried after a pause).
-    pub async fn accept(&mut self) -> Conn {
+    /// descriptors, is logged and retried after a pause), to be served on
+    /// the thread it is handed to ([`Conn::new`]).
+    pub async fn accept(&mut self) -> Accepted {
         std::future::poll_fn(|cx| self.poll_accept(cx)).await
     }
 
-    fn poll_accept(&mut self, cx: &mut Context<'_>) -> Poll<Conn> {
+    fn poll_accept(&mut self, cx: &mut Context<'_>) -> Poll<Accepted> {
         let this = self;
         loop {
             if let Some(b) = this.backoff.as_mut() {
@@ -227,24 +228,44 @@ impl Incoming {
                 }
                 continue;
             }
+            let slot = Slot(gate.clone());
             let _ = stream.set_nodelay(true);
-            let (phase, first) = if gate.token.is_some() {
-                (Phase::Auth, Some(gate.auth_timeout))
-            } else {
-                (Phase::Idle, gate.idle_timeout)
-            };
-            return Poll::Ready(Conn {
-                stream,
-                peer: Peer {
-                    remote,
-                    authed: Arc::new(AtomicBool::new(gate.token.is_none())),
-                },
-                phase,
-                deadline: first.map(|d| Box::pin(tokio::time::sleep(d))),
-                gate: gate.clone(),
-            });
+            // Out of this runtime's reactor, into the serving thread's.
+            match stream.into_std() {
+                Ok(stream) => {
+                    return Poll::Ready(Accepted {
+                        stream,
+                        remote,
+                        slot,
+                    })
+                }
+                Err(e) => {
+                    tracing::debug!(peer = %remote, error = %e, "rate limit service connection lost as it was accepted")
+                }
+            }
         }
     }
+}
+
+/// A connection's place under `--rls-connections-max`, given back when it
+/// is dropped (with the connection, wherever it is then).
+#[derive(Debug)]
+struct Slot(Arc<Gate>);
+
+impl Drop for Slot {
+    fn drop(&mut self) {
+        self.0.stats.open.fetch_sub(1, Ordering::AcqRel);
+    }
+}
+
+/// A connection accepted under the cap, not yet served: it is handed to
+/// the thread that will serve it (the one holding fewest: `super::start`),
+/// whose runtime takes its socket.
+#[derive(Debug)]
+pub struct Accepted {
+    stream: std::net::TcpStream,
+    remote: SocketAddr,
+    slot: Slot,
 }
 
 /// Who is at the other end of a call's connection (a request extension).
@@ -275,15 +296,40 @@ pub struct Conn {
     /// `None`: none.
     deadline: Option<Pin<Box<Sleep>>>,
     gate: Arc<Gate>,
-}
-
-impl Drop for Conn {
-    fn drop(&mut self) {
-        self.gate.stats.open.fetch_sub(1, Ordering::AcqRel);
-    }
+    /// Its place under the cap.
+    _slot: Slot,
 }
 
 impl Conn {
+    /// `accepted`, served on the calling thread's runtime (its socket
+    /// registered there), under the deadline to authenticate (with a
+    /// token) or the idle one.
+    pub fn new(accepted: Accepted) -> io::Result<Conn> {
+        let Accepted {
+            stream,
+            remote,
+            slot,
+        } = accepted;
+        let stream = TcpStream::from_std(stream)?;
+        let gate = slot.0.clone();
+        let (phase, first) = if gate.token.is_some() {
+            (Phase::Auth, Some(gate.auth_timeout))
+        } else {
+            (Phase::Idle, gate.idle_timeout)
+        };
+        Ok(Conn {
+            stream,
+            peer: Peer {
+                remote,
+                authed: Arc::new(AtomicBool::new(gate.token.is_none())),
+            },
+            phase,
+            deadline: first.map(|d| Box::pin(tokio::time::sleep(d))),
+            gate,
+            _slot: slot,
+        })
+    }
+
     /// Who is at the other end.
     pub fn peer(&self) -> Peer {
         self.peer.clone()

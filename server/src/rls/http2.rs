@@ -45,12 +45,11 @@ use h2::server::SendResponse;
 use h2::RecvStream;
 use prost::Message;
 use tokio::io::{AsyncRead, AsyncWrite};
-use tokio::net::TcpListener;
 use tokio::time::{Instant, Sleep};
 use tonic::Status;
 
 use super::guard::{
-    Gate, Incoming, Peer, CONNECTION_WINDOW_BYTES, HEADER_LIST_BYTES_MAX, STREAM_WINDOW_BYTES,
+    Accepted, Conn, Gate, Peer, CONNECTION_WINDOW_BYTES, HEADER_LIST_BYTES_MAX, STREAM_WINDOW_BYTES,
 };
 use super::request::Request;
 use super::{Rls, MESSAGE_BYTES_MAX, STREAMS_PER_CONNECTION_MAX};
@@ -60,26 +59,27 @@ const PATH: &str = "/envoy.service.ratelimit.v3.RateLimitService/ShouldRateLimit
 /// gRPC's message prefix: a compressed flag and a 4-byte length.
 const PREFIX_BYTES: usize = 5;
 
-/// Serves the port's connections on this thread, for as long as the
-/// process runs.
-pub(super) async fn serve(listener: TcpListener, rls: Arc<Rls>, gate: Arc<Gate>) {
+/// Serves one connection of the port on the calling thread (its socket
+/// moves to this thread's runtime): its TLS handshake, then its calls,
+/// until it closes.
+pub(super) async fn serve(accepted: Accepted, rls: Arc<Rls>, gate: Arc<Gate>) {
     let timeout = Duration::from_millis(rls.node.config.rls_request_timeout_ms);
-    let mut incoming = Incoming::new(listener, gate.clone());
-    loop {
-        let conn = incoming.accept().await;
-        let (rls, gate) = (rls.clone(), gate.clone());
-        tokio::spawn(async move {
-            let peer = conn.peer();
-            match &rls.tls {
-                Some(tls) => match tls.accept_io(conn).await {
-                    Ok(stream) => connection(stream, &rls, &gate, &peer, timeout).await,
-                    Err(e) => {
-                        tracing::debug!(peer = ?peer.remote, error = %e, "rate limit service TLS handshake failed")
-                    }
-                },
-                None => connection(conn, &rls, &gate, &peer, timeout).await,
+    let conn = match Conn::new(accepted) {
+        Ok(conn) => conn,
+        Err(e) => {
+            tracing::debug!(error = %e, "rate limit service connection lost as it was handed over");
+            return;
+        }
+    };
+    let peer = conn.peer();
+    match &rls.tls {
+        Some(tls) => match tls.accept_io(conn).await {
+            Ok(stream) => connection(stream, &rls, &gate, &peer, timeout).await,
+            Err(e) => {
+                tracing::debug!(peer = ?peer.remote, error = %e, "rate limit service TLS handshake failed")
             }
-        });
+        },
+        None => connection(conn, &rls, &gate, &peer, timeout).await,
     }
 }
 

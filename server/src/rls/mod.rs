@@ -162,60 +162,122 @@ pub fn load_tls(
     Ok(crate::stream::Acceptor::new(config))
 }
 
-/// Serves the rate limit service on `listener` from `threads` threads, each
-/// a single-threaded runtime accepting from the same socket (the kernel
-/// hands each connection to one of them, which serves it from then on, as
-/// the shards serve theirs), until the process ends; with 0, from every
-/// shard's thread.
+/// Serves the rate limit service on `listener` from `threads` threads of
+/// its own, or with 0 from every shard's thread, until the process ends.
+///
+/// One task of the calling runtime accepts, and hands each connection to
+/// the serving thread that holds the fewest (in turn among equals), which
+/// serves it from then on, as the shards serve protocol v1's. Threads that
+/// each accepted from the one socket took turns as the kernel woke them:
+/// the first awake took every connection queued, so the four connections
+/// of a burst all went to one thread (one service thread of two served a
+/// whole benchmark), and an Envoy fleet's few long-lived connections could
+/// leave all but one thread idle.
 pub fn start(
     listener: std::net::TcpListener,
     rls: Arc<Rls>,
     stats: Arc<guard::RlsStats>,
     threads: u16,
 ) -> std::io::Result<()> {
-    let gate = guard::Gate::new(rls.node.clone(), stats);
+    let gate = guard::Gate::new(rls.node.clone(), stats.clone());
+    let mut servers = Vec::new();
     if threads == 0 {
         // On the shard threads: a call whose descriptors a shard owns is
         // decided on the thread that decoded it (its batch goes to its own
         // inbox: no other thread wakes, no context switch).
-        for shard in rls.node.shards.iter() {
-            let (listener, rls, gate) = (listener.try_clone()?, rls.clone(), gate.clone());
-            let job = crate::mailbox::Job(Box::new(move || {
-                tokio::spawn(listen(listener, rls, gate));
-            }));
-            if shard.send(crate::mailbox::ShardMsg::Run(job)).is_err() {
-                return Err(std::io::Error::other("a shard has stopped"));
-            }
+        for shard in 0..rls.node.shards.len() {
+            servers.push((format!("sluice-shard-{shard}"), Server::Shard(shard)));
         }
-        return Ok(());
     }
     for i in 0..threads {
-        let listener = listener.try_clone()?;
-        let rls = rls.clone();
-        let gate = gate.clone();
+        let name = format!("sluice-rls-{i}");
         // An entry point's first thread is the forwarder's: the calls it
         // serves go to other groups with no hop to another thread (and
         // their replies come back on it).
-        if let (0, Some(forward)) = (i, rls.node.forward.clone()) {
-            forward.spawn(listen(listener, rls, gate));
+        if let (0, Some(_)) = (i, &rls.node.forward) {
+            servers.push(("sluice-forward".to_owned(), Server::Forwarder));
             continue;
         }
         let runtime = tokio::runtime::Builder::new_current_thread()
             .enable_all()
             .build()?;
+        servers.push((name.clone(), Server::Runtime(runtime.handle().clone())));
         std::thread::Builder::new()
-            .name(format!("sluice-rls-{i}"))
-            .spawn(move || runtime.block_on(listen(listener, rls, gate)))?;
+            .name(name)
+            .spawn(move || runtime.block_on(std::future::pending::<()>()))?;
     }
+    let held = servers
+        .iter()
+        .map(|(name, _)| (name.clone(), std::sync::atomic::AtomicUsize::new(0)))
+        .collect();
+    let held: &Arc<[(String, std::sync::atomic::AtomicUsize)]> = stats.serving.get_or_init(|| held);
+    let listener = tokio::net::TcpListener::from_std(listener)?;
+    let servers: Vec<Server> = servers.into_iter().map(|(_, s)| s).collect();
+    tokio::spawn(accept(listener, rls, gate, servers, held.clone()));
     Ok(())
 }
 
-/// The service on `listener`, from the runtime this runs on
-/// ([`http2::serve`]).
-async fn listen(listener: std::net::TcpListener, rls: Arc<Rls>, gate: Arc<guard::Gate>) {
-    match tokio::net::TcpListener::from_std(listener) {
-        Ok(listener) => http2::serve(listener, rls, gate).await,
-        Err(e) => tracing::error!(error = %e, "the rate limit service cannot listen"),
+/// A thread that serves the port's connections.
+#[derive(Debug)]
+enum Server {
+    /// A shard's (`--rls-threads 0`).
+    Shard(usize),
+    /// A service thread's runtime.
+    Runtime(tokio::runtime::Handle),
+    /// The forwarder's thread (`--cluster`).
+    Forwarder,
+}
+
+/// Accepts the port's connections and hands each to the server holding
+/// the fewest (`held`, by server).
+async fn accept(
+    listener: tokio::net::TcpListener,
+    rls: Arc<Rls>,
+    gate: Arc<guard::Gate>,
+    servers: Vec<Server>,
+    held: Arc<[(String, std::sync::atomic::AtomicUsize)]>,
+) {
+    let mut incoming = guard::Incoming::new(listener, gate.clone());
+    let mut turn = 0;
+    loop {
+        let accepted = incoming.accept().await;
+        let fewest = (0..servers.len())
+            .map(|i| (turn + i) % servers.len())
+            .min_by_key(|&i| held[i].1.load(Ordering::Relaxed))
+            .expect("at least one server");
+        turn = (fewest + 1) % servers.len();
+        held[fewest].1.fetch_add(1, Ordering::Relaxed);
+        let held = Held(held.clone(), fewest);
+        let served = {
+            let (rls, gate) = (rls.clone(), gate.clone());
+            async move {
+                http2::serve(accepted, rls, gate).await;
+                drop(held);
+            }
+        };
+        match &servers[fewest] {
+            Server::Shard(shard) => {
+                let job = crate::mailbox::Job(Box::new(move || {
+                    tokio::spawn(served);
+                }));
+                // Refused only while shutting down: the connection closes.
+                let _ = rls.node.shards[*shard].send(crate::mailbox::ShardMsg::Run(job));
+            }
+            Server::Runtime(runtime) => drop(runtime.spawn(served)),
+            Server::Forwarder => match &rls.node.forward {
+                Some(forward) => forward.spawn(served),
+                None => unreachable!("a forwarder server only with --cluster"),
+            },
+        }
+    }
+}
+
+/// A server's count of the connections it holds, while one is held.
+struct Held(Arc<[(String, std::sync::atomic::AtomicUsize)]>, usize);
+
+impl Drop for Held {
+    fn drop(&mut self) {
+        self.0[self.1].1.fetch_sub(1, Ordering::Relaxed);
     }
 }
 
