@@ -200,7 +200,7 @@ w("From `bash benches/rls.sh` (%d alternating rounds of %s s runs; this machine'
   "the server's utime + stime from /proc over the run. Each row is the round with the median "
   "floor / Sluice CPU ratio; all rounds' ratios follow it." % (rounds, run_s, plural(shards)))
 w("")
-w("| rls-threads | scenario | generator | floor calls/s | Sluice calls/s | calls/s, Sluice / floor | floor p99 | Sluice p99 | floor CPU/call | Sluice CPU/call | **CPU, floor / Sluice** (all rounds) | h2 floor CPU/call | CPU, h2 floor / Sluice (all rounds) |")
+w("| rls-threads | scenario | generator | floor calls/s | Sluice calls/s | calls/s, Sluice / floor | floor p50 / p99 | Sluice p50 / p99 | floor CPU/call | Sluice CPU/call | **CPU, floor / Sluice** (all rounds) | h2 floor CPU/call | CPU, h2 floor / Sluice (all rounds) |")
 w("|---:|---|---|---:|---:|---:|---:|---:|---:|---:|---|---:|---|")
 med = {}
 threads_seen = sorted({r["threads"] for r in runs})
@@ -213,7 +213,7 @@ for threads in threads_seen:
             except IndexError:
                 continue
             med[(threads, scenario, gen)] = (ratio, f, s)
-            p99 = lambda r: ("%d us" % r["p99_us"]) if "p99_us" in r else "-"
+            p99 = lambda r: ("%d / %d us" % (r["p50_us"], r["p99_us"])) if "p99_us" in r else "-"
             w("| %d | %s | %s | %s | %s | %.2f | %s | %s | %.1f us | %.1f us | **%.2f** (%s) | %s | %s |" % (
                 threads, scenario, gen, f"{f['calls_per_s']:,.0f}", f"{s['calls_per_s']:,.0f}",
                 s["calls_per_s"] / f["calls_per_s"], p99(f), p99(s), f["cpu_us_per_call"],

@@ -1,8 +1,9 @@
 //! The rate limit service's floor: tonic with Envoy's types (envoy-types),
 //! `ShouldRateLimit` answered OK at once with one OK status per
 //! descriptor, served exactly as `sluiced --rls-port` serves it: `--threads`
-//! threads, each a single-threaded tokio runtime accepting from the one
-//! socket, the same HTTP/2 settings (streams, windows, header list size).
+//! threads, each a single-threaded tokio runtime, each connection handed
+//! by one acceptor to the threads in turn, the same HTTP/2 settings
+//! (streams, windows, header list size).
 //! No rules, no decision, no shard, no auth: what it leaves out is what
 //! Sluice's ratio to it measures (benches/rls.sh, issue 39).
 //!
@@ -105,13 +106,13 @@ async fn h2_call(
     send.send_trailers(trailers)
 }
 
-/// Serves `listener` on HTTP/2 directly (h2, no hyper, no tonic).
-async fn h2_serve(listener: tokio::net::TcpListener) {
-    loop {
-        let Ok((socket, _)) = listener.accept().await else {
+/// Serves the connections handed over on `handed` on HTTP/2 directly (h2,
+/// no hyper, no tonic).
+async fn h2_serve(mut handed: Handed) {
+    while let Some(socket) = handed.recv().await {
+        let Ok(socket) = tokio::net::TcpStream::from_std(socket) else {
             continue;
         };
-        let _ = socket.set_nodelay(true);
         tokio::spawn(async move {
             let mut builder = h2::server::Builder::new();
             builder
@@ -179,24 +180,28 @@ fn main() {
     }
     let listener = std::net::TcpListener::bind(SocketAddr::from(([127, 0, 0, 1], port)))
         .unwrap_or_else(|e| usage(&format!("cannot listen on port {port}: {e}")));
-    listener.set_nonblocking(true).expect("non-blocking");
     println!(
         "sluice-rls-floor listening on {}",
         listener.local_addr().expect("a bound address")
     );
     let mut handles = Vec::new();
+    let mut servers = Vec::new();
     for _ in 0..threads {
-        let listener = listener.try_clone().expect("a listener clone");
+        let (hand, handed) = tokio::sync::mpsc::unbounded_channel();
+        servers.push(hand);
         handles.push(std::thread::spawn(move || {
             let rt = tokio::runtime::Builder::new_current_thread()
                 .enable_all()
                 .build()
                 .expect("a runtime");
             rt.block_on(async move {
-                let listener = tokio::net::TcpListener::from_std(listener).expect("tokio listener");
                 if h2 {
-                    return h2_serve(listener).await;
+                    return h2_serve(handed).await;
                 }
+                let incoming = futures_util::stream::unfold(handed, |mut handed| async move {
+                    let socket = handed.recv().await?;
+                    Some((tokio::net::TcpStream::from_std(socket), handed))
+                });
                 let service =
                     RateLimitServiceServer::new(Floor).max_decoding_message_size(MESSAGE_BYTES_MAX);
                 let served = tonic::transport::Server::builder()
@@ -205,10 +210,7 @@ fn main() {
                     .initial_connection_window_size(CONNECTION_WINDOW_BYTES)
                     .http2_max_header_list_size(HEADER_LIST_BYTES_MAX)
                     .add_service(service)
-                    .serve_with_incoming(
-                        tonic::transport::server::TcpIncoming::from(listener)
-                            .with_nodelay(Some(true)),
-                    )
+                    .serve_with_incoming(incoming)
                     .await;
                 if let Err(e) = served {
                     eprintln!("sluice-rls-floor: {e}");
@@ -216,7 +218,20 @@ fn main() {
             })
         }));
     }
+    // As sluiced's port: one acceptor hands each connection to the
+    // threads in turn (each thread accepting from the one socket left
+    // the first awake with every connection of a burst).
+    for (socket, turn) in listener.incoming().zip((0..servers.len()).cycle()) {
+        let Ok(socket) = socket else { continue };
+        let _ = socket.set_nodelay(true);
+        socket.set_nonblocking(true).expect("non-blocking");
+        let _ = servers[turn].send(socket);
+    }
+    drop(servers);
     for h in handles {
         let _ = h.join();
     }
 }
+
+/// The connections handed to one serving thread.
+type Handed = tokio::sync::mpsc::UnboundedReceiver<std::net::TcpStream>;
