@@ -450,14 +450,9 @@ fn peak_rss(pid: u32) -> u64 {
 
 /// Waits (bounded) until `metric` reaches `at_least`; its last value.
 async fn metric_reaches(server: &Sluiced, metric: &str, at_least: f64) -> f64 {
-    let admin = server.admin_addr.expect("--admin-port");
     let start = std::time::Instant::now();
     loop {
-        let scrape = tokio::task::spawn_blocking(move || {
-            sluice_tests::support::http_get(admin, "/metrics").1
-        })
-        .await
-        .unwrap();
+        let scrape = scrape_async(server).await;
         let v = sluice_tests::support::metric_sample(&scrape, metric);
         if v >= at_least || start.elapsed() > std::time::Duration::from_secs(20) {
             return v;

@@ -295,9 +295,8 @@ pub struct Conn {
     phase: Phase,
     /// `None`: none.
     deadline: Option<Pin<Box<Sleep>>>,
-    gate: Arc<Gate>,
-    /// Its place under the cap.
-    _slot: Slot,
+    /// Its place under the cap, and the gate it came through.
+    slot: Slot,
 }
 
 impl Conn {
@@ -311,7 +310,7 @@ impl Conn {
             slot,
         } = accepted;
         let stream = TcpStream::from_std(stream)?;
-        let gate = slot.0.clone();
+        let gate = &slot.0;
         let (phase, first) = if gate.token.is_some() {
             (Phase::Auth, Some(gate.auth_timeout))
         } else {
@@ -325,8 +324,7 @@ impl Conn {
             },
             phase,
             deadline: first.map(|d| Box::pin(tokio::time::sleep(d))),
-            gate,
-            _slot: slot,
+            slot,
         })
     }
 
@@ -345,7 +343,7 @@ impl Conn {
 
     /// Puts the idle deadline `--idle-timeout-ms` from now (or none).
     fn idle_from_now(&mut self) {
-        match (self.gate.idle_timeout, self.deadline.as_mut()) {
+        match (self.slot.0.idle_timeout, self.deadline.as_mut()) {
             (Some(idle), Some(d)) => d.as_mut().reset(tokio::time::Instant::now() + idle),
             (Some(idle), None) => self.deadline = Some(Box::pin(tokio::time::sleep(idle))),
             (None, _) => self.deadline = None,
@@ -365,7 +363,7 @@ impl Conn {
                 self.authenticated();
                 continue;
             }
-            self.gate.stats.timed_out.fetch_add(1, Ordering::Relaxed);
+            self.slot.0.stats.timed_out.fetch_add(1, Ordering::Relaxed);
             let why = match self.phase {
                 Phase::Auth => "rate limit service connection made no call with the token within --auth-timeout-ms",
                 Phase::Idle => "rate limit service connection idle past --idle-timeout-ms",

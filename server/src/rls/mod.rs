@@ -194,8 +194,11 @@ pub fn start(
         // An entry point's first thread is the forwarder's: the calls it
         // serves go to other groups with no hop to another thread (and
         // their replies come back on it).
-        if let (0, Some(_)) = (i, &rls.node.forward) {
-            servers.push(("sluice-forward".to_owned(), Server::Forwarder));
+        if let (0, Some(forward)) = (i, &rls.node.forward) {
+            servers.push((
+                "sluice-forward".to_owned(),
+                Server::Forwarder(forward.clone()),
+            ));
             continue;
         }
         let runtime = tokio::runtime::Builder::new_current_thread()
@@ -225,7 +228,7 @@ enum Server {
     /// A service thread's runtime.
     Runtime(tokio::runtime::Handle),
     /// The forwarder's thread (`--cluster`).
-    Forwarder,
+    Forwarder(Arc<crate::forward::Forwarder>),
 }
 
 /// Accepts the port's connections and hands each to the server holding
@@ -264,10 +267,7 @@ async fn accept(
                 let _ = rls.node.shards[*shard].send(crate::mailbox::ShardMsg::Run(job));
             }
             Server::Runtime(runtime) => drop(runtime.spawn(served)),
-            Server::Forwarder => match &rls.node.forward {
-                Some(forward) => forward.spawn(served),
-                None => unreachable!("a forwarder server only with --cluster"),
-            },
+            Server::Forwarder(forward) => forward.spawn(served),
         }
     }
 }
