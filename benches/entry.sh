@@ -9,7 +9,8 @@
 #
 #  - RESP CL.THROTTLE, 50 connections x 64 pipelined (sluice-resp-bench,
 #    the command and keys of compare.sh's CL.THROTTLE row, drawn from the
-#    100,000 keys group a owns);
+#    100,000 keys group a owns), and 50 x 1 (a client that does not
+#    pipeline, reported beside: the target reads 50 x 64);
 #  - Envoy's ShouldRateLimit over 4 HTTP/2 connections (sluice-rls-bench,
 #    one descriptor, 100,000 values group a owns, each under its limit),
 #    at 50 streams and at 200 (RLS_STREAMS). A forward's fixed costs (its
@@ -34,12 +35,15 @@
 # Environment: SECONDS_PER_RUN (8), ROUNDS (3), OUT (benches/entry.md),
 # BASE_PORT (7760: 7760-7769 are used), ENTRY_FLAGS (more sluiced flags for
 # both nodes, e.g. "--rls-threads 0"; empty), RLS_STREAMS ("50 200"; the
-# last is the load the RLS targets read).
+# last is the load the RLS targets read), RESP_PIPELINES ("64 1": commands
+# each RESP connection keeps in flight; the target reads 64, the issue's
+# load; 1 is how a client that does not pipeline fares, reported beside).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 ROOT=$PWD
 RUN_S=${SECONDS_PER_RUN:-8}
 RLS_STREAMS=${RLS_STREAMS:-"50 200"}
+RESP_PIPELINES=${RESP_PIPELINES:-"64 1"}
 ROUNDS=${ROUNDS:-3}
 BASE=${BASE_PORT:-7760}
 OUT=${OUT:-$ROOT/benches/entry.md}
@@ -69,8 +73,8 @@ forwarded() { # admin port: forwarded requests so far
   curl -s "http://127.0.0.1:$1/metrics" | awk '/^sluice_forwarded_requests_total/ {s += $2} END {print s + 0}'
 }
 
-# run PROTO ROUTE ROUND [STREAMS]: one run against node A (owner) or B
-# (other); STREAMS: the RLS generator's
+# run PROTO ROUTE ROUND DEPTH: one run against node A (owner) or B
+# (other); DEPTH: the RLS generator's streams, or RESP's pipeline
 run() {
   local proto=$1 route=$2 round=$3 streams=${4:-} port
   local node_port=$BASE
@@ -79,7 +83,7 @@ run() {
   a0=$(cpu_ticks "$PID_A"); b0=$(cpu_ticks "$PID_B"); f0=$(forwarded $((BASE + 7)))
   if [ "$proto" = resp ]; then
     port=$((node_port + 2))
-    "$RESP_BENCH" --addr "127.0.0.1:$port" --connections 50 --pipeline 64 --seconds "$RUN_S" \
+    "$RESP_BENCH" --addr "127.0.0.1:$port" --connections 50 --pipeline "$streams" --seconds "$RUN_S" \
       --keys 100000 --groups a,b --owned-by a >"$WORK/run.json"
   else
     port=$((node_port + 4))
@@ -91,7 +95,7 @@ run() {
 import json, sys
 r = json.load(open(sys.argv[1]))
 proto, route, rnd, da, db, tck, fwd = sys.argv[2], sys.argv[3], int(sys.argv[4]), int(sys.argv[5]), int(sys.argv[6]), int(sys.argv[7]), int(sys.argv[8])
-load = "c50 x P64" if proto == "resp" else "%s streams" % sys.argv[9]
+load = "c50 x P%s" % sys.argv[9] if proto == "resp" else "%s streams" % sys.argv[9]
 calls = r["calls"]
 r.update(proto=proto, route=route, round=rnd, load=load, cpu_a_s=da / tck, cpu_b_s=db / tck,
          cpu_ns_per_call=(da + db) / tck * 1e9 / max(calls, 1), forwarded=fwd)
@@ -105,9 +109,11 @@ echo "== warm-up"
 "$RLS_BENCH" --addr "127.0.0.1:$((BASE + 4))" --domain bench --seconds 1 --keys 100000 --groups a,b --owned-by a >/dev/null
 : >"$WORK/runs.jsonl"
 for round in $(seq 1 "$ROUNDS"); do
-  echo "== round $round: resp"
-  run resp owner "$round"
-  run resp other "$round"
+  for depth in $RESP_PIPELINES; do
+    echo "== round $round: resp, pipeline $depth"
+    run resp owner "$round" "$depth"
+    run resp other "$round" "$depth"
+  done
   for streams in $RLS_STREAMS; do
     echo "== round $round: rls, $streams streams"
     run rls owner "$round" "$streams"
@@ -115,12 +121,13 @@ for round in $(seq 1 "$ROUNDS"); do
   done
 done
 
-python3 - "$WORK/runs.jsonl" "$OUT" "$RUN_S" "$ROUNDS" "$RLS_STREAMS" <<'PY'
+python3 - "$WORK/runs.jsonl" "$OUT" "$RUN_S" "$ROUNDS" "$RLS_STREAMS" "$RESP_PIPELINES" <<'PY'
 import json, statistics, sys
 runs = [json.loads(l) for l in open(sys.argv[1])]
 out, run_s, rounds = sys.argv[2], sys.argv[3], int(sys.argv[4])
 rls_loads = ["%s streams" % n for n in sys.argv[5].split()]
-loads = [("resp", "c50 x P64")] + [("rls", l) for l in rls_loads]
+resp_loads = ["c50 x P%s" % n for n in sys.argv[6].split()]
+loads = [("resp", l) for l in resp_loads] + [("rls", l) for l in rls_loads]
 def pick(proto, load, route, rnd):
     return next(r for r in runs if r["proto"] == proto and r["load"] == load
                 and r["route"] == route and r["round"] == rnd)
@@ -133,12 +140,13 @@ w("From `bash benches/entry.sh` (%d alternating rounds of %s s runs; this machin
   "shard, no follower), every node started with `--cluster`; every key of the load is owned by "
   "group `a`, and the same load goes to node A (*owner*: decided where it lands) or to node B "
   "(*other*: forwarded to A, batched, over the cluster client). RESP: CL.THROTTLE (compare.sh's "
-  "command), 50 connections x 64 pipelined, 100,000 keys (`sluice-resp-bench`); RLS: "
+  "command), 50 connections x %s pipelined, 100,000 keys (`sluice-resp-bench`); RLS: "
   "ShouldRateLimit, one descriptor, 100,000 values under their limit (`sluice-rls-bench`), "
   "%s over 4 connections. *CPU per call*: both servers' utime + stime from /proc over "
   "the run, divided by the calls answered; *busy*: each node's CPU seconds over the run's "
   "seconds (of the machine's two cores); *forwarded*: node B's `sluice_forwarded_requests_total` over the run (every call "
-  "of an *other* run, none of an *owner* run)." % (rounds, run_s, " and ".join(rls_loads)))
+  "of an *other* run, none of an *owner* run)." % (
+      rounds, run_s, " and ".join(l.split("P")[1] for l in resp_loads), " and ".join(rls_loads)))
 w("")
 w("| protocol | load | route | round | calls/s | server CPU per call (A + B) | A's CPU s (busy) | B's CPU s (busy) | forwarded |")
 w("|---|---|---|---:|---:|---:|---:|---:|---:|")
@@ -177,11 +185,12 @@ def rate_of(route, load):
 def a_per_fwd(load):
     others = [pick("rls", load, "other", r) for r in range(1, rounds + 1)]
     return "%.2f us" % statistics.median(x["cpu_a_s"] * 1e6 / max(x["forwarded"], 1) for x in others)
-resp = med[("resp", "c50 x P64")]
+resp = med[("resp", resp_loads[0])]
+resp_rest = "".join("; at %s %.2f" % (l, med[("resp", l)][0]) for l in resp_loads[1:])
 sat, low = rls_loads[-1], rls_loads[0]
 rls, rls_low = med[("rls", sat)], med[("rls", low)]
 w("Targets (issue 38). *The whole cluster's server CPU per forwarded decision at most 1.5x a "
-  "local one*: RESP **%.2f** (%s), RLS at %s **%.2f** (%s; at %s %.2f). *RLS calls per second "
+  "local one*: RESP at %s **%.2f** (%s%s), RLS at %s **%.2f** (%s; at %s %.2f). *RLS calls per second "
   "through a non-owner at least 0.8 of through the owner*: this machine's two cores run three "
   "busy processes in a forwarded run against two in a local one, so the calls/s measured here "
   "(%.2f) are the machine's, not the hop's; the figure the target reads is the busiest node's "
@@ -191,7 +200,7 @@ w("Targets (issue 38). *The whole cluster's server CPU per forwarded decision at
   "are shared by the calls in flight with it, and the generator's concurrency decides how "
   "many. Median calls/s through the owner %s at %s and %s at %s; through B %s and %s; A's CPU "
   "per forwarded call %s and %s." % (
-      resp[0], met(resp[0] <= 1.5), sat, rls[0], met(rls[0] <= 1.5), low, rls_low[0],
+      resp_loads[0], resp[0], met(resp[0] <= 1.5), resp_rest, sat, rls[0], met(rls[0] <= 1.5), low, rls_low[0],
       rls[2], sat, rls[1], met(rls[1] >= 0.8), low, rls_low[1], sat,
       rate_of("owner", low), low, rate_of("owner", sat), sat,
       rate_of("other", low), rate_of("other", sat),

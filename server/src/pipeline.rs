@@ -244,10 +244,22 @@ impl<P: Protocol> Pipeline<P> {
 
     /// Files a batch's outcomes into their slots, then hands the ready
     /// prefix to `emit`.
-    pub fn fill(&mut self, reply: BatchReply, emit: impl FnMut(&P::Reply)) {
+    pub fn fill(&mut self, reply: BatchReply, mut emit: impl FnMut(&P::Reply)) {
         assert!(self.batches_out > 0, "a reply to a batch never sent");
         self.batches_out -= 1;
         for (seq, outcome) in reply.outcomes {
+            if seq == self.head_seq {
+                // Every earlier reply has gone (the common case: a read
+                // forwarded whole): encoded at once, never held in its
+                // slot; then the ready replies behind it.
+                let Some(Slot::Waiting(tag)) = self.pending.pop_front() else {
+                    panic!("reply for sequence {seq} arrived twice");
+                };
+                self.head_seq += 1;
+                emit(&P::answered(tag, outcome));
+                self.drain_ready(&mut emit);
+                continue;
+            }
             self.set_slot(seq, |tag| P::answered(tag, outcome));
         }
         self.drain_ready(emit);
@@ -339,6 +351,49 @@ mod tests {
         assert_eq!(p.held_bytes(), 0, "every held reply went out");
         assert!(!p.awaiting());
         assert_eq!(p.ready("4:local".into()).as_deref(), Some("4:local"));
+    }
+
+    /// Answers that come out of order, or with a ready reply between two
+    /// of them, still leave in request order; an answer at the head is
+    /// encoded at once and never held.
+    #[test]
+    fn answers_out_of_order_leave_in_order() {
+        let mut p = Pipeline::<Test>::new(2);
+        let mut out = Vec::new();
+        let op = Op::Throttle {
+            policy: sluice_protocol::Policy::new(1, 1_000_000_000, 1).unwrap(),
+            cost: 1,
+        };
+        for seq in 0..5u32 {
+            if seq == 2 {
+                assert!(p.ready("2:local".into()).is_none());
+            } else {
+                p.forward(1, seq, u128::from(seq), op.clone());
+            }
+        }
+        p.batches_out += 3;
+        // 3 before the head: held.
+        p.fill(
+            BatchReply {
+                outcomes: vec![(3, verdict(3))],
+            },
+            |r| out.push(r.clone()),
+        );
+        assert!(out.is_empty());
+        assert_eq!(p.held_bytes(), "3:3".len() + "2:local".len());
+        // The head, then 4 behind the ready 2 and 3.
+        let both = vec![(0, verdict(0)), (1, verdict(1))];
+        p.fill(BatchReply { outcomes: both }, |r| out.push(r.clone()));
+        assert_eq!(out, ["0:0", "1:1", "2:local", "3:3"]);
+        p.fill(
+            BatchReply {
+                outcomes: vec![(4, verdict(4))],
+            },
+            |r| out.push(r.clone()),
+        );
+        assert_eq!(out, ["0:0", "1:1", "2:local", "3:3", "4:4"]);
+        assert!(p.is_empty());
+        assert_eq!(p.held_bytes(), 0);
     }
 
     #[test]
