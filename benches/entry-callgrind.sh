@@ -9,7 +9,8 @@
 # prints calls and the node's instructions per call (start and shutdown,
 # a few million instructions, included: compare runs of the same length).
 # Usage: bash benches/entry-callgrind.sh [resp|rls]
-# Environment: NODE (b), TO (b), SECONDS_PER_RUN (8, resp), CALLS (20000,
+# Environment: NODE (b), TO (b), SECONDS_PER_RUN (8, resp), CONNECTIONS (20,
+# resp), PIPELINE (64, resp), CALLS (20000,
 # rls), KEEP (a file to copy callgrind's output to).
 set -euo pipefail
 ROOT=$(cd "$(dirname "$0")/.." && pwd)
@@ -42,7 +43,7 @@ wait_line "$WORK/b.log" "rls listening"
 BASE=7881
 [ "$TO" = a ] && BASE=7880
 if [ "$PROTO" = resp ]; then
-  "$BIN/sluice-resp-bench" --addr "127.0.0.1:$((BASE + 2))" --connections 20 --pipeline 64 \
+  "$BIN/sluice-resp-bench" --addr "127.0.0.1:$((BASE + 2))" --connections "${CONNECTIONS:-20}" --pipeline "${PIPELINE:-64}" \
     --seconds "${SECONDS_PER_RUN:-8}" --keys 100000 --groups a,b --owned-by a >"$WORK/run.json"
 else
   "$BIN/sluice-rls-bench" --addr "127.0.0.1:$((BASE + 4))" --domain bench --streams 50 \

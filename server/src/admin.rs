@@ -548,6 +548,13 @@ fn forward_metrics(out: &mut String, forward: &crate::forward::Forwarder) {
         "Requests this node forwarded to the primary of the group that owns their key (--cluster).",
         &per_group,
     );
+    family(
+        out,
+        "sluice_forward_batches_total",
+        "counter",
+        "Batches of forwarded requests: each what one thread forwarded in one turn of its loop, for all its connections (sluice_forwarded_requests_total over this: requests a batch).",
+        &[(String::new(), s.batches.load(Ordering::Relaxed).to_string())],
+    );
     let name = "sluice_forward_seconds";
     let _ = writeln!(out, "# HELP {name} Round trips of forwarded requests, from the forwarder's send to the owner's answer (or the error).");
     let _ = writeln!(out, "# TYPE {name} histogram");

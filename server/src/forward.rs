@@ -16,11 +16,12 @@
 //! client of its own, so a forward's connections live on the thread that
 //! forwards and no request or reply crosses a thread on its way out
 //! ([`Forwarder::cluster_here`]). A coordinator gathers a read's forwarded
-//! requests into one [`RemoteBatch`]; a task of its own thread runs them
-//! through that client's batch path (the client's writer puts calls
-//! queued together into one frame) and answers the batch as one
-//! [`BatchReply`], which fills the connection's pipeline slots like an
-//! answer from another shard. The price is connections: a node keeps one
+//! requests into one [`RemoteBatch`]; the batches a thread submits in one
+//! turn of its loop go together, through one task of its own thread, into
+//! that client's batch path (the client's writer puts calls queued
+//! together into one frame), and each is answered as one [`BatchReply`],
+//! which fills the connection's pipeline slots like an answer from
+//! another shard. The price is connections: a node keeps one
 //! to each shard of each node it forwards to *per forwarding thread*
 //! (docs/ARCHITECTURE.md weighs it). The forwarder's thread keeps the
 //! cluster client that follows etcd's layout (or the file's reloads); the
@@ -171,6 +172,10 @@ pub struct ForwardStats {
     pub rtt: [AtomicU64; RTT_BUCKETS],
     /// Sum of the round trips, ns.
     pub rtt_ns_sum: AtomicU64,
+    /// Batches forwarded: each the requests one thread forwarded in one
+    /// turn of its loop, whatever their connections (requests over
+    /// batches: how many shared a batch's fixed costs).
+    pub batches: AtomicU64,
     /// Forward errors by kind: [`ERROR_KINDS`].
     pub errors: [AtomicU64; ERROR_KINDS.len()],
     /// HELLOs refused because the peer's layout hash differs (counted by
@@ -190,6 +195,7 @@ impl Default for ForwardStats {
             groups: Mutex::default(),
             rtt: std::array::from_fn(|_| AtomicU64::new(0)),
             rtt_ns_sum: AtomicU64::new(0),
+            batches: AtomicU64::new(0),
             errors: std::array::from_fn(|_| AtomicU64::new(0)),
             layout_mismatches: AtomicU64::new(0),
             wrong_group: AtomicU64::new(0),
@@ -390,10 +396,61 @@ impl Forwarder {
     /// Runs `batch`'s calls in a task of the calling thread (through its
     /// own cluster client: no hop) and answers it as one [`BatchReply`]
     /// (in the batch's order).
+    ///
+    /// The batches a thread submits in one turn of its loop (every
+    /// connection read in that turn gives one) are forwarded together: the
+    /// first spawns the task, which runs once the turn's other tasks have
+    /// run, and it sends them all as one batch (one task, one batch per
+    /// owner group, one deadline), then splits the answers back to each
+    /// batch's connection. A batch's fixed costs (the task, its timers,
+    /// its reply's wake-up) were most of a forwarded call's when reads are
+    /// small (a client that does not pipeline: benches/notes.md).
     pub fn submit(self: &Arc<Self>, batch: RemoteBatch) {
+        let turn = TURNS.with(|turns| {
+            let mut turns = turns.borrow_mut();
+            let at = match turns.iter().position(|(id, _)| *id == self.id) {
+                Some(at) => at,
+                None => {
+                    turns.push((self.id, Arc::default()));
+                    turns.len() - 1
+                }
+            };
+            turns[at].1.clone()
+        });
+        {
+            let mut queued = turn.lock().expect("not poisoned");
+            queued.batches.push(batch);
+            if queued.flushing {
+                return;
+            }
+            queued.flushing = true;
+        }
         let this = self.clone();
-        let task = async move {
-            let RemoteBatch { reply_to, items } = batch;
+        // Boxed: the batch path's state (its timers, its groups' futures)
+        // is kilobytes, which the runtime would otherwise copy into and
+        // through the task's cell.
+        let task = Box::pin(async move {
+            let batches = {
+                let mut queued = turn.lock().expect("not poisoned");
+                queued.flushing = false;
+                std::mem::take(&mut queued.batches)
+            };
+            this.run_turn(batches).await;
+        });
+        match tokio::runtime::Handle::try_current() {
+            Ok(here) if self.forwards_here() => drop(here.spawn(task)),
+            _ => drop(self.runtime.spawn(task)),
+        }
+    }
+
+    /// Forwards a turn's batches as one and answers each (see
+    /// [`Forwarder::submit`]).
+    async fn run_turn(&self, batches: Vec<RemoteBatch>) {
+        self.stats.batches.fetch_add(1, Ordering::Relaxed);
+        let n: usize = batches.iter().map(|b| b.items.ops.len()).sum();
+        let mut all = RemoteItems::with_capacity(n);
+        let mut answer_to = Vec::with_capacity(batches.len());
+        for RemoteBatch { reply_to, items } in batches {
             let RemoteItems {
                 seqs,
                 ops,
@@ -401,19 +458,25 @@ impl Forwarder {
                 view,
                 mixed,
             } = items;
-            let answers = match view {
-                Some(view) if !mixed => this.forward(&view, ops, Some(&groups)).await,
-                _ => this.forward(&this.view(), ops, None).await,
-            };
-            let outcomes = seqs.into_iter().zip(answers);
-            // The connection may be gone: nothing waits for the answer then.
-            let _ = reply_to.send(BatchReply {
-                outcomes: outcomes.collect(),
-            });
+            match (&all.view, &view) {
+                (_, None) => {}
+                (None, Some(v)) => all.view = Some(v.clone()),
+                (Some(a), Some(v)) => all.mixed |= !Arc::ptr_eq(a, v),
+            }
+            all.mixed |= mixed;
+            all.ops.extend(ops);
+            all.groups.extend(groups);
+            answer_to.push((reply_to, seqs));
+        }
+        let outcomes = match all.view {
+            Some(view) if !all.mixed => self.forward(&view, all.ops, Some(&all.groups)).await,
+            _ => self.forward(&self.view(), all.ops, None).await,
         };
-        match tokio::runtime::Handle::try_current() {
-            Ok(here) if self.forwards_here() => drop(here.spawn(task)),
-            _ => drop(self.runtime.spawn(task)),
+        let mut outcomes = outcomes.into_iter();
+        for (reply_to, seqs) in answer_to {
+            let mine = seqs.into_iter().zip(&mut outcomes).collect();
+            // The connection may be gone: nothing waits for the answer then.
+            let _ = reply_to.send(BatchReply { outcomes: mine });
         }
     }
 
@@ -724,7 +787,18 @@ fn etcd_cluster(
     Err("this sluiced was built without etcd".to_owned())
 }
 
+/// A thread's batches submitted this turn (by [`Forwarder::submit`]), and
+/// whether the task that forwards them is spawned and has not run yet.
+#[derive(Debug, Default)]
+struct Turn {
+    batches: Vec<RemoteBatch>,
+    flushing: bool,
+}
+
 thread_local! {
+    /// This thread's [`Turn`] for each forwarder (by its id). Shared with
+    /// the forwarding task, which may run on the forwarder's thread.
+    static TURNS: RefCell<Vec<(u64, Arc<Mutex<Turn>>)>> = const { RefCell::new(Vec::new()) };
     /// This thread's cluster client ([`Forwarder::cluster_here`]): the
     /// forwarder it belongs to (its id), the layout generation it last
     /// took, the client.

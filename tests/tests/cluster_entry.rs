@@ -678,3 +678,79 @@ async fn a_stale_primary_admits_nothing_its_rate_limit_port_took_in_while_stoppe
     );
     assert_eq!(errors, 5, "{v}");
 }
+
+/// The forwards a node's thread makes in one turn of its loop share one
+/// batch, whichever connections they came from: 16 Redis clients that
+/// do not pipeline, one CL.THROTTLE each for keys of group b, sent to a's
+/// primary while it is stopped (SIGSTOP), so that every command is
+/// waiting when it resumes. The 16 requests are forwarded in a few
+/// batches (the node's two shard threads each forward their connections'
+/// in one turn), where each connection's read was a batch of its own
+/// before (the test fails with 16).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn one_turn_of_forwards_is_one_batch_whatever_the_connections() {
+    use std::io::{Read, Write};
+    use std::net::TcpStream;
+    let cluster = TwoGroups::start(true).await;
+    let node = &cluster.nodes[0];
+    let resp = node.resp_addr.expect("resp");
+    let admin = node.admin_addr.expect("admin");
+    let throttle = |c: &mut TcpStream, key: &str| {
+        let args = ["CL.THROTTLE", key, "4", "5", "3600", "1"];
+        let mut cmd = format!("*{}\r\n", args.len());
+        for a in args {
+            cmd.push_str(&format!("${}\r\n{a}\r\n", a.len()));
+        }
+        c.write_all(cmd.as_bytes()).unwrap();
+    };
+    // *5 and five integers: allowed (0), the limit (5), remaining (4: a
+    // key's first spend), ...
+    let granted = |c: &mut TcpStream, key: &str| {
+        let mut reply = Vec::new();
+        while reply.iter().filter(|&&b| b == b'\n').count() < 6 {
+            let mut chunk = [0u8; 256];
+            let n = c.read(&mut chunk).expect("a reply");
+            assert!(n > 0, "closed before {key}'s reply");
+            reply.extend_from_slice(&chunk[..n]);
+        }
+        let text = String::from_utf8_lossy(&reply).into_owned();
+        assert!(
+            text.starts_with("*5\r\n:0\r\n:5\r\n:4\r\n"),
+            "{key}: {text:?}"
+        );
+    };
+    let mut conns = Vec::new();
+    for key in cluster.keys_of("b", "warm", 16) {
+        let mut c = TcpStream::connect(resp).expect("connect");
+        c.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
+        // Accepted and served before the stop, and every thread's
+        // forwarding connections open: a forwarded call answered.
+        throttle(&mut c, &key);
+        granted(&mut c, &key);
+        conns.push(c);
+    }
+    let counts = || {
+        let (_, s) = http_get(admin, "/metrics");
+        (
+            metric_sample(&s, "sluice_forwarded_requests_total{group=\"b\"}"),
+            metric_sample(&s, "sluice_forward_batches_total"),
+        )
+    };
+    let before = counts();
+    let keys = cluster.keys_of("b", "turn", 16);
+    node.signal("STOP");
+    for (c, key) in conns.iter_mut().zip(&keys) {
+        throttle(c, key);
+    }
+    node.signal("CONT");
+    for (c, key) in conns.iter_mut().zip(&keys) {
+        granted(c, key);
+    }
+    let after = counts();
+    assert_eq!(after.0 - before.0, 16.0, "requests forwarded");
+    let batches = after.1 - before.1;
+    assert!(
+        (1.0..=6.0).contains(&batches),
+        "16 forwards made in one turn went in {batches} batches"
+    );
+}

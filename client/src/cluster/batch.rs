@@ -254,17 +254,18 @@ impl Cluster {
         stats
             .store_total
             .fetch_add(replies.len() as u64, Ordering::Relaxed);
-        replies
-            .into_iter()
-            .zip(ops)
-            .map(|(reply, op)| {
-                crate::metrics::verdict(Source::Store);
-                let Some(Ok(reply)) = reply else {
-                    unreachable!("checked: every op has its reply")
-                };
-                f(answer(op, reply))
-            })
-            .collect()
+        // A vector of its own: collected in place, the replies' would be
+        // shrunk to `T`'s size by a realloc, the dearest step of a batch
+        // of one.
+        let mut out = Vec::with_capacity(replies.len());
+        out.extend(replies.into_iter().zip(ops).map(|(reply, op)| {
+            crate::metrics::verdict(Source::Store);
+            let Some(Ok(reply)) = reply else {
+                unreachable!("checked: every op has its reply")
+            };
+            f(answer(op, reply))
+        }));
+        out
     }
 
     /// Sends `batch` to `client` (the group's primary at `node`) and waits
