@@ -445,29 +445,19 @@ impl Forwarder {
 
     /// Forwards a turn's batches as one and answers each (see
     /// [`Forwarder::submit`]).
-    async fn run_turn(&self, batches: Vec<RemoteBatch>) {
+    async fn run_turn(&self, mut batches: Vec<RemoteBatch>) {
         self.stats.batches.fetch_add(1, Ordering::Relaxed);
-        let n: usize = batches.iter().map(|b| b.items.ops.len()).sum();
-        let mut all = RemoteItems::with_capacity(n);
-        let mut answer_to = Vec::with_capacity(batches.len());
-        for RemoteBatch { reply_to, items } in batches {
-            let RemoteItems {
-                seqs,
-                ops,
-                groups,
-                view,
-                mixed,
-            } = items;
-            match (&all.view, &view) {
-                (_, None) => {}
-                (None, Some(v)) => all.view = Some(v.clone()),
-                (Some(a), Some(v)) => all.mixed |= !Arc::ptr_eq(a, v),
-            }
-            all.mixed |= mixed;
-            all.ops.extend(ops);
-            all.groups.extend(groups);
-            answer_to.push((reply_to, seqs));
-        }
+        let (all, answer_to) = if batches.len() == 1 {
+            // Alone in its turn: forwarded as it is, not copied.
+            let RemoteBatch {
+                reply_to,
+                mut items,
+            } = batches.pop().expect("one");
+            let seqs = std::mem::take(&mut items.seqs);
+            (items, vec![(reply_to, seqs)])
+        } else {
+            merge(batches)
+        };
         let outcomes = match all.view {
             Some(view) if !all.mixed => self.forward(&view, all.ops, Some(&all.groups)).await,
             _ => self.forward(&self.view(), all.ops, None).await,
@@ -614,6 +604,37 @@ impl Forwarder {
         s.rtt_ns_sum
             .fetch_add(ns.saturating_mul(n), Ordering::Relaxed);
     }
+}
+
+/// Where a batch's answers go, and its requests' sequence numbers.
+type AnswerTo = (Sender<BatchReply>, Vec<u64>);
+
+/// A turn's batches as one: their requests one after the other (under
+/// one view, or marked mixed so that they are looked up again), and
+/// where each batch's answers go, with its requests' sequence numbers.
+fn merge(batches: Vec<RemoteBatch>) -> (RemoteItems, Vec<AnswerTo>) {
+    let n: usize = batches.iter().map(|b| b.items.ops.len()).sum();
+    let mut all = RemoteItems::with_capacity(n);
+    let mut answer_to = Vec::with_capacity(batches.len());
+    for RemoteBatch { reply_to, items } in batches {
+        let RemoteItems {
+            seqs,
+            ops,
+            groups,
+            view,
+            mixed,
+        } = items;
+        match (&all.view, &view) {
+            (None, Some(v)) if all.ops.is_empty() => all.view = Some(v.clone()),
+            (Some(a), Some(v)) if Arc::ptr_eq(a, v) => {}
+            _ => all.mixed = true,
+        }
+        all.mixed |= mixed;
+        all.ops.extend(ops);
+        all.groups.extend(groups);
+        answer_to.push((reply_to, seqs));
+    }
+    (all, answer_to)
 }
 
 /// Which of [`ForwardStats`]'s error counters a forward's error counts under:
@@ -818,4 +839,63 @@ fn spawn_runtime() -> Result<(tokio::runtime::Handle, std::thread::ThreadId), St
         .spawn(move || runtime.block_on(std::future::pending::<()>()))
         .map_err(|e| format!("cannot start the forwarder thread: {e}"))?;
     Ok((handle, thread.thread().id()))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn view() -> Arc<View> {
+        let topology =
+            Topology::new()
+                .group("a", "127.0.0.1:1", None)
+                .group("b", "127.0.0.1:2", None);
+        let ring = Ring::new(["a", "b"]);
+        Arc::new(View {
+            own: ring.index_of("a"),
+            ring,
+            hash: 1,
+            generation: 1,
+            topology,
+        })
+    }
+
+    fn batch(seqs: &[u64], view: &Arc<View>) -> (RemoteBatch, crate::inbox::Receiver<BatchReply>) {
+        let (reply_to, rx) = crate::inbox::inbox();
+        let mut items = RemoteItems::with_capacity(seqs.len());
+        for &seq in seqs {
+            let op = RemoteOp::Cell {
+                key: bytes::Bytes::from(format!("k{seq}")),
+                policy: sluice_protocol::cell::CellPolicy::new(4, 5, 60).unwrap(),
+                quantity: 1,
+            };
+            items.push(seq, op, view, 1);
+        }
+        (RemoteBatch { reply_to, items }, rx)
+    }
+
+    /// A turn's batches go as one, in order, each keeping its own
+    /// sequence numbers; batches under two views are looked up again.
+    #[test]
+    fn a_turns_batches_merge_in_order_and_two_views_mark_them_mixed() {
+        let v = view();
+        let (one, _rx1) = batch(&[7, 8], &v);
+        let (two, _rx2) = batch(&[3], &v);
+        let (all, answer_to) = merge(vec![one, two]);
+        assert!(!all.mixed);
+        assert!(Arc::ptr_eq(all.view.as_ref().unwrap(), &v));
+        let keys: Vec<&[u8]> = all.ops.iter().map(|op| op.key()).collect();
+        assert_eq!(keys, [&b"k7"[..], b"k8", b"k3"]);
+        assert_eq!(all.groups, [1, 1, 1]);
+        let seqs: Vec<&[u64]> = answer_to.iter().map(|(_, s)| s.as_slice()).collect();
+        assert_eq!(seqs, [&[7, 8][..], &[3]]);
+
+        let (one, _rx1) = batch(&[1], &v);
+        let (two, _rx2) = batch(&[2], &view());
+        let (all, _) = merge(vec![one, two]);
+        assert!(
+            all.mixed,
+            "a second view's ring indices are not the first's"
+        );
+    }
 }

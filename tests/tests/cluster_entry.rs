@@ -686,7 +686,8 @@ async fn a_stale_primary_admits_nothing_its_rate_limit_port_took_in_while_stoppe
 /// waiting when it resumes. The 16 requests are forwarded in a few
 /// batches (the node's two shard threads each forward their connections'
 /// in one turn), where each connection's read was a batch of its own
-/// before (the test fails with 16).
+/// before (the test fails with 16), and each connection gets its own
+/// answer back.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn one_turn_of_forwards_is_one_batch_whatever_the_connections() {
     use std::io::{Read, Write};
@@ -695,17 +696,18 @@ async fn one_turn_of_forwards_is_one_batch_whatever_the_connections() {
     let node = &cluster.nodes[0];
     let resp = node.resp_addr.expect("resp");
     let admin = node.admin_addr.expect("admin");
-    let throttle = |c: &mut TcpStream, key: &str| {
-        let args = ["CL.THROTTLE", key, "4", "5", "3600", "1"];
+    let throttle = |c: &mut TcpStream, key: &str, quantity: u64| {
+        let quantity = quantity.to_string();
+        let args = ["CL.THROTTLE", key, "4", "5", "3600", &quantity];
         let mut cmd = format!("*{}\r\n", args.len());
         for a in args {
             cmd.push_str(&format!("${}\r\n{a}\r\n", a.len()));
         }
         c.write_all(cmd.as_bytes()).unwrap();
     };
-    // *5 and five integers: allowed (0), the limit (5), remaining (4: a
-    // key's first spend), ...
-    let granted = |c: &mut TcpStream, key: &str| {
+    // *5 and five integers: allowed (0), the limit (5), remaining (a
+    // key's first spend: 5 - quantity), ...
+    let granted = |c: &mut TcpStream, key: &str, quantity: u64| {
         let mut reply = Vec::new();
         while reply.iter().filter(|&&b| b == b'\n').count() < 6 {
             let mut chunk = [0u8; 256];
@@ -714,10 +716,8 @@ async fn one_turn_of_forwards_is_one_batch_whatever_the_connections() {
             reply.extend_from_slice(&chunk[..n]);
         }
         let text = String::from_utf8_lossy(&reply).into_owned();
-        assert!(
-            text.starts_with("*5\r\n:0\r\n:5\r\n:4\r\n"),
-            "{key}: {text:?}"
-        );
+        let head = format!("*5\r\n:0\r\n:5\r\n:{}\r\n", 5 - quantity);
+        assert!(text.starts_with(&head), "{key}: {text:?}, not {head:?}");
     };
     let mut conns = Vec::new();
     for key in cluster.keys_of("b", "warm", 16) {
@@ -725,8 +725,8 @@ async fn one_turn_of_forwards_is_one_batch_whatever_the_connections() {
         c.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
         // Accepted and served before the stop, and every thread's
         // forwarding connections open: a forwarded call answered.
-        throttle(&mut c, &key);
-        granted(&mut c, &key);
+        throttle(&mut c, &key, 1);
+        granted(&mut c, &key, 1);
         conns.push(c);
     }
     let counts = || {
@@ -739,12 +739,15 @@ async fn one_turn_of_forwards_is_one_batch_whatever_the_connections() {
     let before = counts();
     let keys = cluster.keys_of("b", "turn", 16);
     node.signal("STOP");
-    for (c, key) in conns.iter_mut().zip(&keys) {
-        throttle(c, key);
+    // Each connection spends its own quantity, so that an answer given
+    // to the wrong connection shows.
+    let quantity = |i: usize| 1 + (i % 4) as u64;
+    for (i, (c, key)) in conns.iter_mut().zip(&keys).enumerate() {
+        throttle(c, key, quantity(i));
     }
     node.signal("CONT");
-    for (c, key) in conns.iter_mut().zip(&keys) {
-        granted(c, key);
+    for (i, (c, key)) in conns.iter_mut().zip(&keys).enumerate() {
+        granted(c, key, quantity(i));
     }
     let after = counts();
     assert_eq!(after.0 - before.0, 16.0, "requests forwarded");
