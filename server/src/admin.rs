@@ -552,7 +552,7 @@ fn forward_metrics(out: &mut String, forward: &crate::forward::Forwarder) {
         out,
         "sluice_forward_batches_total",
         "counter",
-        "Batches of forwarded requests: each what one thread forwarded in one turn of its loop, for all its connections (sluice_forwarded_requests_total over this: requests a batch).",
+        "Batches of forwarded requests: each what one thread forwarded to one owner group in one turn of its loop, for all its connections (a read that spans groups goes alone); sluice_forwarded_requests_total over this: requests a batch.",
         &[(String::new(), s.batches.load(Ordering::Relaxed).to_string())],
     );
     let name = "sluice_forward_seconds";

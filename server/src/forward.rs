@@ -102,6 +102,17 @@ impl RemoteItems {
         }
     }
 
+    /// The view and group of every request, if they all have one group in
+    /// one view.
+    fn one_group(&self) -> Option<(*const View, usize)> {
+        let view = self.view.as_ref().filter(|_| !self.mixed)?;
+        let group = *self.groups.first()?;
+        self.groups
+            .iter()
+            .all(|&g| g == group)
+            .then_some((Arc::as_ptr(view), group))
+    }
+
     /// Adds request `seq`, whose key is of group `group` in `view`.
     #[inline]
     pub fn push(&mut self, seq: u64, op: RemoteOp, view: &Arc<View>, group: usize) {
@@ -173,8 +184,9 @@ pub struct ForwardStats {
     /// Sum of the round trips, ns.
     pub rtt_ns_sum: AtomicU64,
     /// Batches forwarded: each the requests one thread forwarded in one
-    /// turn of its loop, whatever their connections (requests over
-    /// batches: how many shared a batch's fixed costs).
+    /// turn of its loop for one owner group, whatever their connections
+    /// (or one read's, when it spans groups): requests over batches is
+    /// how many shared a batch's fixed costs.
     pub batches: AtomicU64,
     /// Forward errors by kind: [`ERROR_KINDS`].
     pub errors: [AtomicU64; ERROR_KINDS.len()],
@@ -400,9 +412,10 @@ impl Forwarder {
     /// The batches a thread submits in one turn of its loop (every
     /// connection read in that turn gives one) are forwarded together: the
     /// first spawns the task, which runs once the turn's other tasks have
-    /// run, and it sends them all as one batch (one task, one batch per
-    /// owner group, one deadline), then splits the answers back to each
-    /// batch's connection. A batch's fixed costs (the task, its timers,
+    /// run, and it sends those bound for one owner group as one batch (one
+    /// task, one deadline), then splits the answers back to each batch's
+    /// connection (a batch that spans groups goes alone, so that a slow
+    /// group holds up only the connections that asked it). A batch's fixed costs (the task, its timers,
     /// its reply's wake-up) were most of a forwarded call's when reads are
     /// small (a client that does not pipeline: benches/notes.md).
     pub fn submit(self: &Arc<Self>, batch: RemoteBatch) {
@@ -443,12 +456,28 @@ impl Forwarder {
         }
     }
 
-    /// Forwards a turn's batches as one and answers each (see
-    /// [`Forwarder::submit`]).
-    async fn run_turn(&self, mut batches: Vec<RemoteBatch>) {
+    /// Forwards a turn's batches and answers each (see
+    /// [`Forwarder::submit`]): the batches bound for one owner group (under
+    /// one view) as one, each batch that spans groups alone. So a group
+    /// that is slow to answer (stopped, partitioned: up to the deadline)
+    /// delays only the connections that asked it, as it did when every
+    /// read forwarded alone.
+    async fn run_turn(self: Arc<Self>, batches: Vec<RemoteBatch>) {
+        let mut units = by_owner(batches).into_iter();
+        let first = units.next().expect("a turn has a batch");
+        for unit in units {
+            // On this thread too, each with its own deadline.
+            let this = self.clone();
+            tokio::spawn(Box::pin(async move { this.run_unit(unit).await }));
+        }
+        self.run_unit(first).await;
+    }
+
+    /// Forwards `batches` as one batch and answers each.
+    async fn run_unit(&self, mut batches: Vec<RemoteBatch>) {
         self.stats.batches.fetch_add(1, Ordering::Relaxed);
         let (all, answer_to) = if batches.len() == 1 {
-            // Alone in its turn: forwarded as it is, not copied.
+            // Alone: forwarded as it is, not copied.
             let RemoteBatch {
                 reply_to,
                 mut items,
@@ -604,6 +633,28 @@ impl Forwarder {
         s.rtt_ns_sum
             .fetch_add(ns.saturating_mul(n), Ordering::Relaxed);
     }
+}
+
+/// A turn's batches in the units forwarded together: those bound for one
+/// group under one view as one unit, each other batch alone.
+fn by_owner(batches: Vec<RemoteBatch>) -> Vec<Vec<RemoteBatch>> {
+    let mut units: Vec<Vec<RemoteBatch>> = Vec::new();
+    // (unit, view, group) of the units bound for one group.
+    let mut single: Vec<(usize, *const View, usize)> = Vec::new();
+    for batch in batches {
+        let Some((view, group)) = batch.items.one_group() else {
+            units.push(vec![batch]);
+            continue;
+        };
+        match single.iter().find(|(_, v, g)| *v == view && *g == group) {
+            Some(&(unit, _, _)) => units[unit].push(batch),
+            None => {
+                single.push((units.len(), view, group));
+                units.push(vec![batch]);
+            }
+        }
+    }
+    units
 }
 
 /// Where a batch's answers go, and its requests' sequence numbers.
@@ -872,6 +923,41 @@ mod tests {
             items.push(seq, op, view, 1);
         }
         (RemoteBatch { reply_to, items }, rx)
+    }
+
+    fn batch_to(
+        seqs: &[u64],
+        view: &Arc<View>,
+        groups: &[usize],
+    ) -> (RemoteBatch, crate::inbox::Receiver<BatchReply>) {
+        let (mut b, rx) = batch(seqs, view);
+        b.items.groups = groups.to_vec();
+        (b, rx)
+    }
+
+    /// The batches bound for one group go together; one that spans
+    /// groups goes alone (a slow group holds up only its own askers).
+    #[test]
+    fn a_turns_batches_go_together_by_owner_group() {
+        let v = view();
+        let (b0, _r0) = batch_to(&[1], &v, &[1]);
+        let (b1, _r1) = batch_to(&[2, 3], &v, &[0, 1]);
+        let (b2, _r2) = batch_to(&[4], &v, &[0]);
+        let (b3, _r3) = batch_to(&[5, 6], &v, &[1, 1]);
+        let (b4, _r4) = batch_to(&[7], &v, &[0]);
+        let units = by_owner(vec![b0, b1, b2, b3, b4]);
+        let seqs: Vec<Vec<Vec<u64>>> = units
+            .iter()
+            .map(|u| u.iter().map(|b| b.items.seqs.clone()).collect())
+            .collect();
+        assert_eq!(
+            seqs,
+            [
+                vec![vec![1], vec![5, 6]],
+                vec![vec![2, 3]],
+                vec![vec![4], vec![7]]
+            ]
+        );
     }
 
     /// A turn's batches go as one, in order, each keeping its own

@@ -757,3 +757,98 @@ async fn one_turn_of_forwards_is_one_batch_whatever_the_connections() {
         "16 forwards made in one turn went in {batches} batches"
     );
 }
+
+/// A group slow to answer holds up only the connections that asked it,
+/// even when other connections' forwards were made in the same turn: b's
+/// primary stopped (SIGSTOP, no stall watch, a 3 s forward deadline), a's
+/// follower (which forwards a's keys to a's primary and b's to b's) stopped
+/// too while 8 connections send it one CL.THROTTLE of an a key and 8 one of
+/// a b key. When it resumes, every a key is answered long before b's
+/// deadline passes (with the turn's forwards sent as one batch whatever
+/// their groups, every a key waited out b's 3 s).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_stopped_group_holds_up_only_the_connections_that_asked_it() {
+    use std::io::{Read, Write};
+    use std::net::TcpStream;
+    let flags = [
+        "--forward-deadline-ms",
+        "3000",
+        "--forward-stall-after-ms",
+        "0",
+    ];
+    let cluster = TwoGroups::start_with(true, &flags).await;
+    let entry = &cluster.nodes[1];
+    let resp = entry.resp_addr.expect("resp");
+    let throttle = |c: &mut TcpStream, key: &str| {
+        let args = ["CL.THROTTLE", key, "4", "5", "3600", "1"];
+        let mut cmd = format!("*{}\r\n", args.len());
+        for a in args {
+            cmd.push_str(&format!("${}\r\n{a}\r\n", a.len()));
+        }
+        c.write_all(cmd.as_bytes()).unwrap();
+    };
+    // The reply's first line, and its time.
+    let reply = |c: &mut TcpStream| {
+        let mut got = Vec::new();
+        while !got.ends_with(b"\r\n")
+            || got.starts_with(b"*") && got.split(|&b| b == b'\n').count() < 7
+        {
+            let mut byte = [0u8; 1];
+            assert_eq!(c.read(&mut byte).expect("a reply"), 1, "closed");
+            got.push(byte[0]);
+        }
+        (
+            String::from_utf8_lossy(&got).into_owned(),
+            std::time::Instant::now(),
+        )
+    };
+    // Two of each kind in turn, so that both shard threads get both.
+    let keys_a = cluster.keys_of("a", "hol", 8);
+    let keys_b = cluster.keys_of("b", "hol", 8);
+    let mut conns = Vec::new();
+    for i in 0..16 {
+        let kind = (i / 2) % 2;
+        let key = if kind == 0 {
+            &keys_a[i / 4 * 2 + i % 2]
+        } else {
+            &keys_b[i / 4 * 2 + i % 2]
+        };
+        let mut c = TcpStream::connect(resp).expect("connect");
+        c.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
+        // Accepted, and every thread's forwarding connections open.
+        throttle(&mut c, &format!("{key}-warm"));
+        let (first, _) = reply(&mut c);
+        assert!(first.starts_with("*5"), "{first:?}");
+        conns.push((c, kind, key.clone()));
+    }
+    cluster.nodes[2].signal("STOP");
+    entry.signal("STOP");
+    for (c, _, key) in &mut conns {
+        throttle(c, key);
+    }
+    let resumed = std::time::Instant::now();
+    entry.signal("CONT");
+    let mut slowest_a = Duration::ZERO;
+    for (c, kind, key) in &mut conns {
+        if *kind == 0 {
+            let (text, at) = reply(c);
+            assert!(text.starts_with("*5\r\n:0\r\n"), "{key}: {text:?}");
+            slowest_a = slowest_a.max(at - resumed);
+        }
+    }
+    for (c, kind, key) in &mut conns {
+        if *kind == 1 {
+            let (text, _) = reply(c);
+            assert!(
+                text.starts_with('-'),
+                "{key} answered by a stopped node: {text:?}"
+            );
+        }
+    }
+    cluster.nodes[2].signal("CONT");
+    assert!(
+        slowest_a < Duration::from_millis(1_500),
+        "a's keys waited {} ms on b's stopped primary",
+        slowest_a.as_millis()
+    );
+}
