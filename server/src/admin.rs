@@ -530,24 +530,21 @@ fn rls_thread_connections(out: &mut String, rls: &RlsStats) {
     );
 }
 
-/// An entry point's forwarding (`--cluster`): requests by destination
-/// group, their round trips, and errors by kind.
-fn forward_metrics(out: &mut String, forward: &crate::forward::Forwarder) {
-    let s = &forward.stats;
-    let per_group: Vec<(String, String)> = s
-        .groups
-        .lock()
-        .expect("not poisoned")
+/// Requests this node forwarded to each group's primary (`--cluster`), as
+/// samples of `sluice_forwarded_requests_total`.
+fn forwarded_to_groups(forward: &crate::forward::Forwarder) -> Vec<(String, String)> {
+    let groups = forward.stats.groups.lock().expect("not poisoned");
+    groups
         .iter()
         .map(|(g, c)| (format!("group=\"{g}\""), c.forwarded.to_string()))
-        .collect();
-    family(
-        out,
-        "sluice_forwarded_requests_total",
-        "counter",
-        "Requests this node forwarded to the primary of the group that owns their key (--cluster).",
-        &per_group,
-    );
+        .collect()
+}
+
+/// An entry point's forwarding (`--cluster`): batches, round trips, and
+/// errors by kind (its requests by group are written with the per-shard
+/// ones: [`forwarded_to_groups`]).
+fn forward_metrics(out: &mut String, forward: &crate::forward::Forwarder) {
+    let s = &forward.stats;
     family(
         out,
         "sluice_forward_batches_total",
@@ -740,12 +737,18 @@ fn shard_traffic_metrics(out: &mut String, node: &Node) {
         |p| &p.batch_time,
         |p| &p.batch_ns_total,
     );
+    // One family for both kinds of forward (a second HELP for the same
+    // name is an exposition promtool, and Prometheus, refuse).
+    let mut forwarded = per_shard_published(node, |p| &p.forwarded_total);
+    if let Some(forward) = &node.forward {
+        forwarded.extend(forwarded_to_groups(forward));
+    }
     family(
         out,
         "sluice_forwarded_requests_total",
         "counter",
-        "Requests a shard decided for connections on other shards (the key was its own).",
-        &per_shard_published(node, |p| &p.forwarded_total),
+        "Requests forwarded: by shard, those a shard decided for connections on other shards of this node (the key was its own); by group (--cluster), those this node forwarded to the primary of the group that owns their key.",
+        &forwarded,
     );
     family(
         out,

@@ -8,25 +8,39 @@ use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
 use sluice_protocol::Policy;
-use sluice_tests::support::{http_get as get, metric_sample as sample, Sluiced};
+use sluice_tests::support::{http_get as get, metric_sample as sample, port, ConfigFile, Sluiced};
 
 #[tokio::test]
 async fn metrics_pass_promtool_and_count_the_decisions() {
     let dir = std::env::temp_dir().join(format!("sluice-admin-{}", std::process::id()));
-    // With the rate limit port, so that promtool sees its families too.
+    // With the rate limit port and a cluster (of its own group alone), so
+    // that promtool sees their families too: the cluster's forwarded
+    // requests share a name with the shards' (one family, or promtool
+    // refuses the second HELP).
     let rules = std::path::PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("rls/rules");
-    let server = Sluiced::start(&[
-        "--shards",
-        "1",
-        "--admin-port",
-        "0",
-        "--snapshot-dir",
-        dir.to_str().unwrap(),
-        "--rls-port",
-        "0",
-        "--rls-config",
-        rules.to_str().unwrap(),
-    ]);
+    let at = port();
+    let cluster = ConfigFile::new(&format!(
+        "[[groups]]\nname = \"a\"\nprimary = \"127.0.0.1:{at}\"\n"
+    ));
+    let server = Sluiced::start_on(
+        at,
+        &[
+            "--shards",
+            "1",
+            "--admin-port",
+            "0",
+            "--snapshot-dir",
+            dir.to_str().unwrap(),
+            "--rls-port",
+            "0",
+            "--rls-config",
+            rules.to_str().unwrap(),
+            "--cluster",
+            cluster.arg(),
+            "--group",
+            "a",
+        ],
+    );
     let admin = server.admin_addr.expect("the admin line was printed");
     // The shared test client's long deadline: the default (5 ms, a
     // gateway's) timed the first call out once on a loaded CI machine.
