@@ -415,9 +415,10 @@ impl Forwarder {
     /// run, and it sends those bound for one owner group as one batch (one
     /// task, one deadline), then splits the answers back to each batch's
     /// connection (a batch that spans groups goes alone, so that a slow
-    /// group holds up only the connections that asked it). A batch's fixed costs (the task, its timers,
-    /// its reply's wake-up) were most of a forwarded call's when reads are
-    /// small (a client that does not pipeline: benches/notes.md).
+    /// group holds up only the connections that asked it). A batch's
+    /// fixed costs (the task, its timers, its reply's wake-up) were most
+    /// of a forwarded call's when reads are small (a client that does not
+    /// pipeline: benches/notes.md).
     pub fn submit(self: &Arc<Self>, batch: RemoteBatch) {
         let turn = TURNS.with(|turns| {
             let mut turns = turns.borrow_mut();
