@@ -116,14 +116,35 @@ impl RemoteItems {
     /// Adds request `seq`, whose key is of group `group` in `view`.
     #[inline]
     pub fn push(&mut self, seq: u64, op: RemoteOp, view: &Arc<View>, group: usize) {
+        self.note_view(view);
+        self.seqs.push(seq);
+        self.ops.push(op);
+        self.groups.push(group);
+    }
+
+    /// Adds `other`'s requests after these (its groups under its view);
+    /// returns its sequence numbers, which stay its own (a merged turn
+    /// answers each batch apart).
+    fn append(&mut self, other: RemoteItems) -> Vec<u64> {
+        match &other.view {
+            Some(view) => self.note_view(view),
+            None => self.mixed = true,
+        }
+        self.mixed |= other.mixed;
+        self.ops.extend(other.ops);
+        self.groups.extend(other.groups);
+        other.seqs
+    }
+
+    /// Requests under `view` join: the first view is kept, another one
+    /// marks the items mixed (their groups are looked up again).
+    #[inline]
+    fn note_view(&mut self, view: &Arc<View>) {
         match &self.view {
             None => self.view = Some(view.clone()),
             Some(v) if !Arc::ptr_eq(v, view) => self.mixed = true,
             Some(_) => {}
         }
-        self.seqs.push(seq);
-        self.ops.push(op);
-        self.groups.push(group);
     }
 }
 
@@ -420,6 +441,8 @@ impl Forwarder {
     /// of a forwarded call's when reads are small (a client that does not
     /// pipeline: benches/notes.md).
     pub fn submit(self: &Arc<Self>, batch: RemoteBatch) {
+        // Queued in this thread's turn; the first of the turn spawns the
+        // task (and takes a handle on the turn for it).
         let turn = TURNS.with(|turns| {
             let mut turns = turns.borrow_mut();
             let at = match turns.iter().position(|(id, _)| *id == self.id) {
@@ -429,16 +452,13 @@ impl Forwarder {
                     turns.len() - 1
                 }
             };
-            turns[at].1.clone()
-        });
-        {
-            let mut queued = turn.lock().expect("not poisoned");
+            let mut queued = turns[at].1.lock().expect("not poisoned");
             queued.batches.push(batch);
-            if queued.flushing {
-                return;
-            }
-            queued.flushing = true;
-        }
+            let first = !std::mem::replace(&mut queued.flushing, true);
+            drop(queued);
+            first.then(|| turns[at].1.clone())
+        });
+        let Some(turn) = turn else { return };
         let this = self.clone();
         // Boxed: the batch path's state (its timers, its groups' futures)
         // is kilobytes, which the runtime would otherwise copy into and
@@ -667,25 +687,10 @@ type AnswerTo = (Sender<BatchReply>, Vec<u64>);
 fn merge(batches: Vec<RemoteBatch>) -> (RemoteItems, Vec<AnswerTo>) {
     let n: usize = batches.iter().map(|b| b.items.ops.len()).sum();
     let mut all = RemoteItems::with_capacity(n);
-    let mut answer_to = Vec::with_capacity(batches.len());
-    for RemoteBatch { reply_to, items } in batches {
-        let RemoteItems {
-            seqs,
-            ops,
-            groups,
-            view,
-            mixed,
-        } = items;
-        match (&all.view, &view) {
-            (None, Some(v)) if all.ops.is_empty() => all.view = Some(v.clone()),
-            (Some(a), Some(v)) if Arc::ptr_eq(a, v) => {}
-            _ => all.mixed = true,
-        }
-        all.mixed |= mixed;
-        all.ops.extend(ops);
-        all.groups.extend(groups);
-        answer_to.push((reply_to, seqs));
-    }
+    let answer_to = batches
+        .into_iter()
+        .map(|RemoteBatch { reply_to, items }| (reply_to, all.append(items)))
+        .collect();
     (all, answer_to)
 }
 

@@ -679,6 +679,33 @@ async fn a_stale_primary_admits_nothing_its_rate_limit_port_took_in_while_stoppe
     assert_eq!(errors, 5, "{v}");
 }
 
+/// Sends `CL.THROTTLE key 4 5 3600 quantity` (a burst of 5 an hour) on a
+/// raw RESP connection.
+fn send_throttle(c: &mut std::net::TcpStream, key: &str, quantity: u64) {
+    use std::io::Write;
+    let quantity = quantity.to_string();
+    let args = ["CL.THROTTLE", key, "4", "5", "3600", &quantity];
+    let mut cmd = format!("*{}\r\n", args.len());
+    for a in args {
+        cmd.push_str(&format!("${}\r\n{a}\r\n", a.len()));
+    }
+    c.write_all(cmd.as_bytes()).unwrap();
+}
+
+/// The next CL.THROTTLE reply on a raw RESP connection, whole: an array
+/// of five integers, or an error line.
+fn read_throttle(c: &mut std::net::TcpStream) -> String {
+    use std::io::Read;
+    let mut got = Vec::new();
+    while !got.ends_with(b"\r\n") || got.starts_with(b"*") && got.split(|&b| b == b'\n').count() < 7
+    {
+        let mut byte = [0u8; 1];
+        assert_eq!(c.read(&mut byte).expect("a reply"), 1, "closed");
+        got.push(byte[0]);
+    }
+    String::from_utf8_lossy(&got).into_owned()
+}
+
 /// The forwards a node's thread makes in one turn of its loop share one
 /// batch, whichever connections they came from: 16 Redis clients that
 /// do not pipeline, one CL.THROTTLE each for keys of group b, sent to a's
@@ -690,32 +717,15 @@ async fn a_stale_primary_admits_nothing_its_rate_limit_port_took_in_while_stoppe
 /// answer back.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn one_turn_of_forwards_is_one_batch_whatever_the_connections() {
-    use std::io::{Read, Write};
     use std::net::TcpStream;
     let cluster = TwoGroups::start(true).await;
     let node = &cluster.nodes[0];
     let resp = node.resp_addr.expect("resp");
     let admin = node.admin_addr.expect("admin");
-    let throttle = |c: &mut TcpStream, key: &str, quantity: u64| {
-        let quantity = quantity.to_string();
-        let args = ["CL.THROTTLE", key, "4", "5", "3600", &quantity];
-        let mut cmd = format!("*{}\r\n", args.len());
-        for a in args {
-            cmd.push_str(&format!("${}\r\n{a}\r\n", a.len()));
-        }
-        c.write_all(cmd.as_bytes()).unwrap();
-    };
     // *5 and five integers: allowed (0), the limit (5), remaining (a
     // key's first spend: 5 - quantity), ...
     let granted = |c: &mut TcpStream, key: &str, quantity: u64| {
-        let mut reply = Vec::new();
-        while reply.iter().filter(|&&b| b == b'\n').count() < 6 {
-            let mut chunk = [0u8; 256];
-            let n = c.read(&mut chunk).expect("a reply");
-            assert!(n > 0, "closed before {key}'s reply");
-            reply.extend_from_slice(&chunk[..n]);
-        }
-        let text = String::from_utf8_lossy(&reply).into_owned();
+        let text = read_throttle(c);
         let head = format!("*5\r\n:0\r\n:5\r\n:{}\r\n", 5 - quantity);
         assert!(text.starts_with(&head), "{key}: {text:?}, not {head:?}");
     };
@@ -725,7 +735,7 @@ async fn one_turn_of_forwards_is_one_batch_whatever_the_connections() {
         c.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
         // Accepted and served before the stop, and every thread's
         // forwarding connections open: a forwarded call answered.
-        throttle(&mut c, &key, 1);
+        send_throttle(&mut c, &key, 1);
         granted(&mut c, &key, 1);
         conns.push(c);
     }
@@ -743,7 +753,7 @@ async fn one_turn_of_forwards_is_one_batch_whatever_the_connections() {
     // to the wrong connection shows.
     let quantity = |i: usize| 1 + (i % 4) as u64;
     for (i, (c, key)) in conns.iter_mut().zip(&keys).enumerate() {
-        throttle(c, key, quantity(i));
+        send_throttle(c, key, quantity(i));
     }
     node.signal("CONT");
     for (i, (c, key)) in conns.iter_mut().zip(&keys).enumerate() {
@@ -768,8 +778,6 @@ async fn one_turn_of_forwards_is_one_batch_whatever_the_connections() {
 /// their groups, every a key waited out b's 3 s).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_stopped_group_holds_up_only_the_connections_that_asked_it() {
-    use std::io::{Read, Write};
-    use std::net::TcpStream;
     let flags = [
         "--forward-deadline-ms",
         "3000",
@@ -779,29 +787,6 @@ async fn a_stopped_group_holds_up_only_the_connections_that_asked_it() {
     let cluster = TwoGroups::start_with(true, &flags).await;
     let entry = &cluster.nodes[1];
     let resp = entry.resp_addr.expect("resp");
-    let throttle = |c: &mut TcpStream, key: &str| {
-        let args = ["CL.THROTTLE", key, "4", "5", "3600", "1"];
-        let mut cmd = format!("*{}\r\n", args.len());
-        for a in args {
-            cmd.push_str(&format!("${}\r\n{a}\r\n", a.len()));
-        }
-        c.write_all(cmd.as_bytes()).unwrap();
-    };
-    // The reply's first line, and its time.
-    let reply = |c: &mut TcpStream| {
-        let mut got = Vec::new();
-        while !got.ends_with(b"\r\n")
-            || got.starts_with(b"*") && got.split(|&b| b == b'\n').count() < 7
-        {
-            let mut byte = [0u8; 1];
-            assert_eq!(c.read(&mut byte).expect("a reply"), 1, "closed");
-            got.push(byte[0]);
-        }
-        (
-            String::from_utf8_lossy(&got).into_owned(),
-            std::time::Instant::now(),
-        )
-    };
     // Two of each kind in turn, so that both shard threads get both.
     let keys_a = cluster.keys_of("a", "hol", 8);
     let keys_b = cluster.keys_of("b", "hol", 8);
@@ -813,32 +798,32 @@ async fn a_stopped_group_holds_up_only_the_connections_that_asked_it() {
         } else {
             &keys_b[i / 4 * 2 + i % 2]
         };
-        let mut c = TcpStream::connect(resp).expect("connect");
+        let mut c = std::net::TcpStream::connect(resp).expect("connect");
         c.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
         // Accepted, and every thread's forwarding connections open.
-        throttle(&mut c, &format!("{key}-warm"));
-        let (first, _) = reply(&mut c);
+        send_throttle(&mut c, &format!("{key}-warm"), 1);
+        let first = read_throttle(&mut c);
         assert!(first.starts_with("*5"), "{first:?}");
         conns.push((c, kind, key.clone()));
     }
     cluster.nodes[2].signal("STOP");
     entry.signal("STOP");
     for (c, _, key) in &mut conns {
-        throttle(c, key);
+        send_throttle(c, key, 1);
     }
     let resumed = std::time::Instant::now();
     entry.signal("CONT");
     let mut slowest_a = Duration::ZERO;
     for (c, kind, key) in &mut conns {
         if *kind == 0 {
-            let (text, at) = reply(c);
+            let text = read_throttle(c);
             assert!(text.starts_with("*5\r\n:0\r\n"), "{key}: {text:?}");
-            slowest_a = slowest_a.max(at - resumed);
+            slowest_a = slowest_a.max(resumed.elapsed());
         }
     }
     for (c, kind, key) in &mut conns {
         if *kind == 1 {
-            let (text, _) = reply(c);
+            let text = read_throttle(c);
             assert!(
                 text.starts_with('-'),
                 "{key} answered by a stopped node: {text:?}"
