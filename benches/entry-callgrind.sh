@@ -11,7 +11,10 @@
 # Usage: bash benches/entry-callgrind.sh [resp|rls]
 # Environment: NODE (b), TO (b), SECONDS_PER_RUN (8, resp), CONNECTIONS (20,
 # resp), PIPELINE (64, resp), CALLS (20000,
-# rls), KEEP (a file to copy callgrind's output to).
+# rls), KEEP (a file to copy callgrind's output to), CALLGRIND_ARGS (more
+# callgrind flags, e.g. "--cache-sim=yes --LL=524288,8,64" to count the
+# misses of an L2-sized cache: where a path's time goes that its
+# instruction count does not show).
 set -euo pipefail
 ROOT=$(cd "$(dirname "$0")/.." && pwd)
 cd "$ROOT"
@@ -25,7 +28,7 @@ two_groups 127.0.0.1:7880 127.0.0.1:7881
 # node GROUP PORT: RESP at PORT+2, RLS at PORT+4
 node() {
   local pre=()
-  [ "$1" = "$NODE" ] && pre=(valgrind --tool=callgrind --callgrind-out-file="$WORK/cg.out")
+  [ "$1" = "$NODE" ] && pre=(valgrind --tool=callgrind --callgrind-out-file="$WORK/cg.out" ${CALLGRIND_ARGS:-})
   "${pre[@]}" "$BIN/sluiced" --bind 127.0.0.1 --port "$2" --shards 1 \
     --cluster "$WORK/cluster.toml" --group "$1" --resp-port $(($2 + 2)) \
     --rls-port $(($2 + 4)) --rls-config "$WORK/bench.yaml" >"$WORK/$1.log" 2>&1 &
