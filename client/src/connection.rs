@@ -10,7 +10,7 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use bytes::{Bytes, BytesMut};
-use sluice_protocol::codec::{FrameDecoder, FrameWriter};
+use sluice_protocol::codec::{FrameDecoder, FrameWriter, WRITER_FRAME_BYTES_SOFT};
 use sluice_protocol::message::{
     Decide, Hello, HelloOk, LeaseOp, LeaseTarget, LimitSet, Limits, Mode, Reply, Request, Stats,
     Throttle,
@@ -26,6 +26,19 @@ use crate::error::Error;
 
 /// Most calls gathered into one frame (the server's default batch limit).
 pub const BATCH_MAX: usize = 4_096;
+
+/// Replies of one run staged before they go to their batch (under one
+/// lock): few enough that the staging stays in the L1 cache, where a
+/// frame's worth (hundreds, 100 bytes each) was written out to memory and
+/// read back, two cache misses a reply on a forwarding node.
+const STAGED_MAX: usize = 32;
+
+/// A connection's read buffer to start with: room for a few of the
+/// largest frames a node writes ([`WRITER_FRAME_BYTES_SOFT`] each), so that
+/// a frame split across reads seldom has to be moved to the buffer's
+/// front to fit (a forwarding node's batches of replies; 4 KiB copied
+/// most of each such frame: benches/notes.md).
+const READ_BUFFER_BYTES: usize = 4 * WRITER_FRAME_BYTES_SOFT;
 
 /// A request owned by the call until the writer encodes it.
 #[derive(Debug)]
@@ -257,7 +270,7 @@ pub(crate) struct Batch {
     /// In the caller's order.
     pub(crate) ops: Vec<Op>,
     /// By op: its reply, once it came (or its connection failed).
-    replies: Mutex<Vec<Option<Result<Reply, Error>>>>,
+    replies: Mutex<Slots>,
     /// Ops still without a reply.
     left: AtomicUsize,
     /// Woken when `left` reaches 0.
@@ -268,7 +281,10 @@ impl Batch {
     pub(crate) fn new(ops: Vec<Op>) -> Arc<Batch> {
         let n = ops.len();
         Arc::new(Batch {
-            replies: Mutex::new((0..n).map(|_| None).collect()),
+            replies: Mutex::new(Slots {
+                replies: Vec::with_capacity(n),
+                taken: false,
+            }),
             left: AtomicUsize::new(n),
             done: tokio::sync::Notify::new(),
             ops,
@@ -281,12 +297,11 @@ impl Batch {
         &self,
         replies: impl IntoIterator<Item = (u32, Result<Reply, Error>)>,
     ) {
+        let n = self.ops.len();
         let mut slots = self.replies.lock().unwrap_or_else(|e| e.into_inner());
         let mut filled = 0;
         for (index, reply) in replies {
-            // Taken already (the caller stopped waiting), or answered.
-            if let Some(slot @ None) = slots.get_mut(index as usize) {
-                *slot = Some(reply);
+            if slots.fill(index as usize, n, reply) {
                 filled += 1;
             }
         }
@@ -305,8 +320,51 @@ impl Batch {
 
     /// The replies so far, by op (`None`: none came).
     pub(crate) fn take(&self) -> Vec<Option<Result<Reply, Error>>> {
+        let mut slots = self.replies.lock().unwrap_or_else(|e| e.into_inner());
         // A reply that comes after this finds no slot and is dropped.
-        std::mem::take(&mut *self.replies.lock().unwrap_or_else(|e| e.into_inner()))
+        slots.taken = true;
+        let mut replies = std::mem::take(&mut slots.replies);
+        drop(slots);
+        replies.resize_with(self.ops.len(), || None);
+        replies
+    }
+}
+
+/// A batch's replies, by op. Written as they come rather than made all
+/// `None` first: replies come in request order, so the vector mostly
+/// grows at its end, and a batch's slots are written once, not twice
+/// (each pass over a batch's slots was a cache miss per op on a
+/// forwarding node: benches/notes.md).
+#[derive(Debug)]
+struct Slots {
+    /// By op index; ops past the end have no reply yet.
+    replies: Vec<Option<Result<Reply, Error>>>,
+    /// [`Batch::take`] came: later replies are dropped.
+    taken: bool,
+}
+
+impl Slots {
+    /// Gives op `index` (of `n`) its reply, unless it has one or the
+    /// replies were taken; whether it did.
+    #[inline]
+    fn fill(&mut self, index: usize, n: usize, reply: Result<Reply, Error>) -> bool {
+        if self.taken || index >= n {
+            return false;
+        }
+        let len = self.replies.len();
+        if index >= len {
+            self.replies.resize_with(index, || None);
+            self.replies.push(Some(reply));
+            return true;
+        }
+        match &mut self.replies[index] {
+            // Answered already: the first reply counts.
+            Some(_) => false,
+            slot @ None => {
+                *slot = Some(reply);
+                true
+            }
+        }
     }
 }
 
@@ -517,7 +575,7 @@ pub async fn handshake_with(
         .write_all(&buf)
         .await
         .map_err(|_| Error::Disconnected)?;
-    let mut rbuf = BytesMut::with_capacity(4096);
+    let mut rbuf = BytesMut::with_capacity(READ_BUFFER_BYTES);
     let mut decoder = FrameDecoder::default();
     let frame = loop {
         if let Some(f) = decoder
@@ -619,7 +677,7 @@ async fn read_loop(
     pending: Pending,
 ) {
     let mut fatal: Option<(u16, String)> = None;
-    let mut replies: Vec<(u32, Result<Reply, Error>)> = Vec::new();
+    let mut replies: Vec<(u32, Result<Reply, Error>)> = Vec::with_capacity(STAGED_MAX);
     'read: loop {
         loop {
             let frame = match decoder.decode(&mut rbuf) {
@@ -628,7 +686,8 @@ async fn read_loop(
                 Err(e) => break 'read fatal = Some((0, e.to_string())),
             };
             let mut pending = pending.lock().unwrap_or_else(|e| e.into_inner());
-            // A run's replies in this frame, given to its batch at once.
+            // A run's replies in this frame, given to its batch a few at
+            // a time (STAGED_MAX).
             let mut staged: Option<u32> = None;
             for (h, p) in frame.messages() {
                 let Some(reply) = Reply::parse(h, p) else {
@@ -646,7 +705,7 @@ async fn read_loop(
                     other => Ok(other),
                 };
                 if let Some((first, index)) = pending.run_of(h.request_id) {
-                    if staged != Some(first) {
+                    if staged != Some(first) || replies.len() == STAGED_MAX {
                         flush(&mut pending, &mut staged, &mut replies);
                         staged = Some(first);
                     }
@@ -730,6 +789,28 @@ mod tests {
         id = u32::MAX - 1;
         assert_eq!(run_ids(&mut id, 5), 1, "a run never spans the wrap");
         assert_eq!(next(&mut { u32::MAX }), 1, "0 is never an id");
+    }
+
+    #[test]
+    fn a_batchs_slots_keep_the_first_reply_and_none_after_take() {
+        let err = |code| Err(Error::server(code, String::new()));
+        let code = |r: &Option<Result<Reply, Error>>| match r {
+            Some(Err(Error::Server { code, .. })) => Some(*code),
+            _ => None,
+        };
+        let mut slots = Slots {
+            replies: Vec::with_capacity(4),
+            taken: false,
+        };
+        assert!(slots.fill(0, 4, err(10)));
+        assert!(slots.fill(2, 4, err(12)), "past the end: the gap waits");
+        assert!(slots.fill(1, 4, err(11)), "the gap filled");
+        assert!(!slots.fill(1, 4, err(99)), "the first reply counts");
+        assert!(!slots.fill(4, 4, err(99)), "no such op");
+        let got: Vec<Option<u16>> = slots.replies.iter().map(code).collect();
+        assert_eq!(got, [Some(10), Some(11), Some(12)]);
+        slots.taken = true;
+        assert!(!slots.fill(3, 4, err(13)), "taken: too late");
     }
 
     #[test]

@@ -760,3 +760,38 @@ fn no_spend_twice(run: &StallRun) {
         run.spent_on_new
     );
 }
+
+/// A batch far larger than a frame's staging (the reader hands a run's
+/// replies to its batch a few dozen at a time) gets every answer, each
+/// its own op's: every op spends a different cost of one key's bucket
+/// of its own, so an answer given to the wrong op, or lost, shows.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_batch_of_hundreds_gets_each_op_its_own_answer() {
+    let a = Sluiced::start(&["--shards", "1"]);
+    let topo = Topology::new().group("a", &a.addr.to_string(), None);
+    let cluster = Cluster::new(&topo, config()).unwrap();
+    let sluice_client::Limit::TokenBucket(policy) = specs(&["token-bucket:1000/h,burst=1000"])[0]
+    else {
+        unreachable!("a token bucket")
+    };
+    let n = 500u64;
+    let ops = (0..n)
+        .map(|i| Op::Throttle {
+            key: bytes::Bytes::from(format!("many:{i}")),
+            policy,
+            cost: 1 + i,
+            peek: false,
+        })
+        .collect();
+    let answers = cluster.batch(ops, FailurePolicy::Error).await;
+    assert_eq!(answers.len() as u64, n);
+    for (i, a) in answers.into_iter().enumerate() {
+        match a {
+            Ok(Answer::Verdict(Source::Store, v)) => {
+                assert!(v.allowed, "op {i}");
+                assert_eq!(v.remaining, 1000 - 1 - i as u64, "op {i}'s own answer");
+            }
+            other => panic!("op {i} answered {other:?}"),
+        }
+    }
+}

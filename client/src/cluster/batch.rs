@@ -104,12 +104,13 @@ impl Cluster {
             Some(groups) => groups[i],
             None => layout.ring.group_of(key_hash(op.key())),
         };
-        let mut out: Vec<Option<T>> = (0..n).map(|_| None).collect();
+        // Ops refused before they are sent: (position, why).
+        let mut refused: Vec<(usize, Error)> = Vec::new();
         // Ops by group, in order: (ring index, positions in `ops`).
         let mut by_group: Vec<(usize, Vec<usize>)> = Vec::new();
         for (i, op) in ops.iter().enumerate() {
             if let Err(e) = check(op) {
-                out[i] = Some(f(Err(e)));
+                refused.push((i, e));
                 continue;
             }
             let g = group_of(i, op);
@@ -124,9 +125,17 @@ impl Cluster {
         }
         if let [(g, items)] = by_group.as_slice() {
             if items.len() == n {
+                // One group, every op sent (the common case): the group's
+                // answers are the batch's, with no vector of answers made
+                // for the batch first (a pass over memory that, on an
+                // entry point at load, cost a cache miss per op).
                 let group = layout.groups[*g].clone();
                 return self.group_batch(&group, ops, failure, f).await;
             }
+        }
+        let mut out: Vec<Option<T>> = (0..n).map(|_| None).collect();
+        for (i, e) in refused {
+            out[i] = Some(f(Err(e)));
         }
         let mut ops: Vec<Option<Op>> = ops.into_iter().map(Some).collect();
         let mut calls: Vec<Pin<Box<dyn Future<Output = Vec<T>> + Send + '_>>> = Vec::new();
