@@ -720,7 +720,7 @@ impl Connection {
         tokio::task::spawn_local(async move {
             let result = crate::replication::primary::failover(core).await;
             let outcomes = vec![(seq, Outcome::Failover(result))];
-            let _ = tx.send(BatchReply { outcomes });
+            let _ = tx.send(BatchReply::new(outcomes));
         });
     }
 

@@ -54,7 +54,7 @@ use sluice_protocol::Status;
 
 use crate::config::{Config, ForwardConnections, ForwardFailure};
 use crate::inbox::Sender;
-use crate::shard::{BatchReply, MultiVerdict, Outcome};
+use crate::shard::{BatchReply, MultiVerdict, Outcome, SharedAnswers};
 
 /// Connections the forwarder keeps to each node it forwards to: one per
 /// shard of that node (the client's shard-aware mode), so the owner
@@ -122,18 +122,20 @@ impl RemoteItems {
         self.groups.push(group);
     }
 
-    /// Adds `other`'s requests after these (its groups under its view);
-    /// returns its sequence numbers, which stay its own (a merged turn
-    /// answers each batch apart).
-    fn append(&mut self, other: RemoteItems) -> Vec<u64> {
+    /// Adds `other`'s requests after these (its groups under its view, its
+    /// sequence numbers, which stay its connection's: a merged turn
+    /// answers each batch apart); returns how many.
+    fn append(&mut self, other: RemoteItems) -> usize {
         match &other.view {
             Some(view) => self.note_view(view),
             None => self.mixed = true,
         }
         self.mixed |= other.mixed;
+        let n = other.ops.len();
+        self.seqs.extend(other.seqs);
         self.ops.extend(other.ops);
         self.groups.extend(other.groups);
-        other.seqs
+        n
     }
 
     /// Requests under `view` join: the first view is kept, another one
@@ -495,28 +497,40 @@ impl Forwarder {
     }
 
     /// Forwards `batches` as one batch and answers each.
+    ///
+    /// The answers are made once, in the batch's order, and each
+    /// connection takes its own from them in place
+    /// ([`BatchReply::shared`]): a vector of answers made for each
+    /// connection was one more write of every answer, and on a forwarding
+    /// node at load every such pass over a batch is a cache miss per
+    /// request (benches/notes.md).
     async fn run_unit(&self, mut batches: Vec<RemoteBatch>) {
         self.stats.batches.fetch_add(1, Ordering::Relaxed);
         let (all, answer_to) = if batches.len() == 1 {
             // Alone: forwarded as it is, not copied.
-            let RemoteBatch {
-                reply_to,
-                mut items,
-            } = batches.pop().expect("one");
-            let seqs = std::mem::take(&mut items.seqs);
-            (items, vec![(reply_to, seqs)])
+            let RemoteBatch { reply_to, items } = batches.pop().expect("one");
+            let n = items.ops.len();
+            (items, vec![(reply_to, n)])
         } else {
             merge(batches)
         };
-        let outcomes = match all.view {
-            Some(view) if !all.mixed => self.forward(&view, all.ops, Some(&all.groups)).await,
-            _ => self.forward(&self.view(), all.ops, None).await,
+        let RemoteItems {
+            seqs,
+            ops,
+            groups,
+            view,
+            mixed,
+        } = all;
+        let outcomes = match view {
+            Some(view) if !mixed => self.forward(&view, ops, Some(&groups)).await,
+            _ => self.forward(&self.view(), ops, None).await,
         };
-        let mut outcomes = outcomes.into_iter();
-        for (reply_to, seqs) in answer_to {
-            let mine = seqs.into_iter().zip(&mut outcomes).collect();
+        let answers = SharedAnswers::new(seqs, outcomes);
+        let mut at = 0;
+        for (reply_to, n) in answer_to {
             // The connection may be gone: nothing waits for the answer then.
-            let _ = reply_to.send(BatchReply { outcomes: mine });
+            let _ = reply_to.send(BatchReply::shared(answers.clone(), at..at + n));
+            at += n;
         }
     }
 
@@ -678,12 +692,12 @@ fn by_owner(batches: Vec<RemoteBatch>) -> Vec<Vec<RemoteBatch>> {
     units
 }
 
-/// Where a batch's answers go, and its requests' sequence numbers.
-type AnswerTo = (Sender<BatchReply>, Vec<u64>);
+/// Where a batch's answers go, and how many requests it has.
+type AnswerTo = (Sender<BatchReply>, usize);
 
 /// A turn's batches as one: their requests one after the other (under
 /// one view, or marked mixed so that they are looked up again), and
-/// where each batch's answers go, with its requests' sequence numbers.
+/// where each batch's answers go, with how many it has.
 fn merge(batches: Vec<RemoteBatch>) -> (RemoteItems, Vec<AnswerTo>) {
     let n: usize = batches.iter().map(|b| b.items.ops.len()).sum();
     let mut all = RemoteItems::with_capacity(n);
@@ -979,8 +993,9 @@ mod tests {
         let keys: Vec<&[u8]> = all.ops.iter().map(|op| op.key()).collect();
         assert_eq!(keys, [&b"k7"[..], b"k8", b"k3"]);
         assert_eq!(all.groups, [1, 1, 1]);
-        let seqs: Vec<&[u64]> = answer_to.iter().map(|(_, s)| s.as_slice()).collect();
-        assert_eq!(seqs, [&[7, 8][..], &[3]]);
+        assert_eq!(all.seqs, [7, 8, 3], "each keeps its connection's numbers");
+        let counts: Vec<usize> = answer_to.iter().map(|(_, n)| *n).collect();
+        assert_eq!(counts, [2, 1]);
 
         let (one, _rx1) = batch(&[1], &v);
         let (two, _rx2) = batch(&[2], &view());

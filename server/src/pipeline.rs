@@ -247,7 +247,7 @@ impl<P: Protocol> Pipeline<P> {
     pub fn fill(&mut self, reply: BatchReply, mut emit: impl FnMut(&P::Reply)) {
         assert!(self.batches_out > 0, "a reply to a batch never sent");
         self.batches_out -= 1;
-        for (seq, outcome) in reply.outcomes {
+        reply.for_each(|seq, outcome| {
             if seq == self.head_seq {
                 // Every earlier reply has gone (the common case: a read
                 // forwarded whole): encoded at once, never held in its
@@ -258,10 +258,10 @@ impl<P: Protocol> Pipeline<P> {
                 self.head_seq += 1;
                 emit(&P::answered(tag, outcome));
                 self.drain_ready(&mut emit);
-                continue;
+                return;
             }
             self.set_slot(seq, |tag| P::answered(tag, outcome));
-        }
+        });
         self.drain_ready(emit);
     }
 
@@ -290,6 +290,7 @@ impl<P: Protocol> Pipeline<P> {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::shard::SharedAnswers;
 
     /// Replies are strings; a tag is the request's number.
     #[derive(Debug)]
@@ -342,9 +343,7 @@ mod tests {
         let items = std::mem::take(&mut p.fwd[1]);
         assert_eq!(items.iter().map(|it| it.seq).collect::<Vec<_>>(), [1, 3]);
         p.batches_out += 1;
-        let reply = BatchReply {
-            outcomes: vec![(1, verdict(7)), (3, verdict(8))],
-        };
+        let reply = BatchReply::new(vec![(1, verdict(7)), (3, verdict(8))]);
         p.fill(reply, |r| out.push(r.clone()));
         assert_eq!(out, ["1:7", "2:local", "3:8"]);
         assert!(p.is_empty());
@@ -373,24 +372,23 @@ mod tests {
         }
         p.batches_out += 3;
         // 3 before the head: held.
-        p.fill(
-            BatchReply {
-                outcomes: vec![(3, verdict(3))],
-            },
-            |r| out.push(r.clone()),
-        );
+        p.fill(BatchReply::new(vec![(3, verdict(3))]), |r| {
+            out.push(r.clone())
+        });
         assert!(out.is_empty());
         assert_eq!(p.held_bytes(), "3:3".len() + "2:local".len());
-        // The head, then 4 behind the ready 2 and 3.
-        let both = vec![(0, verdict(0)), (1, verdict(1))];
-        p.fill(BatchReply { outcomes: both }, |r| out.push(r.clone()));
-        assert_eq!(out, ["0:0", "1:1", "2:local", "3:3"]);
-        p.fill(
-            BatchReply {
-                outcomes: vec![(4, verdict(4))],
-            },
-            |r| out.push(r.clone()),
+        // The head, then 4 behind the ready 2 and 3, as a share of
+        // answers made for two connections (another's sequence numbers
+        // around this one's).
+        let shared = SharedAnswers::new(
+            vec![9, 0, 1, 9],
+            vec![verdict(90), verdict(0), verdict(1), verdict(91)],
         );
+        p.fill(BatchReply::shared(shared, 1..3), |r| out.push(r.clone()));
+        assert_eq!(out, ["0:0", "1:1", "2:local", "3:3"]);
+        p.fill(BatchReply::new(vec![(4, verdict(4))]), |r| {
+            out.push(r.clone())
+        });
         assert_eq!(out, ["0:0", "1:1", "2:local", "3:3", "4:4"]);
         assert!(p.is_empty());
         assert_eq!(p.held_bytes(), 0);

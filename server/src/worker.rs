@@ -322,7 +322,7 @@ fn decide_now<T>(
     let ns = core.clock.now_ns().saturating_sub(now_ns);
     core.count_batch(n, ns);
     core.publish_stats();
-    BatchReply { outcomes }
+    BatchReply::new(outcomes)
 }
 
 /// Sync mode: `reply` reflects changes the follower must have first; it

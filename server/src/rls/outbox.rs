@@ -289,7 +289,7 @@ async fn split(mut rx: Receiver<BatchReply>, shards: bool) {
                 outbox.answered(got.len() as u64);
             }
             for reply in got.drain(..) {
-                let mut outcomes = reply.outcomes.into_iter().peekable();
+                let mut outcomes = reply.into_outcomes().into_iter().peekable();
                 while let Some((seq, outcome)) = outcomes.next() {
                     let call = (seq >> 32) as u32;
                     let own = |seq: u64| {
@@ -306,7 +306,7 @@ async fn split(mut rx: Receiver<BatchReply>, shards: bool) {
                     }
                     if let Some(to) = outbox.take(call) {
                         // A call that has gone away needs no answer.
-                        let _ = to.send(BatchReply { outcomes: mine });
+                        let _ = to.send(BatchReply::new(mine));
                     }
                 }
             }

@@ -21,6 +21,8 @@ pub mod over_limit;
 pub mod table;
 pub mod tat;
 
+use std::ops::Range;
+
 use sluice_protocol::cell::{CellPolicy, CellVerdict};
 use sluice_protocol::gcra::Verdict;
 use sluice_protocol::limit::{Concurrency, Limit};
@@ -28,7 +30,7 @@ use sluice_protocol::message::ShardStats;
 use sluice_protocol::{Policy, Status};
 
 use crate::inbox::Sender;
-use crate::sync::{Arc, AtomicU64, AtomicUsize, Ordering};
+use crate::sync::{Arc, AtomicU64, AtomicUsize, Mutex, Ordering};
 pub use table::{LimitRef, LimitVerdict, Mode, MultiVerdict, Table};
 
 /// What a request asks of the shard that owns its key.
@@ -173,6 +175,77 @@ pub struct Batch {
 pub struct BatchReply {
     /// One per forwarded request.
     pub outcomes: Vec<(u64, Outcome)>,
+    /// Or (a shard never sends one) the answers `range` of requests an
+    /// entry point forwarded together for several connections, after
+    /// `outcomes`: each connection takes its own in place, where a vector
+    /// made for each was one more write of every answer on a forwarding
+    /// node, and a cache miss each.
+    pub shared: Option<(Arc<SharedAnswers>, Range<usize>)>,
+}
+
+/// Answers made for several connections at once (see
+/// [`BatchReply::shared`]): request `i`'s sequence number in its
+/// connection and its outcome.
+#[derive(Debug)]
+pub struct SharedAnswers {
+    seqs: Vec<u64>,
+    outcomes: Mutex<Vec<Outcome>>,
+}
+
+impl SharedAnswers {
+    /// Request `i`'s answer is `outcomes[i]`, for sequence number
+    /// `seqs[i]` of its connection.
+    pub fn new(seqs: Vec<u64>, outcomes: Vec<Outcome>) -> Arc<SharedAnswers> {
+        assert_eq!(seqs.len(), outcomes.len(), "an outcome per request");
+        Arc::new(SharedAnswers {
+            seqs,
+            outcomes: Mutex::new(outcomes),
+        })
+    }
+}
+
+impl BatchReply {
+    /// Answers of its own.
+    pub fn new(outcomes: Vec<(u64, Outcome)>) -> BatchReply {
+        BatchReply {
+            outcomes,
+            shared: None,
+        }
+    }
+
+    /// The answers `range` of `all`.
+    pub fn shared(all: Arc<SharedAnswers>, range: Range<usize>) -> BatchReply {
+        BatchReply {
+            outcomes: Vec::new(),
+            shared: Some((all, range)),
+        }
+    }
+
+    /// Passes every answer to `f`, in order.
+    pub fn for_each(self, mut f: impl FnMut(u64, Outcome)) {
+        for (seq, outcome) in self.outcomes {
+            f(seq, outcome);
+        }
+        if let Some((all, range)) = self.shared {
+            let mut outcomes = all.outcomes.lock().unwrap_or_else(|e| e.into_inner());
+            for i in range {
+                // Each range is taken once: what is left behind is never read.
+                let outcome =
+                    std::mem::replace(&mut outcomes[i], Outcome::Refused(Status::Internal));
+                f(all.seqs[i], outcome);
+            }
+        }
+    }
+
+    /// Every answer, in a vector of its own.
+    pub fn into_outcomes(self) -> Vec<(u64, Outcome)> {
+        if self.shared.is_none() {
+            return self.outcomes;
+        }
+        let mut all = Vec::new();
+        self.for_each(|seq, outcome| all.push((seq, outcome)));
+        all
+    }
 }
 
 /// Counts open connections across the node; decremented when dropped.
