@@ -353,7 +353,7 @@ impl Client {
     /// (ROLE).
     pub async fn role(&self) -> Result<RoleOk, Error> {
         match self.call(0, Call::Role).await? {
-            Reply::Role(ok) => Ok(ok),
+            Reply::Role(ok) => Ok(*ok),
             other => Err(unexpected(&other)),
         }
     }

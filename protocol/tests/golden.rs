@@ -455,7 +455,10 @@ fn expected_frames() -> Vec<(&'static str, Vec<(u32, Msg)>)> {
             )],
         ),
         ("role_request", vec![(30, Req(Request::Role))]),
-        ("role_ok_reply", vec![(30, Rep(Reply::Role(role_ok())))]),
+        (
+            "role_ok_reply",
+            vec![(30, Rep(Reply::Role(Box::new(role_ok()))))],
+        ),
         ("promote_request", vec![(31, Req(Request::Promote))]),
         (
             "promote_ok_reply",

@@ -166,8 +166,10 @@ pub enum Reply {
         tier_count: u32,
     },
     Stats(StatsOk),
-    /// ROLE_OK.
-    Role(crate::replication::RoleOk),
+    /// ROLE_OK (boxed: the largest reply by far, and every reply is as
+    /// large as the largest; a forwarding node keeps one per forwarded
+    /// request).
+    Role(Box<crate::replication::RoleOk>),
     /// PROMOTE_OK: the node is primary at this epoch.
     Promote {
         epoch: u64,
@@ -242,7 +244,7 @@ impl Reply {
                 }))
             }
             crate::replication::op::ROLE_OK => {
-                crate::replication::RoleOk::parse(p).map(Reply::Role)
+                crate::replication::RoleOk::parse(p).map(|r| Reply::Role(Box::new(r)))
             }
             crate::replication::op::FAILOVER_OK => {
                 crate::replication::FailoverOk::parse(p).map(Reply::Failover)

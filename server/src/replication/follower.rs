@@ -128,7 +128,7 @@ pub async fn query_role(
                     .next()
                     .and_then(|(h, p)| Reply::parse(h, p));
                 return match reply {
-                    Some(Reply::Role(r)) => Ok(r),
+                    Some(Reply::Role(r)) => Ok(*r),
                     other => Err(format!("no ROLE_OK: {other:?}")),
                 };
             }
