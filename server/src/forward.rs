@@ -54,7 +54,7 @@ use sluice_protocol::Status;
 
 use crate::config::{Config, ForwardConnections, ForwardFailure};
 use crate::inbox::Sender;
-use crate::shard::{BatchReply, MultiVerdict, Outcome, SharedAnswers};
+use crate::shard::{BatchReply, Kept, MultiVerdict, Outcome, SharedAnswers};
 
 /// Connections the forwarder keeps to each node it forwards to: one per
 /// shard of that node (the client's shard-aware mode), so the owner
@@ -603,14 +603,15 @@ impl Forwarder {
     /// Decides `ops` on their owners through the calling thread's cluster
     /// client's batch path (one frame and one deadline per owner
     /// connection), counted; each answer as the [`Outcome`] its
-    /// connection answers (made in the batch's one pass over its replies).
+    /// connection answers, [`Kept`] (made in the batch's one pass over its
+    /// replies).
     /// `groups`: each op's group in `view`, if the caller looked them up.
     pub async fn forward(
         &self,
         view: &View,
         ops: Vec<RemoteOp>,
         groups: Option<&[usize]>,
-    ) -> Vec<Outcome> {
+    ) -> Vec<Kept> {
         let looked_up: Vec<usize>;
         let groups = match groups {
             Some(groups) => groups,
@@ -631,7 +632,7 @@ impl Forwarder {
                 if let Err(e) = &a {
                     errors[error_kind(e)].fetch_add(1, Ordering::Relaxed);
                 }
-                outcome(a)
+                Kept::new(outcome(a))
             })
             .await;
         self.count(view, groups, start.elapsed());

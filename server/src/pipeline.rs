@@ -290,7 +290,7 @@ impl<P: Protocol> Pipeline<P> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::shard::SharedAnswers;
+    use crate::shard::{Kept, SharedAnswers};
 
     /// Replies are strings; a tag is the request's number.
     #[derive(Debug)]
@@ -382,7 +382,10 @@ mod tests {
         // around this one's).
         let shared = SharedAnswers::new(
             vec![9, 0, 1, 9],
-            vec![verdict(90), verdict(0), verdict(1), verdict(91)],
+            [verdict(90), verdict(0), verdict(1), verdict(91)]
+                .into_iter()
+                .map(Kept::new)
+                .collect(),
         );
         p.fill(BatchReply::shared(shared, 1..3), |r| out.push(r.clone()));
         assert_eq!(out, ["0:0", "1:1", "2:local", "3:3"]);
