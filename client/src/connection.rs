@@ -33,12 +33,26 @@ pub const BATCH_MAX: usize = 4_096;
 /// read back, two cache misses a reply on a forwarding node.
 const STAGED_MAX: usize = 32;
 
-/// A connection's read buffer to start with: room for a few of the
-/// largest frames a node writes ([`WRITER_FRAME_BYTES_SOFT`] each), so that
-/// a frame split across reads seldom has to be moved to the buffer's
-/// front to fit (a forwarding node's batches of replies; 4 KiB copied
-/// most of each such frame: benches/notes.md).
-const READ_BUFFER_BYTES: usize = 4 * WRITER_FRAME_BYTES_SOFT;
+/// A connection's read buffer to start with (a connection that gets small
+/// frames keeps it that small).
+const READ_BUFFER_BYTES: usize = 4 << 10;
+
+/// The most room a connection's reader keeps ahead of it: four of the
+/// largest frames a node writes ([`WRITER_FRAME_BYTES_SOFT`] each).
+const READ_ROOM_MAX: usize = 4 * WRITER_FRAME_BYTES_SOFT;
+
+/// The room to keep ahead of a reader whose largest frame so far was
+/// `biggest` bytes: four of them (at most [`READ_ROOM_MAX`]), so that a
+/// frame split across reads seldom has to be moved to the buffer's front
+/// to fit. A forwarding node's frames of replies (tens of KiB) split
+/// across a buffer grown to just one of them were nearly all moved: 37
+/// instructions of memcpy a forwarded request, against 3 with the room
+/// (benches/notes.md).
+fn read_room(biggest: usize) -> usize {
+    biggest
+        .saturating_mul(4)
+        .clamp(READ_BUFFER_BYTES, READ_ROOM_MAX)
+}
 
 /// A request owned by the call until the writer encodes it.
 #[derive(Debug)]
@@ -678,13 +692,17 @@ async fn read_loop(
 ) {
     let mut fatal: Option<(u16, String)> = None;
     let mut replies: Vec<(u32, Result<Reply, Error>)> = Vec::with_capacity(STAGED_MAX);
+    // The largest frame read so far.
+    let mut biggest = 0;
     'read: loop {
         loop {
+            let buffered = rbuf.len();
             let frame = match decoder.decode(&mut rbuf) {
                 Ok(Some(f)) => f,
                 Ok(None) => break,
                 Err(e) => break 'read fatal = Some((0, e.to_string())),
             };
+            biggest = biggest.max(buffered - rbuf.len());
             let mut pending = pending.lock().unwrap_or_else(|e| e.into_inner());
             // A run's replies in this frame, given to its batch a few at
             // a time (STAGED_MAX).
@@ -715,6 +733,10 @@ async fn read_loop(
                 }
             }
             flush(&mut pending, &mut staged, &mut replies);
+        }
+        let room = read_room(biggest);
+        if rbuf.capacity() - rbuf.len() < room / 4 {
+            rbuf.reserve(room);
         }
         match read.read_buf(&mut rbuf).await {
             Ok(n) if n > 0 => {}
@@ -789,6 +811,18 @@ mod tests {
         id = u32::MAX - 1;
         assert_eq!(run_ids(&mut id, 5), 1, "a run never spans the wrap");
         assert_eq!(next(&mut { u32::MAX }), 1, "0 is never an id");
+    }
+
+    #[test]
+    fn a_readers_room_follows_its_largest_frame_within_bounds() {
+        assert_eq!(
+            read_room(0),
+            READ_BUFFER_BYTES,
+            "small frames: the small buffer"
+        );
+        assert_eq!(read_room(10_000), 40_000);
+        assert_eq!(read_room(1 << 20), READ_ROOM_MAX, "never past the cap");
+        assert_eq!(read_room(usize::MAX), READ_ROOM_MAX);
     }
 
     #[test]
