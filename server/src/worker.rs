@@ -336,14 +336,18 @@ fn answer_when_acked(
 ) {
     let core = core.clone();
     tokio::task::spawn_local(async move {
-        let mut reply = reply;
-        if !wait.await && core.node.repl.fencing() {
+        let reply = if !wait.await && core.node.repl.fencing() {
             // Not known to the follower, which may be promoted:
             // the clients must not be told these admitted.
-            for (_, outcome) in &mut reply.outcomes {
-                *outcome = Outcome::Refused(Status::NotPrimary);
-            }
-        }
+            let refused = reply.into_outcomes().into_iter();
+            BatchReply::new(
+                refused
+                    .map(|(seq, _)| (seq, Outcome::Refused(Status::NotPrimary)))
+                    .collect(),
+            )
+        } else {
+            reply
+        };
         let _ = reply_to.send(reply);
     });
 }

@@ -821,7 +821,7 @@ impl Rls {
 
     /// A shard's answers, into their places in `decided`.
     fn fill(decided: &mut Decided, reply: BatchReply, node: &Node) -> Result<(), tonic::Status> {
-        for (seq, outcome) in reply.outcomes {
+        for (seq, outcome) in reply.into_outcomes() {
             let (shard, item) = ((seq >> 32) as usize, seq as u32 as usize);
             match outcome {
                 Outcome::Multi(m) => decided[shard][item] = Some(m),

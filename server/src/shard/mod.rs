@@ -172,15 +172,18 @@ pub struct Batch {
 
 /// The answers to one [`Batch`], as `(seq, outcome)`, in the batch's order.
 #[derive(Debug)]
-pub struct BatchReply {
-    /// One per forwarded request.
-    pub outcomes: Vec<(u64, Outcome)>,
-    /// Or (a shard never sends one) the answers `range` of requests an
-    /// entry point forwarded together for several connections, after
-    /// `outcomes`: each connection takes its own in place, where a vector
-    /// made for each was one more write of every answer on a forwarding
-    /// node, and a cache miss each.
-    pub shared: Option<(Arc<SharedAnswers>, Range<usize>)>,
+pub struct BatchReply(Answers);
+
+/// A [`BatchReply`]'s answers.
+#[derive(Debug)]
+enum Answers {
+    /// Its own.
+    Own(Vec<(u64, Outcome)>),
+    /// (A shard never sends one.) The answers `range` of requests an entry
+    /// point forwarded together for several connections: each connection
+    /// takes its own in place, where a vector made for each was one more
+    /// write of every answer on a forwarding node, and a cache miss each.
+    Shared(Arc<SharedAnswers>, Range<usize>),
 }
 
 /// Answers made for several connections at once (see
@@ -245,41 +248,41 @@ impl SharedAnswers {
 impl BatchReply {
     /// Answers of its own.
     pub fn new(outcomes: Vec<(u64, Outcome)>) -> BatchReply {
-        BatchReply {
-            outcomes,
-            shared: None,
-        }
+        BatchReply(Answers::Own(outcomes))
     }
 
     /// The answers `range` of `all`.
     pub fn shared(all: Arc<SharedAnswers>, range: Range<usize>) -> BatchReply {
-        BatchReply {
-            outcomes: Vec::new(),
-            shared: Some((all, range)),
-        }
+        BatchReply(Answers::Shared(all, range))
     }
 
     /// Passes every answer to `f`, in order.
     pub fn for_each(self, mut f: impl FnMut(u64, Outcome)) {
-        for (seq, outcome) in self.outcomes {
-            f(seq, outcome);
-        }
-        if let Some((all, range)) = self.shared {
-            let mut outcomes = all.outcomes.lock().unwrap_or_else(|e| e.into_inner());
-            for i in range {
-                f(all.seqs[i], outcomes[i].take());
+        match self.0 {
+            Answers::Own(outcomes) => {
+                for (seq, outcome) in outcomes {
+                    f(seq, outcome);
+                }
+            }
+            Answers::Shared(all, range) => {
+                let mut outcomes = all.outcomes.lock().unwrap_or_else(|e| e.into_inner());
+                for i in range {
+                    f(all.seqs[i], outcomes[i].take());
+                }
             }
         }
     }
 
     /// Every answer, in a vector of its own.
     pub fn into_outcomes(self) -> Vec<(u64, Outcome)> {
-        if self.shared.is_none() {
-            return self.outcomes;
+        match self.0 {
+            Answers::Own(outcomes) => outcomes,
+            shared => {
+                let mut all = Vec::new();
+                BatchReply(shared).for_each(|seq, outcome| all.push((seq, outcome)));
+                all
+            }
         }
-        let mut all = Vec::new();
-        self.for_each(|seq, outcome| all.push((seq, outcome)));
-        all
     }
 }
 
