@@ -1060,7 +1060,10 @@ impl Connection {
             return false;
         }
         let (tag, op) = remote_op(request_id, request, key);
-        self.pipe.forward_remote(tag, op, &route.view, group);
+        let forward = self.core.node.forward.as_ref();
+        let forward = forward.expect("a route needs --cluster");
+        self.pipe
+            .forward_remote(tag, op, (&route.view, group), forward);
         true
     }
 

@@ -138,6 +138,21 @@ impl RemoteItems {
         n
     }
 
+    /// The requests from `at` on, taken off these (under `view`; `mixed`
+    /// when they came under another view too). What is left was one
+    /// group's under one view before them, and is again.
+    fn split_off(&mut self, at: usize, view: Arc<View>, mixed: bool) -> RemoteItems {
+        let tail = RemoteItems {
+            seqs: self.seqs.split_off(at),
+            ops: self.ops.split_off(at),
+            groups: self.groups.split_off(at),
+            view: Some(view),
+            mixed,
+        };
+        self.mixed = false;
+        tail
+    }
+
     /// Requests under `view` join: the first view is kept, another one
     /// marks the items mixed (their groups are looked up again).
     #[inline]
@@ -146,6 +161,32 @@ impl RemoteItems {
             None => self.view = Some(view.clone()),
             Some(v) if !Arc::ptr_eq(v, view) => self.mixed = true,
             Some(_) => {}
+        }
+    }
+}
+
+/// A read that forwards, pushing its requests straight onto its thread's
+/// turn ([`Forwarder::open`] to [`Forwarder::close`]): the group (under
+/// the view) its first request is bound for, where its requests begin in
+/// the turn's items for that group, and whether any went elsewhere.
+#[derive(Debug)]
+pub struct OpenRead {
+    view: Arc<View>,
+    group: usize,
+    start: usize,
+    /// A request of another group, or under another view, came.
+    spread: bool,
+    /// ... under another view.
+    other_view: bool,
+}
+
+impl OpenRead {
+    /// Notes a request of the read bound for `group` under `view`.
+    #[inline]
+    pub fn note(&mut self, view: &Arc<View>, group: usize) {
+        if group != self.group || !Arc::ptr_eq(view, &self.view) {
+            self.spread = true;
+            self.other_view |= !Arc::ptr_eq(view, &self.view);
         }
     }
 }
@@ -443,35 +484,87 @@ impl Forwarder {
     /// of a forwarded call's when reads are small (a client that does not
     /// pipeline: benches/notes.md).
     pub fn submit(self: &Arc<Self>, batch: RemoteBatch) {
-        // Queued in this thread's turn; the first of the turn spawns the
-        // task (and takes a handle on the turn for it).
-        let turn = TURNS.with(|turns| {
+        let turn = self.turn();
+        let mut queued = turn.lock().expect("not poisoned");
+        queued.batches.push(batch);
+        self.flush_later(turn.clone(), queued);
+    }
+
+    /// Starts a read that forwards, its first request bound for `group`
+    /// under `view`: the items of this thread's turn for that group, for
+    /// the read to push its requests onto (the reads of a turn that
+    /// forward to one group gather in one batch as they are read, not
+    /// copied into one afterwards: on a forwarding node at load that copy
+    /// was a cache miss per request, benches/notes.md). The items are the
+    /// read's until [`Forwarder::close`], which the read calls before its
+    /// thread runs anything else.
+    pub fn open(&self, view: &Arc<View>, group: usize) -> (RemoteItems, OpenRead) {
+        let turn = self.turn();
+        let mut queued = turn.lock().expect("not poisoned");
+        queued.open(view, group)
+    }
+
+    /// Ends a read that [`Forwarder::open`]ed (see [`Turn::close`]) and
+    /// makes sure the turn's task will forward it.
+    pub fn close(
+        self: &Arc<Self>,
+        open: OpenRead,
+        items: RemoteItems,
+        reply_to: Sender<BatchReply>,
+    ) {
+        let turn = self.turn();
+        let mut queued = turn.lock().expect("not poisoned");
+        queued.close(open, items, reply_to);
+        self.flush_later(turn.clone(), queued);
+    }
+
+    /// This thread's [`Turn`] of this forwarder.
+    fn turn(&self) -> Arc<Mutex<Turn>> {
+        TURNS.with(|turns| {
             let mut turns = turns.borrow_mut();
-            let at = match turns.iter().position(|(id, _)| *id == self.id) {
-                Some(at) => at,
+            match turns.iter().find(|(id, _)| *id == self.id) {
+                Some((_, turn)) => turn.clone(),
                 None => {
-                    turns.push((self.id, Arc::default()));
-                    turns.len() - 1
+                    let turn = Arc::<Mutex<Turn>>::default();
+                    turns.push((self.id, turn.clone()));
+                    turn
                 }
-            };
-            let mut queued = turns[at].1.lock().expect("not poisoned");
-            queued.batches.push(batch);
-            let first = !std::mem::replace(&mut queued.flushing, true);
-            drop(queued);
-            first.then(|| turns[at].1.clone())
-        });
-        let Some(turn) = turn else { return };
+            }
+        })
+    }
+
+    /// Spawns the task that forwards `turn`'s batches, unless it is
+    /// spawned already and has not run (the first of the turn does).
+    fn flush_later(
+        self: &Arc<Self>,
+        turn: Arc<Mutex<Turn>>,
+        mut queued: std::sync::MutexGuard<'_, Turn>,
+    ) {
+        let first = !std::mem::replace(&mut queued.flushing, true);
+        drop(queued);
+        if !first {
+            return;
+        }
         let this = self.clone();
         // Boxed: the batch path's state (its timers, its groups' futures)
         // is kilobytes, which the runtime would otherwise copy into and
         // through the task's cell.
         let task = Box::pin(async move {
-            let batches = {
+            let (units, batches) = {
                 let mut queued = turn.lock().expect("not poisoned");
                 queued.flushing = false;
-                std::mem::take(&mut queued.batches)
+                let units = std::mem::take(&mut queued.units);
+                // The next turns' units start with room for twice the
+                // largest of late (a maximum that decays by an eighth a
+                // turn): one grown past its room moves every request
+                // gathered so far, the copy they are gathered in place to
+                // avoid (room not written is not a cache line touched).
+                let largest = units.iter().map(|u| u.items.ops.len()).max();
+                let decayed = queued.room - queued.room / 8;
+                queued.room = decayed.max(2 * largest.unwrap_or(0));
+                (units, std::mem::take(&mut queued.batches))
             };
-            this.run_turn(batches).await;
+            this.run_turn(units, batches).await;
         });
         match tokio::runtime::Handle::try_current() {
             Ok(here) if self.forwards_here() => drop(here.spawn(task)),
@@ -485,18 +578,32 @@ impl Forwarder {
     /// that is slow to answer (stopped, partitioned: up to the deadline)
     /// delays only the connections that asked it, as it did when every
     /// read forwarded alone.
-    async fn run_turn(self: Arc<Self>, batches: Vec<RemoteBatch>) {
-        let mut units = by_owner(batches).into_iter();
-        let first = units.next().expect("a turn has a batch");
-        for unit in units {
+    async fn run_turn(self: Arc<Self>, units: Vec<Unit>, batches: Vec<RemoteBatch>) {
+        let mut units: Vec<(RemoteItems, Vec<AnswerTo>)> =
+            units.into_iter().map(|u| (u.items, u.answer_to)).collect();
+        units.extend(by_owner(batches).into_iter().map(|mut unit| {
+            if unit.len() == 1 {
+                // Alone: forwarded as it is, not copied.
+                let RemoteBatch { reply_to, items } = unit.pop().expect("one");
+                let n = items.ops.len();
+                (items, vec![(reply_to, n)])
+            } else {
+                merge(unit)
+            }
+        }));
+        let first = units.pop().expect("a turn has a batch");
+        for (items, answer_to) in units {
             // On this thread too, each with its own deadline.
             let this = self.clone();
-            tokio::spawn(Box::pin(async move { this.run_unit(unit).await }));
+            tokio::spawn(Box::pin(
+                async move { this.run_unit(items, answer_to).await },
+            ));
         }
-        self.run_unit(first).await;
+        self.run_unit(first.0, first.1).await;
     }
 
-    /// Forwards `batches` as one batch and answers each.
+    /// Forwards `all` as one batch and answers each of `answer_to` its
+    /// share, in order.
     ///
     /// The answers are made once, in the batch's order, and each
     /// connection takes its own from them in place
@@ -504,16 +611,8 @@ impl Forwarder {
     /// connection was one more write of every answer, and on a forwarding
     /// node at load every such pass over a batch is a cache miss per
     /// request (benches/notes.md).
-    async fn run_unit(&self, mut batches: Vec<RemoteBatch>) {
+    async fn run_unit(&self, all: RemoteItems, answer_to: Vec<AnswerTo>) {
         self.stats.batches.fetch_add(1, Ordering::Relaxed);
-        let (all, answer_to) = if batches.len() == 1 {
-            // Alone: forwarded as it is, not copied.
-            let RemoteBatch { reply_to, items } = batches.pop().expect("one");
-            let n = items.ops.len();
-            (items, vec![(reply_to, n)])
-        } else {
-            merge(batches)
-        };
         let RemoteItems {
             seqs,
             ops,
@@ -880,12 +979,98 @@ fn etcd_cluster(
     Err("this sluiced was built without etcd".to_owned())
 }
 
-/// A thread's batches submitted this turn (by [`Forwarder::submit`]), and
-/// whether the task that forwards them is spawned and has not run yet.
+/// Requests a turn's unit has room for at least.
+const ROOM_MIN: usize = 64;
+
+/// A thread's forwards of this turn (batches [`Forwarder::submit`]ted,
+/// reads gathered by [`Forwarder::open`]), and whether the task that
+/// forwards them is spawned and has not run yet.
 #[derive(Debug, Default)]
 struct Turn {
+    /// Batches submitted whole (the rate limit service's, reads that
+    /// spread over groups).
     batches: Vec<RemoteBatch>,
+    /// The reads bound for one group, gathered as they were read.
+    units: Vec<Unit>,
     flushing: bool,
+    /// Requests a new unit has room for (from the last turn's largest).
+    room: usize,
+}
+
+impl Turn {
+    /// See [`Forwarder::open`].
+    fn open(&mut self, view: &Arc<View>, group: usize) -> (RemoteItems, OpenRead) {
+        let room = self.room.max(ROOM_MIN);
+        let items = match self.unit(view, group) {
+            Some(unit) => std::mem::take(&mut unit.items),
+            None => RemoteItems::with_capacity(room),
+        };
+        let open = OpenRead {
+            view: view.clone(),
+            group,
+            start: items.ops.len(),
+            spread: false,
+            other_view: false,
+        };
+        (items, open)
+    }
+
+    /// `items` back from a read that [`Turn::open`]ed them, whose
+    /// requests (those from where it began) are answered to `reply_to` as
+    /// one [`BatchReply`]. A read whose requests all went to one group
+    /// joins that group's unit; one that spread over groups (or views) is
+    /// taken out and goes alone, as a submitted batch that spans groups
+    /// does.
+    fn close(&mut self, open: OpenRead, mut items: RemoteItems, reply_to: Sender<BatchReply>) {
+        let n = items.ops.len() - open.start;
+        let OpenRead {
+            view,
+            group,
+            start,
+            spread,
+            other_view,
+        } = open;
+        if spread {
+            let alone = items.split_off(start, view.clone(), other_view);
+            self.batches.push(RemoteBatch {
+                reply_to,
+                items: alone,
+            });
+            if let Some(unit) = self.unit(&view, group) {
+                unit.items = items;
+            }
+            return;
+        }
+        match self.unit(&view, group) {
+            Some(unit) => {
+                unit.items = items;
+                unit.answer_to.push((reply_to, n));
+            }
+            None => self.units.push(Unit {
+                view,
+                group,
+                items,
+                answer_to: vec![(reply_to, n)],
+            }),
+        }
+    }
+
+    /// The unit of the reads bound for `group` under `view`.
+    fn unit(&mut self, view: &Arc<View>, group: usize) -> Option<&mut Unit> {
+        self.units
+            .iter_mut()
+            .find(|u| u.group == group && Arc::ptr_eq(&u.view, view))
+    }
+}
+
+/// A turn's reads bound for one group under one view: their requests, one
+/// read's after another's, and where each read's answers go.
+#[derive(Debug)]
+struct Unit {
+    view: Arc<View>,
+    group: usize,
+    items: RemoteItems,
+    answer_to: Vec<AnswerTo>,
 }
 
 thread_local! {
@@ -979,6 +1164,68 @@ mod tests {
                 vec![vec![4], vec![7]]
             ]
         );
+    }
+
+    /// Pushes a read's requests (`(seq, group)`) as a connection does
+    /// between [`Turn::open`] and [`Turn::close`].
+    fn read(
+        turn: &mut Turn,
+        view: &Arc<View>,
+        reqs: &[(u64, usize)],
+    ) -> crate::inbox::Receiver<BatchReply> {
+        let (reply_to, rx) = crate::inbox::inbox();
+        let (mut items, mut open) = turn.open(view, reqs[0].1);
+        for &(seq, group) in reqs {
+            open.note(view, group);
+            let (one, _) = batch(&[seq], view);
+            items.push(seq, one.items.ops.into_iter().next().unwrap(), view, group);
+        }
+        turn.close(open, items, reply_to);
+        rx
+    }
+
+    /// The reads of a turn bound for one group gather in one unit as they
+    /// are read, each read's answers counted; a read that spreads over
+    /// groups goes alone and leaves the unit as it found it; another
+    /// view's reads are a unit of their own.
+    #[test]
+    fn a_turns_reads_gather_by_group_and_a_spread_read_goes_alone() {
+        let v = view();
+        let mut turn = Turn::default();
+        let _r1 = read(&mut turn, &v, &[(1, 1), (2, 1)]);
+        let _r2 = read(&mut turn, &v, &[(5, 0)]);
+        let _r3 = read(&mut turn, &v, &[(7, 1), (8, 0), (9, 1)]);
+        let _r4 = read(&mut turn, &v, &[(3, 1)]);
+        let other = view();
+        let _r5 = read(&mut turn, &other, &[(4, 1)]);
+        let units: Vec<(usize, Vec<u64>, Vec<usize>)> = turn
+            .units
+            .iter()
+            .map(|u| {
+                let counts = u.answer_to.iter().map(|(_, n)| *n).collect();
+                (u.group, u.items.seqs.clone(), counts)
+            })
+            .collect();
+        assert_eq!(
+            units,
+            [
+                (1, vec![1, 2, 3], vec![2, 1]),
+                (0, vec![5], vec![1]),
+                (1, vec![4], vec![1]),
+            ]
+        );
+        assert!(turn.units.iter().all(|u| !u.items.mixed));
+        assert!(Arc::ptr_eq(
+            turn.units[2].items.view.as_ref().unwrap(),
+            &other
+        ));
+        let [alone] = turn.batches.as_slice() else {
+            panic!("one read went alone: {:?}", turn.batches.len());
+        };
+        assert_eq!(alone.items.seqs, [7, 8, 9]);
+        assert_eq!(alone.items.groups, [1, 0, 1]);
+        assert!(!alone.items.mixed, "one view: its groups hold");
+        assert_eq!(alone.items.one_group(), None);
     }
 
     /// A turn's batches go as one, in order, each keeping its own

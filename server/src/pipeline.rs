@@ -21,7 +21,7 @@
 use std::collections::VecDeque;
 use std::fmt::Debug;
 
-use crate::forward::{RemoteBatch, RemoteItems, RemoteOp, View};
+use crate::forward::{Forwarder, OpenRead, RemoteItems, RemoteOp, View};
 use crate::inbox::{self, Receiver, Sender};
 use crate::mailbox::ShardMsg;
 use crate::node::Node;
@@ -70,9 +70,11 @@ pub struct Pipeline<P: Protocol> {
     batches_out: usize,
     /// [`Protocol::weight`] of the `Ready` slots in `pending`.
     held_bytes: usize,
-    /// Requests for other nodes (`--cluster`), gathered while handling
-    /// one read and sent to the forwarder as one batch.
+    /// Requests for other nodes (`--cluster`) while a read is handled:
+    /// the items of the thread's turn they join ([`Forwarder::open`]).
     remote: RemoteItems,
+    /// The read's place in them, while it forwards.
+    remote_open: Option<OpenRead>,
 }
 
 impl<P: Protocol> Pipeline<P> {
@@ -88,6 +90,7 @@ impl<P: Protocol> Pipeline<P> {
             batches_out: 0,
             held_bytes: 0,
             remote: RemoteItems::default(),
+            remote_open: None,
         }
     }
 
@@ -112,7 +115,7 @@ impl<P: Protocol> Pipeline<P> {
 
     /// Whether requests gathered for other shards have not been sent yet.
     pub fn has_unsent(&self) -> bool {
-        !self.remote.ops.is_empty() || self.fwd.iter().any(|f| !f.is_empty())
+        self.remote_open.is_some() || self.fwd.iter().any(|f| !f.is_empty())
     }
 
     /// Whether batches are out, so that [`Pipeline::recv`] will yield.
@@ -170,17 +173,27 @@ impl<P: Protocol> Pipeline<P> {
 
     /// Takes the next request, for another node to decide (its key's
     /// group, through the node's forwarder): its reply waits in order, and
-    /// the request joins this read's remote batch. `group`: the key's
-    /// group, the ring index in the view the read routed by.
+    /// the request joins its group's batch of this thread's turn (see
+    /// [`Forwarder::open`]). `group`: the key's group, the ring index in
+    /// the view the read routed by.
     pub fn forward_remote(
         &mut self,
         tag: P::Tag,
         op: RemoteOp,
-        view: &std::sync::Arc<View>,
-        group: usize,
+        route: (&std::sync::Arc<View>, usize),
+        forwarder: &Forwarder,
     ) {
+        let (view, group) = route;
         let seq = self.head_seq + self.pending.len() as u64;
         self.pending.push_back(Slot::Waiting(tag));
+        match &mut self.remote_open {
+            Some(open) => open.note(view, group),
+            None => {
+                let (items, open) = forwarder.open(view, group);
+                self.remote = items;
+                self.remote_open = Some(open);
+            }
+        }
         self.remote.push(seq, op, view, group);
     }
 
@@ -198,19 +211,13 @@ impl<P: Protocol> Pipeline<P> {
     /// (shutting down) are answered [`Protocol::refused`]. Then hands the
     /// ready prefix to `emit`.
     pub fn send_forwards(&mut self, node: &Node, emit: impl FnMut(&P::Reply)) {
-        if !self.remote.ops.is_empty() {
+        if let Some(open) = self.remote_open.take() {
             let forwarder = node
                 .forward
                 .as_ref()
                 .expect("remote requests need --cluster");
-            // The next read's room, sized as this one's: a Vec grown from
-            // empty took seven reallocations for a read of 64.
-            let room = RemoteItems::with_capacity(self.remote.ops.len());
-            let batch = RemoteBatch {
-                reply_to: self.replies_tx.clone(),
-                items: std::mem::replace(&mut self.remote, room),
-            };
-            forwarder.submit(batch);
+            let items = std::mem::take(&mut self.remote);
+            forwarder.close(open, items, self.replies_tx.clone());
             self.batches_out += 1;
         }
         for shard in 0..self.fwd.len() {

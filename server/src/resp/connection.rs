@@ -469,7 +469,9 @@ impl Session {
                     quantity: a.quantity,
                 };
                 let view = view.expect("a remote key was routed by a view");
-                self.pipe.forward_remote((), op, view, group);
+                let forward = self.core.node.forward.as_ref();
+                let forward = forward.expect("a remote key was routed by a view");
+                self.pipe.forward_remote((), op, (view, group), forward);
                 continue;
             }
             self.throttle(a.key, &a.policy, a.quantity, now_ns);
