@@ -12,7 +12,7 @@ use sluice_protocol::replication::RoleOk;
 use sluice_protocol::routing::{key_hash, shard_of, ROUTING_XXH3_128_MULSHIFT};
 use sluice_protocol::{Limit, Policy, Priority, Reserved, Verdict};
 
-use crate::connection::{Batch, Call, Conn, Op, OwnedLimits, OwnedTarget};
+use crate::connection::{fail_items, Call, Conn, Op, OwnedLimits, OwnedTarget, Sink};
 use crate::error::Error;
 
 /// Default deadline of a call.
@@ -433,14 +433,18 @@ impl Client {
     /// reconnecting a connection that died first; an op that cannot be
     /// sent is answered in the batch (a failed reconnect's error: not
     /// applied). Its replies come into `batch`.
-    pub(crate) async fn send_batch(&self, batch: &Arc<Batch>) {
+    pub(crate) async fn send_batch(&self, batch: &Arc<dyn Sink>) {
         let slots = self.inner.slots.len();
         let items: Vec<Vec<u32>> = if slots == 1 {
-            vec![(0..batch.ops.len() as u32).collect()]
+            vec![(0..batch.ops().len() as u32).collect()]
         } else {
             // Each slot's list sized once: grown from empty, they were a
             // forwarding node's most frequent reallocation.
-            let of: Vec<usize> = batch.ops.iter().map(|op| self.slot_of(op.key())).collect();
+            let of: Vec<usize> = batch
+                .ops()
+                .iter()
+                .map(|op| self.slot_of(op.key()))
+                .collect();
             let mut counts = vec![0usize; slots];
             for &s in &of {
                 counts[s] += 1;
@@ -462,7 +466,7 @@ impl Client {
                 match reconnect.map_err(|_| Error::Timeout(deadline)) {
                     Ok(Ok(fresh)) => conn = fresh,
                     Ok(Err(e)) | Err(e) => {
-                        batch.complete_many(items.into_iter().map(|i| (i, Err(e.copy()))));
+                        fail_items(&**batch, &items, || e.copy());
                         continue;
                     }
                 }

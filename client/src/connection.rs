@@ -277,52 +277,63 @@ impl Call {
     }
 }
 
+/// A batch as its connections see it: the ops they encode, and where the
+/// replies they read go.
+pub(crate) trait Sink: Send + Sync + std::fmt::Debug {
+    /// The ops, in the batch's order.
+    fn ops(&self) -> &[Op];
+
+    /// Gives ops their replies, `(index, reply)`, drained from `replies`
+    /// (the first reply given an op counts).
+    fn complete_many(&self, replies: &mut Vec<(u32, Result<Reply, Error>)>);
+}
+
 /// Ops sent together, whose replies are gathered in place: one
 /// completion for the whole batch, not a channel and a timer per call.
-#[derive(Debug)]
-pub(crate) struct Batch {
+/// Each reply becomes its op's answer as it comes (`answer`, a `T`),
+/// so the batch's answers are written once: replies kept as they came
+/// and turned into answers afterwards were one more pass over the batch,
+/// a cache miss per op on a forwarding node (benches/notes.md).
+pub(crate) struct Batch<T, F> {
     /// In the caller's order.
     pub(crate) ops: Vec<Op>,
-    /// By op: its reply, once it came (or its connection failed).
-    replies: Mutex<Slots>,
+    /// An op's answer from its reply.
+    answer: F,
+    /// By op: its answer, or why it has none.
+    replies: Mutex<Slots<T>>,
     /// Ops still without a reply.
     left: AtomicUsize,
     /// Woken when `left` reaches 0.
     done: tokio::sync::Notify,
 }
 
-impl Batch {
-    pub(crate) fn new(ops: Vec<Op>) -> Arc<Batch> {
+impl<T, F> std::fmt::Debug for Batch<T, F> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Batch")
+            .field("ops", &self.ops.len())
+            .field("left", &self.left)
+            .finish_non_exhaustive()
+    }
+}
+
+impl<T, F> Batch<T, F>
+where
+    F: Fn(&Op, Reply) -> T,
+{
+    pub(crate) fn new(ops: Vec<Op>, answer: F) -> Arc<Batch<T, F>> {
         let n = ops.len();
         Arc::new(Batch {
             replies: Mutex::new(Slots {
-                replies: Vec::with_capacity(n),
+                answers: Vec::with_capacity(n),
+                answered: 0,
+                failed: Vec::new(),
                 taken: false,
             }),
             left: AtomicUsize::new(n),
             done: tokio::sync::Notify::new(),
+            answer,
             ops,
         })
-    }
-
-    /// Ops' replies, `(index, reply)`, under one lock (the first reply
-    /// given an op counts).
-    pub(crate) fn complete_many(
-        &self,
-        replies: impl IntoIterator<Item = (u32, Result<Reply, Error>)>,
-    ) {
-        let n = self.ops.len();
-        let mut slots = self.replies.lock().unwrap_or_else(|e| e.into_inner());
-        let mut filled = 0;
-        for (index, reply) in replies {
-            if slots.fill(index as usize, n, reply) {
-                filled += 1;
-            }
-        }
-        drop(slots);
-        if filled > 0 && self.left.fetch_sub(filled, Ordering::AcqRel) == filled {
-            self.done.notify_one();
-        }
     }
 
     /// Resolves once every op has its reply.
@@ -332,53 +343,114 @@ impl Batch {
         }
     }
 
-    /// The replies so far, by op (`None`: none came).
-    pub(crate) fn take(&self) -> Vec<Option<Result<Reply, Error>>> {
+    /// The answers so far, by op; later replies are dropped.
+    pub(crate) fn take(&self) -> Taken<T> {
         let mut slots = self.replies.lock().unwrap_or_else(|e| e.into_inner());
         // A reply that comes after this finds no slot and is dropped.
         slots.taken = true;
-        let mut replies = std::mem::take(&mut slots.replies);
+        let mut answers = std::mem::take(&mut slots.answers);
+        let failed = std::mem::take(&mut slots.failed);
+        let answered = slots.answered;
         drop(slots);
-        replies.resize_with(self.ops.len(), || None);
-        replies
+        answers.resize_with(self.ops.len(), || None);
+        Taken {
+            answers,
+            answered,
+            failed,
+        }
     }
 }
 
-/// A batch's replies, by op. Written as they come rather than made all
+impl<T, F> Sink for Batch<T, F>
+where
+    T: Send,
+    F: Fn(&Op, Reply) -> T + Send + Sync,
+{
+    fn ops(&self) -> &[Op] {
+        &self.ops
+    }
+
+    fn complete_many(&self, replies: &mut Vec<(u32, Result<Reply, Error>)>) {
+        let n = self.ops.len();
+        let mut slots = self.replies.lock().unwrap_or_else(|e| e.into_inner());
+        let mut filled = 0;
+        for (index, reply) in replies.drain(..) {
+            let index = index as usize;
+            if !slots.open(index, n) {
+                continue;
+            }
+            filled += 1;
+            match reply {
+                Ok(reply) => slots.answer(index, (self.answer)(&self.ops[index], reply)),
+                Err(e) => slots.fail(index, n, e),
+            }
+        }
+        drop(slots);
+        if filled > 0 && self.left.fetch_sub(filled, Ordering::AcqRel) == filled {
+            self.done.notify_one();
+        }
+    }
+}
+
+/// A batch's answers when [`Batch::take`] came.
+#[derive(Debug)]
+pub(crate) struct Taken<T> {
+    /// By op: its answer, if its reply came.
+    pub(crate) answers: Vec<Option<T>>,
+    /// How many of `answers` are there.
+    pub(crate) answered: usize,
+    /// By op (empty if none failed): why its reply was an error.
+    pub(crate) failed: Vec<Option<Error>>,
+}
+
+/// A batch's answers, by op. Written as they come rather than made all
 /// `None` first: replies come in request order, so the vector mostly
 /// grows at its end, and a batch's slots are written once, not twice
 /// (each pass over a batch's slots was a cache miss per op on a
 /// forwarding node: benches/notes.md).
 #[derive(Debug)]
-struct Slots {
-    /// By op index; ops past the end have no reply yet.
-    replies: Vec<Option<Result<Reply, Error>>>,
+struct Slots<T> {
+    /// By op index; ops past the end have no answer yet.
+    answers: Vec<Option<T>>,
+    /// How many of `answers` are there.
+    answered: usize,
+    /// By op index, once one failed (seldom: made then): the error its
+    /// connection gave it.
+    failed: Vec<Option<Error>>,
     /// [`Batch::take`] came: later replies are dropped.
     taken: bool,
 }
 
-impl Slots {
-    /// Gives op `index` (of `n`) its reply, unless it has one or the
-    /// replies were taken; whether it did.
+impl<T> Slots<T> {
+    /// Whether op `index` (of `n`) may take a reply: it has none, and the
+    /// answers were not taken.
     #[inline]
-    fn fill(&mut self, index: usize, n: usize, reply: Result<Reply, Error>) -> bool {
-        if self.taken || index >= n {
-            return false;
+    fn open(&self, index: usize, n: usize) -> bool {
+        !self.taken
+            && index < n
+            && self.answers.get(index).map_or(true, Option::is_none)
+            && self.failed.get(index).map_or(true, Option::is_none)
+    }
+
+    /// Op `index`'s answer (after [`Slots::open`]).
+    #[inline]
+    fn answer(&mut self, index: usize, answer: T) {
+        if index >= self.answers.len() {
+            self.answers.resize_with(index, || None);
+            self.answers.push(Some(answer));
+        } else {
+            self.answers[index] = Some(answer);
         }
-        let len = self.replies.len();
-        if index >= len {
-            self.replies.resize_with(index, || None);
-            self.replies.push(Some(reply));
-            return true;
+        self.answered += 1;
+    }
+
+    /// Op `index`'s error, of `n` ops (after [`Slots::open`]).
+    #[cold]
+    fn fail(&mut self, index: usize, n: usize, e: Error) {
+        if self.failed.is_empty() {
+            self.failed.resize_with(n, || None);
         }
-        match &mut self.replies[index] {
-            // Answered already: the first reply counts.
-            Some(_) => false,
-            slot @ None => {
-                *slot = Some(reply);
-                true
-            }
-        }
+        self.failed[index] = Some(e);
     }
 }
 
@@ -391,7 +463,10 @@ enum Queued {
         reply: oneshot::Sender<Result<Reply, Error>>,
     },
     /// Ops `items` of `batch`, answered in it.
-    Batch { batch: Arc<Batch>, items: Vec<u32> },
+    Batch {
+        batch: Arc<dyn Sink>,
+        items: Vec<u32>,
+    },
 }
 
 /// Ops of a batch sent under consecutive request ids: `first` is op
@@ -401,7 +476,7 @@ enum Queued {
 #[derive(Debug)]
 struct Run {
     first: u32,
-    batch: Arc<Batch>,
+    batch: Arc<dyn Sink>,
     items: Vec<u32>,
     /// Replies still to come.
     left: usize,
@@ -436,7 +511,7 @@ impl Waiting {
         };
         let n = replies.len();
         let run = &mut self.runs[at];
-        run.batch.complete_many(replies.drain(..));
+        run.batch.complete_many(replies);
         run.left = run.left.saturating_sub(n);
         if run.left == 0 {
             self.runs.remove(at);
@@ -519,13 +594,13 @@ impl Conn {
 
     /// Sends ops `items` of `batch` (their replies go to the batch; a
     /// closed connection answers them DISCONNECTED at once).
-    pub fn send_batch(&self, batch: &Arc<Batch>, items: Vec<u32>) {
+    pub fn send_batch(&self, batch: &Arc<dyn Sink>, items: Vec<u32>) {
         let queued = Queued::Batch {
             batch: batch.clone(),
             items,
         };
         if let Err(mpsc::error::SendError(Queued::Batch { batch, items })) = self.tx.send(queued) {
-            batch.complete_many(items.into_iter().map(|i| (i, Err(Error::Disconnected))));
+            fail_items(&*batch, &items, || Error::Disconnected);
         }
     }
 
@@ -660,7 +735,7 @@ async fn write_loop(
                     Queued::Batch { batch, items } => {
                         let first = run_ids(&mut next_id, items.len() as u32);
                         for (k, &i) in items.iter().enumerate() {
-                            let op = &batch.ops[i as usize];
+                            let op = &batch.ops()[i as usize];
                             op.request().encode(&mut w, &mut buf, first + k as u32);
                         }
                         pending.runs.push_back(Run {
@@ -787,9 +862,14 @@ fn fail_all(pending: &Pending, err: impl Fn() -> Error) {
     }
     for run in waiting.runs {
         // Ops answered already keep their replies (the first counts).
-        run.batch
-            .complete_many(run.items.iter().map(|&i| (i, Err(err()))));
+        fail_items(&*run.batch, &run.items, &err);
     }
+}
+
+/// Ops `items` of `batch` answered `err()`.
+pub(crate) fn fail_items(batch: &dyn Sink, items: &[u32], err: impl Fn() -> Error) {
+    let mut replies: Vec<_> = items.iter().map(|&i| (i, Err(err()))).collect();
+    batch.complete_many(&mut replies);
 }
 
 #[cfg(test)]
@@ -827,48 +907,71 @@ mod tests {
 
     #[test]
     fn a_batchs_slots_keep_the_first_reply_and_none_after_take() {
-        let err = |code| Err(Error::server(code, String::new()));
-        let code = |r: &Option<Result<Reply, Error>>| match r {
-            Some(Err(Error::Server { code, .. })) => Some(*code),
-            _ => None,
+        let remaining = |v| {
+            Ok(Reply::Throttle(sluice_protocol::Verdict {
+                remaining: v,
+                ..Default::default()
+            }))
         };
-        let mut slots = Slots {
-            replies: Vec::with_capacity(4),
-            taken: false,
-        };
-        assert!(slots.fill(0, 4, err(10)));
-        assert!(slots.fill(2, 4, err(12)), "past the end: the gap waits");
-        assert!(slots.fill(1, 4, err(11)), "the gap filled");
-        assert!(!slots.fill(1, 4, err(99)), "the first reply counts");
-        assert!(!slots.fill(4, 4, err(99)), "no such op");
-        let got: Vec<Option<u16>> = slots.replies.iter().map(code).collect();
-        assert_eq!(got, [Some(10), Some(11), Some(12)]);
-        slots.taken = true;
-        assert!(!slots.fill(3, 4, err(13)), "taken: too late");
+        // An answer is made from its op and reply as the reply comes.
+        let batch = Batch::new(ops(5), |op: &Op, reply: Reply| match reply {
+            Reply::Throttle(v) => (op.key().to_vec(), v.remaining),
+            _ => unreachable!(),
+        });
+        let give = |index: u32, reply| batch.complete_many(&mut vec![(index, reply)]);
+        give(0, remaining(10));
+        give(2, remaining(12)); // past the end: the gap waits
+        give(1, Err(Error::server(11, String::new()))); // the gap failed
+        give(1, remaining(99)); // the first reply counts
+        give(0, remaining(99)); // ... an answer's too
+        give(5, remaining(99)); // no such op
+        assert_eq!(batch.left.load(Ordering::Relaxed), 2);
+        let taken = batch.take();
+        give(3, remaining(13)); // taken: too late
+        assert_eq!(batch.left.load(Ordering::Relaxed), 2);
+        let got: Vec<Option<u64>> = taken
+            .answers
+            .iter()
+            .map(|a| a.as_ref().map(|a| a.1))
+            .collect();
+        assert_eq!(got, [Some(10), None, Some(12), None, None]);
+        assert_eq!(taken.answers[0].as_ref().unwrap().0, b"k0");
+        assert_eq!(taken.answered, 2);
+        let failed: Vec<Option<u16>> = taken
+            .failed
+            .iter()
+            .map(|e| match e {
+                Some(Error::Server { code, .. }) => Some(*code),
+                _ => None,
+            })
+            .collect();
+        assert_eq!(failed, [None, Some(11), None, None, None]);
+    }
+
+    fn ops(n: usize) -> Vec<Op> {
+        (0..n)
+            .map(|i| Op::Cell {
+                key: bytes::Bytes::from(format!("k{i}")),
+                policy: sluice_protocol::cell::CellPolicy::new(1, 1, 1).unwrap(),
+                quantity: 1,
+            })
+            .collect()
     }
 
     #[test]
     fn replies_find_their_run_and_a_run_answered_goes() {
-        let ops = |n| {
-            (0..n)
-                .map(|_| Op::Cell {
-                    key: bytes::Bytes::from_static(b"k"),
-                    policy: sluice_protocol::cell::CellPolicy::new(1, 1, 1).unwrap(),
-                    quantity: 1,
-                })
-                .collect()
-        };
-        let batch = Batch::new(ops(10));
+        let batch = Batch::new(ops(10), |_: &Op, _: Reply| ());
+        let sink: Arc<dyn Sink> = batch.clone();
         let mut w = Waiting::default();
         w.runs.push_back(Run {
             first: 10,
-            batch: batch.clone(),
+            batch: sink.clone(),
             items: vec![4, 7, 9],
             left: 3,
         });
         w.runs.push_back(Run {
             first: 13,
-            batch: batch.clone(),
+            batch: sink.clone(),
             items: vec![0],
             left: 1,
         });
@@ -888,7 +991,7 @@ mod tests {
         assert!(w.runs.is_empty(), "all four answered");
         assert_eq!(w.run_of(11), None);
         // Each op's reply landed once, in its slot.
-        let got = batch.take();
+        let got = batch.take().failed;
         let answered: Vec<usize> = (0..10).filter(|&i| got[i].is_some()).collect();
         assert_eq!(answered, vec![0, 4, 7, 9]);
     }

@@ -570,7 +570,7 @@ fn forward_metrics(out: &mut String, forward: &crate::forward::Forwarder) {
     let _ = writeln!(out, "{name}_count {cumulative}");
     let mut errors: Vec<(String, String)> = crate::forward::ERROR_KINDS
         .iter()
-        .zip(&s.errors)
+        .zip(s.errors.iter())
         .map(|(kind, n)| {
             (
                 format!("kind=\"{kind}\""),

@@ -252,8 +252,9 @@ pub struct ForwardStats {
     /// (or one read's, when it spans groups): requests over batches is
     /// how many shared a batch's fixed costs.
     pub batches: AtomicU64,
-    /// Forward errors by kind: [`ERROR_KINDS`].
-    pub errors: [AtomicU64; ERROR_KINDS.len()],
+    /// Forward errors by kind: [`ERROR_KINDS`] (shared with the answers'
+    /// maker, which counts them as replies are read).
+    pub errors: Arc<[AtomicU64; ERROR_KINDS.len()]>,
     /// HELLOs refused because the peer's layout hash differs (counted by
     /// the refusing node).
     pub layout_mismatches: AtomicU64,
@@ -272,7 +273,7 @@ impl Default for ForwardStats {
             rtt: std::array::from_fn(|_| AtomicU64::new(0)),
             rtt_ns_sum: AtomicU64::new(0),
             batches: AtomicU64::new(0),
-            errors: std::array::from_fn(|_| AtomicU64::new(0)),
+            errors: Arc::new(std::array::from_fn(|_| AtomicU64::new(0))),
             layout_mismatches: AtomicU64::new(0),
             wrong_group: AtomicU64::new(0),
         }
@@ -725,9 +726,9 @@ impl Forwarder {
         let (cluster, generation) = self.cluster_here(view);
         let start = Instant::now();
         let route = generation.map(|g| (g, groups));
-        let errors = &self.stats.errors;
+        let errors = self.stats.errors.clone();
         let answers = cluster
-            .batch_routed_with(ops, route, self.failure, |a: Answered| {
+            .batch_routed_with(ops, route, self.failure, move |a: Answered| {
                 if let Err(e) = &a {
                     errors[error_kind(e)].fetch_add(1, Ordering::Relaxed);
                 }

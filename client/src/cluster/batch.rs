@@ -27,7 +27,7 @@ use sluice_protocol::{Limit, Priority, Verdict};
 
 use super::{forget, not_applied, unavailable, Cluster, FailurePolicy, Group, Source};
 use crate::client::unexpected;
-use crate::connection::{Batch, Op};
+use crate::connection::{Batch, Op, Sink, Taken};
 use crate::{Client, Error};
 
 /// An op's answer ([`Cluster::batch`]), by the op's kind.
@@ -72,8 +72,9 @@ impl Cluster {
     }
 
     /// [`Cluster::batch_routed`], each answer passed through `f` as it is
-    /// made: a caller that turns answers into its own type does it in the
-    /// same pass, with no vector of [`Answered`] between.
+    /// made (an op's as its reply is read): a caller that turns answers
+    /// into its own type does it in the same pass, with no vector of
+    /// [`Answered`] between.
     pub async fn batch_routed_with<T, F>(
         &self,
         ops: Vec<Op>,
@@ -82,8 +83,8 @@ impl Cluster {
         f: F,
     ) -> Vec<T>
     where
-        T: Send,
-        F: Fn(Answered) -> T + Copy + Send + Sync,
+        T: Send + 'static,
+        F: Fn(Answered) -> T + Clone + Send + Sync + 'static,
     {
         let n = ops.len();
         self.inner
@@ -130,7 +131,7 @@ impl Cluster {
                 // for the batch first (a pass over memory that, on an
                 // entry point at load, cost a cache miss per op).
                 let group = layout.groups[*g].clone();
-                return self.group_batch(&group, ops, failure, f).await;
+                return self.group_batch(&group, ops, failure, f.clone()).await;
             }
         }
         let mut out: Vec<Option<T>> = (0..n).map(|_| None).collect();
@@ -146,6 +147,7 @@ impl Cluster {
                 .map(|&i| ops[i].take().expect("each op in one group"))
                 .collect();
             let group = layout.groups[g].clone();
+            let f = f.clone();
             calls.push(Box::pin(async move {
                 self.group_batch(&group, mine, failure, f).await
             }));
@@ -170,69 +172,60 @@ impl Cluster {
         f: F,
     ) -> Vec<T>
     where
-        F: Fn(Answered) -> T,
+        T: Send + 'static,
+        F: Fn(Answered) -> T + Clone + Send + Sync + 'static,
     {
         let n = ops.len();
+        // An op's answer from its reply, made as the reply is read.
+        let made = {
+            let f = f.clone();
+            move |op: &Op, reply: Reply| {
+                crate::metrics::verdict(Source::Store);
+                f(answer(op, reply))
+            }
+        };
         // Made only when an op is not answered at the first try: a batch
         // answered in full (the common case) never fills them.
-        let mut out: Vec<Option<Answered>> = Vec::new();
+        let mut out: Vec<Option<T>> = Vec::new();
         // Which of `out` each op of `batch` answers.
         let mut at: Vec<usize> = Vec::new();
-        let mut batch = Batch::new(ops);
+        let mut batch = Batch::new(ops, made.clone());
         for attempt in 0..2 {
             let Some((node, client)) = self.primary_of(group, attempt > 0).await else {
                 break;
             };
-            self.send_and_wait(group, &node, &client, &batch).await;
-            let replies = batch.take();
-            if attempt == 0 && replies.iter().all(|r| matches!(r, Some(Ok(_)))) {
-                return self.answered_in_full(replies, &batch.ops, &f);
+            let sink: Arc<dyn Sink> = batch.clone();
+            self.send_and_wait(group, &node, &client, &sink, batch.finished())
+                .await;
+            let taken = batch.take();
+            let stats = &self.inner.stats;
+            stats
+                .store_total
+                .fetch_add(taken.answered as u64, Ordering::Relaxed);
+            if attempt == 0 && taken.answered == n {
+                // Every op answered at the first try: the answers as they
+                // are (collected in place, no copy).
+                return taken
+                    .answers
+                    .into_iter()
+                    .map(|a| a.expect("answered"))
+                    .collect();
             }
             if attempt == 0 {
                 out = (0..n).map(|_| None).collect();
                 at = (0..n).collect();
             }
-            let mut again = Vec::new();
-            let mut forgot = false;
-            let mut stored = 0;
-            for (pos, reply) in replies.into_iter().enumerate() {
-                let op = &batch.ops[pos];
-                let e = match reply {
-                    Some(Ok(reply)) => {
-                        stored += 1;
-                        crate::metrics::verdict(Source::Store);
-                        out[at[pos]] = Some(answer(op, reply));
-                        continue;
-                    }
-                    Some(Err(e)) => e,
-                    None => Error::Timeout(self.inner.config.client.deadline),
-                };
-                crate::metrics::error(&e);
-                let unknown = matches!(e, Error::Timeout(_) | Error::Disconnected);
-                if !not_applied(&e) && !unknown {
-                    out[at[pos]] = Some(Err(e));
-                    continue;
-                }
-                if !forgot {
-                    group.note_error(&e);
-                    // Only if no newer primary replaced it meanwhile.
-                    forget(group, &node);
-                    forgot = true;
-                }
-                if unknown && op.spends() {
-                    crate::metrics::outcome_unknown();
-                    let stats = &self.inner.stats;
-                    stats.unknown_total.fetch_add(1, Ordering::Relaxed);
-                    out[at[pos]] = Some(self.op_unavailable(group, op, failure, true));
-                } else {
-                    again.push(pos);
-                }
-            }
-            let stats = &self.inner.stats;
-            stats.store_total.fetch_add(stored, Ordering::Relaxed);
+            let again = self.settle(
+                group,
+                &node,
+                taken,
+                (&batch.ops, &at),
+                &mut out,
+                (failure, &f),
+            );
             let ops: Vec<Op> = again.iter().map(|&p| batch.ops[p].clone()).collect();
             at = again.iter().map(|&p| at[p]).collect();
-            batch = Batch::new(ops);
+            batch = Batch::new(ops, made.clone());
             if at.is_empty() {
                 break;
             }
@@ -244,37 +237,70 @@ impl Cluster {
         }
         // Never sent, or refused twice: not applied.
         for (pos, &i) in at.iter().enumerate() {
-            out[i] = Some(self.op_unavailable(group, &batch.ops[pos], failure, false));
+            out[i] = Some(f(self.op_unavailable(
+                group,
+                &batch.ops[pos],
+                failure,
+                false,
+            )));
         }
         out.into_iter()
-            .map(|a| f(a.expect("every op answered")))
+            .map(|a| a.expect("every op answered"))
             .collect()
     }
 
-    /// Every op of a batch answered at the first try (the common case):
-    /// the answers in order, with no bookkeeping.
-    fn answered_in_full<T>(
+    /// The ops of a try at `node` that got no answer (by position in
+    /// `ops`; `at`: where each one's answer goes in `out`): a failure that
+    /// is final answers its op; a spend sent and unanswered is
+    /// outcome-unknown (the failure policy's answer); the others, surely
+    /// not applied, are returned, to be sent again.
+    fn settle<T, F>(
         &self,
-        replies: Vec<Option<Result<Reply, Error>>>,
-        ops: &[Op],
-        f: &impl Fn(Answered) -> T,
-    ) -> Vec<T> {
-        let stats = &self.inner.stats;
-        stats
-            .store_total
-            .fetch_add(replies.len() as u64, Ordering::Relaxed);
-        // A vector of its own: collected in place, the replies' would be
-        // shrunk to `T`'s size by a realloc, the dearest step of a batch
-        // of one.
-        let mut out = Vec::with_capacity(replies.len());
-        out.extend(replies.into_iter().zip(ops).map(|(reply, op)| {
-            crate::metrics::verdict(Source::Store);
-            let Some(Ok(reply)) = reply else {
-                unreachable!("checked: every op has its reply")
+        group: &Arc<Group>,
+        node: &Arc<str>,
+        taken: Taken<T>,
+        (ops, at): (&[Op], &[usize]),
+        out: &mut [Option<T>],
+        (failure, f): (FailurePolicy, &F),
+    ) -> Vec<usize>
+    where
+        F: Fn(Answered) -> T,
+    {
+        let mut failed = taken.failed;
+        let mut again = Vec::new();
+        let mut forgot = false;
+        for (pos, answered) in taken.answers.into_iter().enumerate() {
+            if let Some(answered) = answered {
+                out[at[pos]] = Some(answered);
+                continue;
+            }
+            let op = &ops[pos];
+            let e = match failed.get_mut(pos).and_then(Option::take) {
+                Some(e) => e,
+                None => Error::Timeout(self.inner.config.client.deadline),
             };
-            f(answer(op, reply))
-        }));
-        out
+            crate::metrics::error(&e);
+            let unknown = matches!(e, Error::Timeout(_) | Error::Disconnected);
+            if !not_applied(&e) && !unknown {
+                out[at[pos]] = Some(f(Err(e)));
+                continue;
+            }
+            if !forgot {
+                group.note_error(&e);
+                // Only if no newer primary replaced it meanwhile.
+                forget(group, node);
+                forgot = true;
+            }
+            if unknown && op.spends() {
+                crate::metrics::outcome_unknown();
+                let stats = &self.inner.stats;
+                stats.unknown_total.fetch_add(1, Ordering::Relaxed);
+                out[at[pos]] = Some(f(self.op_unavailable(group, op, failure, true)));
+            } else {
+                again.push(pos);
+            }
+        }
+        again
     }
 
     /// Sends `batch` to `client` (the group's primary at `node`) and waits
@@ -286,12 +312,12 @@ impl Cluster {
         group: &Arc<Group>,
         node: &Arc<str>,
         client: &Client,
-        batch: &Arc<Batch>,
+        batch: &Arc<dyn Sink>,
+        finished: impl Future<Output = ()>,
     ) {
         let began = Instant::now();
         let deadline = self.inner.config.client.deadline;
         client.send_batch(batch).await;
-        let finished = batch.finished();
         tokio::pin!(finished);
         let left = |now: Instant| deadline.saturating_sub(now.duration_since(began));
         if let Some(after) = self.inner.config.stall_after {
