@@ -435,8 +435,12 @@ impl<T> Slots<T> {
     /// Op `index`'s answer (after [`Slots::open`]).
     #[inline]
     fn answer(&mut self, index: usize, answer: T) {
-        if index >= self.answers.len() {
-            self.answers.resize_with(index, || None);
+        let len = self.answers.len();
+        if index >= len {
+            if index > len {
+                // A gap (its replies come later, or never).
+                self.answers.resize_with(index, || None);
+            }
             self.answers.push(Some(answer));
         } else {
             self.answers[index] = Some(answer);

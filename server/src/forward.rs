@@ -732,7 +732,7 @@ impl Forwarder {
                 if let Err(e) = &a {
                     errors[error_kind(e)].fetch_add(1, Ordering::Relaxed);
                 }
-                Kept::new(outcome(a))
+                kept(a)
             })
             .await;
         self.count(view, groups, start.elapsed());
@@ -820,6 +820,18 @@ fn error_kind(e: &Error) -> usize {
         Error::Unavailable { .. } | Error::Timeout(_) | Error::Disconnected => 1,
         Error::Server { .. } => 2,
         _ => 3,
+    }
+}
+
+/// A forwarded request's answer as it is kept for its connection: a
+/// verdict straight into its place, not through an [`Outcome`] first (on
+/// a forwarding node this runs for every reply as it is read).
+#[inline]
+fn kept(answer: Answered) -> Kept {
+    match answer {
+        Ok(Answer::Cell(_, v)) => Kept::Cell(v),
+        Ok(Answer::Verdict(_, v)) => Kept::Verdict(v),
+        other => Kept::new(outcome(other)),
     }
 }
 
