@@ -15,11 +15,14 @@
 //! forwarder's own thread, a rate limit service thread) has a cluster
 //! client of its own, so a forward's connections live on the thread that
 //! forwards and no request or reply crosses a thread on its way out
-//! ([`Forwarder::cluster_here`]). A coordinator gathers a read's forwarded
-//! requests into one [`RemoteBatch`]; the batches a thread submits in one
-//! turn of its loop go together, through one task of its own thread, into
+//! ([`Forwarder::cluster_here`]). A coordinator pushes a read's forwarded
+//! requests straight onto its thread's turn ([`Forwarder::open`] and
+//! [`Forwarder::close`]): the reads of one turn of the thread's loop bound
+//! for one group gather in one batch as they are read (a read that spreads
+//! over groups goes alone, as the rate limit service's submitted batches
+//! do), and each turn's batches go, through one task of the thread, into
 //! that client's batch path (the client's writer puts calls queued
-//! together into one frame), and each is answered as one [`BatchReply`],
+//! together into one frame). Each read is answered as one [`BatchReply`],
 //! which fills the connection's pipeline slots like an answer from
 //! another shard. The price is connections: a node keeps one
 //! to each shard of each node it forwards to *per forwarding thread*
