@@ -7,8 +7,10 @@
 //! (so that a run can go only through a key's owner, or only through
 //! another node). redis-benchmark draws `__rand_int__` keys with no way to
 //! choose their owner; this is the same command and pipelining otherwise.
-//! Prints one JSON object: calls, seconds, calls per second, denied calls
-//! and errors.
+//! `--rate R` paces the windows so that all connections together send
+//! about R calls a second (open loop while the server keeps up), so that
+//! two routes can be compared at the same offered load. Prints one JSON
+//! object: calls, seconds, calls per second, denied calls and errors.
 //!
 //! `sluice-resp-bench --addr 127.0.0.1:6390 --groups a,b --owned-by a`
 
@@ -29,11 +31,14 @@ struct Args {
     keys: usize,
     groups: Vec<String>,
     owned_by: Option<String>,
+    /// Calls a second over all connections (0: as fast as the server
+    /// answers).
+    rate: f64,
 }
 
 fn usage(why: &str) -> ! {
     eprintln!(
-        "sluice-resp-bench: {why}\nusage: sluice-resp-bench [--addr HOST:PORT] [--connections N] [--pipeline N] [--seconds S] [--keys N] [--groups A,B,... --owned-by A]"
+        "sluice-resp-bench: {why}\nusage: sluice-resp-bench [--addr HOST:PORT] [--connections N] [--pipeline N] [--seconds S] [--keys N] [--groups A,B,... --owned-by A] [--rate CALLS_PER_S]"
     );
     std::process::exit(2)
 }
@@ -47,6 +52,7 @@ fn args() -> Args {
         keys: 100_000,
         groups: Vec::new(),
         owned_by: None,
+        rate: 0.0,
     };
     let mut it = std::env::args().skip(1);
     while let Some(flag) = it.next() {
@@ -63,6 +69,7 @@ fn args() -> Args {
             "--seconds" => a.seconds = value().parse().unwrap_or_else(|_| usage("--seconds S")),
             "--groups" => a.groups = value().split(',').map(str::to_owned).collect(),
             "--owned-by" => a.owned_by = Some(value()),
+            "--rate" => a.rate = value().parse().unwrap_or_else(|_| usage("--rate CALLS_PER_S")),
             _ => usage(&format!("unknown flag {flag}")),
         }
     }
@@ -174,7 +181,21 @@ fn main() {
                 let mut out = Vec::with_capacity(a.pipeline * 64);
                 let mut buf = Vec::with_capacity(64 << 10);
                 let mut chunk = vec![0u8; 64 << 10];
+                // With --rate: this connection's windows start `every`
+                // apart (one behind its time starts at once), the
+                // connections' spread over the interval.
+                let every = (a.rate > 0.0).then(|| {
+                    Duration::from_secs_f64((a.pipeline * a.connections) as f64 / a.rate)
+                });
+                let mut next = tokio::time::Instant::now();
+                if let Some(every) = every {
+                    next += every.mul_f64(c as f64 / a.connections as f64);
+                }
                 while !stop.load(Ordering::Relaxed) {
+                    if let Some(every) = every {
+                        tokio::time::sleep_until(next).await;
+                        next += every;
+                    }
                     out.clear();
                     for _ in 0..a.pipeline {
                         x ^= x << 13;
