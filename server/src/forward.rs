@@ -181,9 +181,23 @@ pub struct OpenRead {
     spread: bool,
     /// ... under another view.
     other_view: bool,
+    /// The read's requests are a batch of their own (not the turn's).
+    alone: bool,
 }
 
 impl OpenRead {
+    /// A read whose requests go in a batch of their own.
+    fn alone(view: &Arc<View>, group: usize) -> OpenRead {
+        OpenRead {
+            view: view.clone(),
+            group,
+            start: 0,
+            spread: false,
+            other_view: false,
+            alone: true,
+        }
+    }
+
     /// Notes a request of the read bound for `group` under `view`.
     #[inline]
     pub fn note(&mut self, view: &Arc<View>, group: usize) {
@@ -502,10 +516,27 @@ impl Forwarder {
     /// was a cache miss per request, benches/notes.md). The items are the
     /// read's until [`Forwarder::close`], which the read calls before its
     /// thread runs anything else.
+    ///
+    /// Only where the turn's task runs on the calling thread: with
+    /// `--forward-connections shared` it runs on the forwarder's thread,
+    /// which could take the turn's batches while a read holds some of
+    /// them, so there a read gathers its requests in a batch of its own
+    /// (merged with the turn's others when the task runs, as
+    /// [`Forwarder::submit`]'s are).
     pub fn open(&self, view: &Arc<View>, group: usize) -> (RemoteItems, OpenRead) {
         let turn = self.turn();
         let mut queued = turn.lock().expect("not poisoned");
+        if !self.turns_here() {
+            let room = RemoteItems::with_capacity(queued.room.max(ROOM_MIN));
+            return (room, OpenRead::alone(view, group));
+        }
         queued.open(view, group)
+    }
+
+    /// Whether a turn's task runs on the calling thread (see
+    /// [`Forwarder::flush_later`]).
+    fn turns_here(&self) -> bool {
+        self.forwards_here() && tokio::runtime::Handle::try_current().is_ok()
     }
 
     /// Ends a read that [`Forwarder::open`]ed (see [`Turn::close`]) and
@@ -549,6 +580,7 @@ impl Forwarder {
         if !first {
             return;
         }
+        // Where it runs decides how reads join it: see Forwarder::open.
         let this = self.clone();
         // Boxed: the batch path's state (its timers, its groups' futures)
         // is kilobytes, which the runtime would otherwise copy into and
@@ -1027,6 +1059,7 @@ impl Turn {
             start: items.ops.len(),
             spread: false,
             other_view: false,
+            alone: false,
         };
         (items, open)
     }
@@ -1045,7 +1078,11 @@ impl Turn {
             start,
             spread,
             other_view,
+            alone,
         } = open;
+        if alone {
+            return self.batches.push(RemoteBatch { reply_to, items });
+        }
         if spread {
             let alone = items.split_off(start, view.clone(), other_view);
             self.batches.push(RemoteBatch {
@@ -1242,6 +1279,23 @@ mod tests {
         assert_eq!(alone.items.groups, [1, 0, 1]);
         assert!(!alone.items.mixed, "one view: its groups hold");
         assert_eq!(alone.items.one_group(), None);
+
+        // A read on a thread whose turn another thread runs: a batch of
+        // its own, whole, and the units untouched.
+        let (reply_to, _r6) = crate::inbox::inbox();
+        let mut items = RemoteItems::with_capacity(2);
+        for seq in [11, 12] {
+            let (one, _) = batch(&[seq], &v);
+            items.push(seq, one.items.ops.into_iter().next().unwrap(), &v, 1);
+        }
+        turn.close(OpenRead::alone(&v, 1), items, reply_to);
+        assert_eq!(turn.units[0].items.seqs, [1, 2, 3]);
+        assert_eq!(turn.batches.len(), 2);
+        assert_eq!(turn.batches[1].items.seqs, [11, 12]);
+        assert_eq!(
+            turn.batches[1].items.one_group(),
+            Some((Arc::as_ptr(&v), 1))
+        );
     }
 
     /// A turn's batches go as one, in order, each keeping its own

@@ -837,3 +837,85 @@ async fn a_stopped_group_holds_up_only_the_connections_that_asked_it() {
         slowest_a.as_millis()
     );
 }
+
+/// Every forwarded CL.THROTTLE gets its own answer under pipelined load,
+/// whichever threads forward: each shard thread over its own connections
+/// (the default: a read's forwards join its thread's turn as they are
+/// read), and one shared set on the forwarder's thread
+/// (`--forward-connections shared`), whose task takes a turn's forwards
+/// while the shards are still reading. 8 Redis clients each pipeline
+/// windows of 32 commands on keys of group b to a's primary, every key
+/// spent once at its own quantity (1 to 4), so that an answer given to
+/// another command, or lost, shows. (With shared connections a read's
+/// forwards pushed straight onto a turn's batch that the other thread
+/// took meanwhile were lost, and the shard panicked: this failed so until
+/// such reads went back to a batch of their own.)
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn pipelined_forwards_each_get_their_own_answer_whichever_threads_forward() {
+    for extra in [&[][..], &["--forward-connections", "shared"][..]] {
+        let cluster = TwoGroups::start_with(true, extra).await;
+        let wrong = pipelined_forwards(&cluster);
+        assert!(
+            wrong.is_empty(),
+            "{extra:?}: {} answers wrong, first: {:?}",
+            wrong.len(),
+            &wrong[..wrong.len().min(3)]
+        );
+    }
+}
+
+/// The load of the test above; the answers that were not their
+/// command's.
+fn pipelined_forwards(cluster: &TwoGroups) -> Vec<String> {
+    use std::io::{BufRead, BufReader, Write};
+    let resp = cluster.nodes[0].resp_addr.expect("resp");
+    const CONNS: usize = 8;
+    const WINDOWS: usize = 24;
+    const WINDOW: usize = 32;
+    let keys = cluster.keys_of("b", "shared", CONNS * WINDOWS * WINDOW);
+    let quantity = |i: usize| 1 + (i % 4) as u64;
+    let threads: Vec<_> = keys
+        .chunks(WINDOWS * WINDOW)
+        .enumerate()
+        .map(|(c, keys)| {
+            let keys = keys.to_vec();
+            std::thread::spawn(move || {
+                let mut out = std::net::TcpStream::connect(resp).expect("connect");
+                out.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
+                let mut input = BufReader::new(out.try_clone().unwrap());
+                let mut wrong = Vec::new();
+                for (w, window) in keys.chunks(WINDOW).enumerate() {
+                    let mut cmds = String::new();
+                    for (k, key) in window.iter().enumerate() {
+                        let q = quantity(c + w + k).to_string();
+                        let args = ["CL.THROTTLE", key, "4", "5", "3600", &q];
+                        cmds.push_str(&format!("*{}\r\n", args.len()));
+                        for a in args {
+                            cmds.push_str(&format!("${}\r\n{a}\r\n", a.len()));
+                        }
+                    }
+                    out.write_all(cmds.as_bytes()).unwrap();
+                    for (k, key) in window.iter().enumerate() {
+                        let mut reply = String::new();
+                        input.read_line(&mut reply).expect("a reply");
+                        if reply.starts_with('*') {
+                            for _ in 0..5 {
+                                input.read_line(&mut reply).expect("a reply");
+                            }
+                        }
+                        let q = quantity(c + w + k);
+                        let head = format!("*5\r\n:0\r\n:5\r\n:{}\r\n", 5 - q);
+                        if !reply.starts_with(&head) {
+                            wrong.push(format!("{key} (quantity {q}): {reply:?}"));
+                        }
+                    }
+                }
+                wrong
+            })
+        })
+        .collect();
+    threads
+        .into_iter()
+        .flat_map(|t| t.join().unwrap())
+        .collect()
+}

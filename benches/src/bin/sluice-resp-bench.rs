@@ -69,7 +69,11 @@ fn args() -> Args {
             "--seconds" => a.seconds = value().parse().unwrap_or_else(|_| usage("--seconds S")),
             "--groups" => a.groups = value().split(',').map(str::to_owned).collect(),
             "--owned-by" => a.owned_by = Some(value()),
-            "--rate" => a.rate = value().parse().unwrap_or_else(|_| usage("--rate CALLS_PER_S")),
+            "--rate" => {
+                a.rate = value()
+                    .parse()
+                    .unwrap_or_else(|_| usage("--rate CALLS_PER_S"))
+            }
             _ => usage(&format!("unknown flag {flag}")),
         }
     }
