@@ -535,8 +535,12 @@ impl Forwarder {
 
     /// Whether a turn's task runs on the calling thread (see
     /// [`Forwarder::flush_later`]).
+    /// A current-thread runtime's: a task spawned there runs only when the
+    /// thread's other tasks yield, never while a read is being handled.
     fn turns_here(&self) -> bool {
-        self.forwards_here() && tokio::runtime::Handle::try_current().is_ok()
+        use tokio::runtime::{Handle, RuntimeFlavor};
+        let here = Handle::try_current().map(|h| h.runtime_flavor());
+        self.forwards_here() && matches!(here, Ok(RuntimeFlavor::CurrentThread))
     }
 
     /// Ends a read that [`Forwarder::open`]ed (see [`Turn::close`]) and
@@ -602,9 +606,10 @@ impl Forwarder {
             };
             this.run_turn(units, batches).await;
         });
-        match tokio::runtime::Handle::try_current() {
-            Ok(here) if self.forwards_here() => drop(here.spawn(task)),
-            _ => drop(self.runtime.spawn(task)),
+        if self.turns_here() {
+            drop(tokio::spawn(task));
+        } else {
+            drop(self.runtime.spawn(task));
         }
     }
 
