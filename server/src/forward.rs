@@ -526,17 +526,17 @@ impl Forwarder {
     pub fn open(&self, view: &Arc<View>, group: usize) -> (RemoteItems, OpenRead) {
         let turn = self.turn();
         let mut queued = turn.lock().expect("not poisoned");
-        if !self.turns_here() {
+        if !queued.here {
             let room = RemoteItems::with_capacity(queued.room.max(ROOM_MIN));
             return (room, OpenRead::alone(view, group));
         }
         queued.open(view, group)
     }
 
-    /// Whether a turn's task runs on the calling thread (see
-    /// [`Forwarder::flush_later`]).
-    /// A current-thread runtime's: a task spawned there runs only when the
-    /// thread's other tasks yield, never while a read is being handled.
+    /// Whether a turn's task runs on the calling thread: it forwards
+    /// there, and its runtime is current-thread (a task spawned there runs
+    /// only when the thread's other tasks yield, never while a read is
+    /// being handled). Fixed for a thread: its [`Turn`] keeps it.
     fn turns_here(&self) -> bool {
         use tokio::runtime::{Handle, RuntimeFlavor};
         let here = Handle::try_current().map(|h| h.runtime_flavor());
@@ -564,7 +564,10 @@ impl Forwarder {
             match turns.iter().find(|(id, _)| *id == self.id) {
                 Some((_, turn)) => turn.clone(),
                 None => {
-                    let turn = Arc::<Mutex<Turn>>::default();
+                    let turn = Arc::new(Mutex::new(Turn {
+                        here: self.turns_here(),
+                        ..Turn::default()
+                    }));
                     turns.push((self.id, turn.clone()));
                     turn
                 }
@@ -580,11 +583,12 @@ impl Forwarder {
         mut queued: std::sync::MutexGuard<'_, Turn>,
     ) {
         let first = !std::mem::replace(&mut queued.flushing, true);
+        // Where it runs decides how reads join it: see Forwarder::open.
+        let here = queued.here;
         drop(queued);
         if !first {
             return;
         }
-        // Where it runs decides how reads join it: see Forwarder::open.
         let this = self.clone();
         // Boxed: the batch path's state (its timers, its groups' futures)
         // is kilobytes, which the runtime would otherwise copy into and
@@ -594,19 +598,23 @@ impl Forwarder {
                 let mut queued = turn.lock().expect("not poisoned");
                 queued.flushing = false;
                 let units = std::mem::take(&mut queued.units);
-                // The next turns' units start with room for twice the
-                // largest of late (a maximum that decays by an eighth a
-                // turn): one grown past its room moves every request
-                // gathered so far, the copy they are gathered in place to
-                // avoid (room not written is not a cache line touched).
-                let largest = units.iter().map(|u| u.items.ops.len()).max();
+                let batches = std::mem::take(&mut queued.batches);
+                // The next turns' units (and reads alone) start with room
+                // for twice the largest of late (a maximum that decays by
+                // an eighth a turn): one grown past its room moves every
+                // request gathered so far, the copy they are gathered in
+                // place to avoid (room not written is not a cache line
+                // touched).
+                let units_max = units.iter().map(|u| u.items.ops.len()).max();
+                let batches_max = batches.iter().map(|b| b.items.ops.len()).max();
+                let largest = units_max.max(batches_max).unwrap_or(0);
                 let decayed = queued.room - queued.room / 8;
-                queued.room = decayed.max(2 * largest.unwrap_or(0));
-                (units, std::mem::take(&mut queued.batches))
+                queued.room = decayed.max(2 * largest);
+                (units, batches)
             };
             this.run_turn(units, batches).await;
         });
-        if self.turns_here() {
+        if here {
             drop(tokio::spawn(task));
         } else {
             drop(self.runtime.spawn(task));
@@ -1046,8 +1054,12 @@ struct Turn {
     /// The reads bound for one group, gathered as they were read.
     units: Vec<Unit>,
     flushing: bool,
-    /// Requests a new unit has room for (from the last turn's largest).
+    /// Requests a new unit (or a read alone) has room for: twice the
+    /// largest of late.
     room: usize,
+    /// The turn's task runs on the thread whose turn it is
+    /// ([`Forwarder::turns_here`]): only then do reads join its units.
+    here: bool,
 }
 
 impl Turn {
