@@ -99,11 +99,38 @@ pub fn keys(count: usize, groups: &[String], owned_by: Option<&str>) -> Vec<Stri
         .collect()
 }
 
-/// One CL.THROTTLE as RESP: 99 burst, 10 per second, 1 unit (compare.sh's).
-fn command(out: &mut Vec<u8>, key: &str) {
-    out.extend_from_slice(b"*6\r\n$11\r\nCL.THROTTLE\r\n");
-    out.extend_from_slice(format!("${}\r\n{key}\r\n", key.len()).as_bytes());
-    out.extend_from_slice(b"$2\r\n99\r\n$2\r\n10\r\n$1\r\n1\r\n$1\r\n1\r\n");
+/// Every key's CL.THROTTLE as RESP, encoded once before the load starts
+/// (99 burst, 10 per second, 1 unit: compare.sh's), so that a window is
+/// copies of them: the generator shares this machine's two cores with the
+/// servers it measures, and what it spends per call is taken from them.
+struct Commands {
+    bytes: Vec<u8>,
+    /// Where key `i`'s command begins; its end is where `i + 1`'s does.
+    at: Vec<usize>,
+}
+
+impl Commands {
+    fn new(keys: &[String]) -> Commands {
+        let mut bytes = Vec::with_capacity(keys.len() * 64);
+        let mut at = Vec::with_capacity(keys.len() + 1);
+        for key in keys {
+            at.push(bytes.len());
+            bytes.extend_from_slice(b"*6\r\n$11\r\nCL.THROTTLE\r\n");
+            bytes.extend_from_slice(format!("${}\r\n{key}\r\n", key.len()).as_bytes());
+            bytes.extend_from_slice(b"$2\r\n99\r\n$2\r\n10\r\n$1\r\n1\r\n$1\r\n1\r\n");
+        }
+        at.push(bytes.len());
+        Commands { bytes, at }
+    }
+
+    fn len(&self) -> usize {
+        self.at.len() - 1
+    }
+
+    /// Key `i`'s command.
+    fn get(&self, i: usize) -> &[u8] {
+        &self.bytes[self.at[i]..self.at[i + 1]]
+    }
 }
 
 /// Counts whole replies at the start of `buf` (an array of five integers,
@@ -111,11 +138,12 @@ fn command(out: &mut Vec<u8>, key: &str) {
 /// errors). A reply cut short stays for the next read.
 fn replies(buf: &[u8], want: usize) -> (usize, usize, u64, u64) {
     let (mut n, mut at, mut denied, mut errors) = (0, 0, 0, 0);
+    // A line ends at its first `\n` (RESP's lines hold no bare one).
     let line = |from: usize| {
-        buf[from..]
-            .windows(2)
-            .position(|w| w == b"\r\n")
-            .map(|p| from + p + 2)
+        buf.get(from..)?
+            .iter()
+            .position(|&b| b == b'\n')
+            .map(|p| from + p + 1)
     };
     while n < want {
         let Some(end) = line(at) else { break };
@@ -161,7 +189,11 @@ fn replies(buf: &[u8], want: usize) -> (usize, usize, u64, u64) {
 
 fn main() {
     let a = Arc::new(args());
-    let keys = Arc::new(keys(a.keys, &a.groups, a.owned_by.as_deref()));
+    let commands = Arc::new(Commands::new(&keys(
+        a.keys,
+        &a.groups,
+        a.owned_by.as_deref(),
+    )));
     let rt = tokio::runtime::Builder::new_current_thread()
         .enable_all()
         .build()
@@ -178,13 +210,14 @@ fn main() {
                     std::process::exit(1)
                 });
             stream.set_nodelay(true).expect("nodelay");
-            let (a, keys, stop) = (a.clone(), keys.clone(), stop.clone());
+            let (a, commands, stop) = (a.clone(), commands.clone(), stop.clone());
             tasks.push(tokio::spawn(async move {
                 let mut x = 0x9E37_79B9_7F4A_7C15u64 ^ (c as u64 + 1).wrapping_mul(0xBF58_476D_1CE4_E5B9);
                 let (mut calls, mut denied, mut errors) = (0u64, 0u64, 0u64);
                 let mut out = Vec::with_capacity(a.pipeline * 64);
-                let mut buf = Vec::with_capacity(64 << 10);
-                let mut chunk = vec![0u8; 64 << 10];
+                // Replies are read straight into `buf`; what a read cut
+                // short moves to its front.
+                let mut buf: Vec<u8> = Vec::with_capacity(64 << 10);
                 // With --rate: this connection's windows start `every`
                 // apart (one behind its time starts at once), the
                 // connections' spread over the interval.
@@ -205,17 +238,21 @@ fn main() {
                         x ^= x << 13;
                         x ^= x >> 7;
                         x ^= x << 17;
-                        command(&mut out, &keys[(x % keys.len() as u64) as usize]);
+                        out.extend_from_slice(
+                            commands.get((x % commands.len() as u64) as usize),
+                        );
                     }
                     stream.write_all(&out).await.expect("the server reads");
                     let mut left = a.pipeline;
                     while left > 0 {
-                        let n = stream.read(&mut chunk).await.expect("the server answers");
+                        if buf.capacity() == buf.len() {
+                            buf.reserve(64 << 10);
+                        }
+                        let n = stream.read_buf(&mut buf).await.expect("the server answers");
                         if n == 0 {
                             eprintln!("sluice-resp-bench: the server closed the connection");
                             std::process::exit(1)
                         }
-                        buf.extend_from_slice(&chunk[..n]);
                         let (got, used, d, e) = replies(&buf, left);
                         buf.drain(..used);
                         left -= got;
