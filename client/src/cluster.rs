@@ -333,6 +333,10 @@ pub struct ClusterStats {
 struct Group {
     /// What the topology says.
     spec: GroupSpec,
+    /// The hash of the layout the group was made in (kept across reloads
+    /// only to layouts of the same hash when it is sent: see
+    /// [`Cluster::reload`]), which its connections' HELLO names.
+    layout_hash: u64,
     /// The connection to the group's current primary, if known.
     /// The address is shared, so that every verdict can name it without
     /// an allocation.
@@ -409,14 +413,19 @@ impl Cluster {
 
     /// Takes a changed topology: groups keep their connections and local
     /// buckets by name; calls in flight finish on the layout they started
-    /// with.
+    /// with. With [`ClusterConfig::send_layout`] (a node that forwards), a
+    /// topology of another layout hash keeps no group: every connection is
+    /// made anew, so that the layout each one's HELLO names is the one its
+    /// keys are routed by, which lets the owner trust that name instead of
+    /// looking each key up again.
     pub fn reload(&self, topology: &Topology) -> Result<(), Error> {
         topology.validate()?;
         let old = self.layout();
+        let renew = self.inner.config.send_layout && topology.layout_hash() != old.hash;
         let by_name: HashMap<String, Arc<Group>> = old
             .groups
             .iter()
-            .filter(|g| topology.groups.iter().any(|s| s == &g.spec))
+            .filter(|g| !renew && topology.groups.iter().any(|s| s == &g.spec))
             .map(|g| (g.spec.name.clone(), g.clone()))
             .collect();
         let mut current = self.inner.layout.write().expect("not poisoned");
@@ -996,7 +1005,7 @@ impl Cluster {
     async fn connect_primary(&self, group: &Group, addr: &str, epoch: u64) -> Option<Client> {
         let config = &self.inner.config.client;
         let layout_hash = if self.inner.config.send_layout {
-            self.layout().hash
+            group.layout_hash
         } else {
             config.layout_hash
         };
@@ -1096,6 +1105,7 @@ impl Cluster {
 /// The layout for `topology`, reusing `keep`'s groups by name.
 fn layout(topology: &Topology, keep: &HashMap<String, Arc<Group>>, generation: u64) -> Layout {
     let ring = Ring::new(topology.groups.iter().map(|g| g.name.as_str()));
+    let hash = topology.layout_hash();
     let groups = (0..ring.group_count())
         .map(|i| {
             let name = ring.name(i);
@@ -1108,6 +1118,7 @@ fn layout(topology: &Topology, keep: &HashMap<String, Arc<Group>>, generation: u
                     .clone();
                 Arc::new(Group {
                     spec,
+                    layout_hash: hash,
                     primary: RwLock::new(None),
                     epoch: AtomicU64::new(0),
                     searching: tokio::sync::Mutex::new(()),
@@ -1123,7 +1134,7 @@ fn layout(topology: &Topology, keep: &HashMap<String, Arc<Group>>, generation: u
     Layout {
         ring,
         groups,
-        hash: topology.layout_hash(),
+        hash,
         generation,
     }
 }

@@ -210,9 +210,10 @@ struct Connection {
     hashes: Vec<u128>,
     /// Whether HELLO carried the right token (or none is needed).
     authed: bool,
-    /// Whether HELLO came from a forwarding node of this node's layout
-    /// (`forward`): its keys are decided here or refused, never forwarded.
-    forwarded: bool,
+    /// The layout hash a forwarding node's HELLO carried, when it matched
+    /// this node's (`forward`): its keys are decided here or refused,
+    /// never forwarded again.
+    forwarded: Option<u64>,
     /// A frame was decoded (or a HELLO, before a move): bytes that are not
     /// a frame are then just bad, not a Redis client at the wrong port.
     framed: bool,
@@ -434,11 +435,19 @@ impl Connection {
         self.core.sync_epoch();
         let primary = self.core.admits(now_ns);
         let reply_max = self.core.node.config.reply_bytes_max;
-        let route = self.core.node.forward.as_ref().map(|f| Route {
-            view: f.view(),
-            // A follower's own keys go to its primary too.
-            decides_own: self.core.node.repl.is_primary(),
-            forwarded: self.forwarded,
+        let route = self.core.node.forward.as_ref().map(|f| {
+            let view = f.view();
+            Route {
+                // A forwarding node routes each connection's keys by the
+                // layout its HELLO named (it opens new connections when its
+                // layout changes): while that is this node's too, every key
+                // it sends is this group's, and is not looked up again.
+                trusted: self.forwarded == Some(view.hash),
+                forwarded: self.forwarded.is_some(),
+                view,
+                // A follower's own keys go to its primary too.
+                decides_own: self.core.node.repl.is_primary(),
+            }
         });
         self.hash_and_prefetch(frame);
         for (i, (h, payload)) in frame.messages().enumerate() {
@@ -838,7 +847,7 @@ impl Connection {
             if ours != Some(hello.layout) {
                 return self.layout_mismatch(request_id, hello.layout, ours);
             }
-            self.forwarded = true;
+            self.forwarded = Some(hello.layout);
         }
         // (Only from an authenticated peer: a stale primary stops admitting.)
         self.core.node.repl.saw_epoch(hello.epoch);
@@ -1008,6 +1017,9 @@ struct Route {
     decides_own: bool,
     /// The connection came from a forwarding node: never forward again.
     forwarded: bool,
+    /// ... of this node's layout as it is now (so its keys are this
+    /// group's: see `handle_frame`).
+    trusted: bool,
 }
 
 impl Connection {
@@ -1024,6 +1036,9 @@ impl Connection {
         request: &Request<'_>,
         hash: u128,
     ) -> bool {
+        if route.trusted {
+            return false;
+        }
         let key = match request {
             Request::Throttle(t) | Request::Peek(t) => t.key,
             Request::Decide(d) => d.key,

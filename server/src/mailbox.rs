@@ -83,9 +83,9 @@ pub struct Adopt {
     pub hello_request_id: Option<u32>,
     /// Whether the connection has authenticated.
     pub authed: bool,
-    /// Whether its HELLO came from a forwarding node of the same layout
-    /// (such a connection is never forwarded further).
-    pub forwarded: bool,
+    /// The layout hash its HELLO carried if it came from a forwarding node
+    /// of the same layout (such a connection is never forwarded further).
+    pub forwarded: Option<u64>,
     /// Keeps the connection counted while it lives.
     pub guard: ConnectionGuard,
 }

@@ -444,7 +444,7 @@ fn adopt_v1(node: &Node, shard: usize, stream: crate::stream::Moving, guard: Con
         read_buf: BytesMut::new(),
         hello_request_id: None,
         authed: node.config.auth_token.is_none(),
-        forwarded: false,
+        forwarded: None,
         guard,
     });
     // Refused only while shutting down; the socket then just closes.

@@ -317,7 +317,19 @@ async fn a_node_with_another_cluster_file_is_refused() {
         &["--resp-port", "0", "--cluster", stale.arg(), "--group", "a"],
     );
     let key = &cluster.keys_of("b", "stale", 1)[0];
-    let port = stray.resp_addr.expect("resp").port();
+    let said = redis_throttle(stray.resp_addr.expect("resp").port(), key);
+    assert!(said.contains("TRYAGAIN"), "{said}");
+    assert!(said.contains("layout mismatch"), "{said}");
+    // The owner counted what it refused.
+    let (_, scrape) = http_get(cluster.nodes[2].admin_addr.expect("admin"), "/metrics");
+    let refused = "sluice_forward_errors_total{kind=\"layout_mismatch\"}";
+    assert!(metric_sample(&scrape, refused) >= 1.0, "{scrape}");
+    drop(cluster.file);
+}
+
+/// redis-cli's CL.THROTTLE of `key` (burst 4, 1 an hour) on `port`: its
+/// output.
+fn redis_throttle(port: u16, key: &str) -> String {
     let out = Command::new("redis-cli")
         .args([
             "-p",
@@ -330,14 +342,78 @@ async fn a_node_with_another_cluster_file_is_refused() {
         ])
         .output()
         .expect("redis-cli runs");
-    let said = String::from_utf8_lossy(&out.stdout);
-    assert!(said.contains("TRYAGAIN"), "{said}");
+    String::from_utf8_lossy(&out.stdout).into_owned()
+}
+
+/// An owner decides a forwarding node's keys without looking each up in
+/// the ring while the layout that node's HELLO named is its own. That is
+/// sound only if a connection's keys are routed by the layout it named:
+/// a node that reloads another layout must not go on sending over the
+/// connections it opened before. Here B's file loses group `c` (whose
+/// keys move to `a` or `b`) while A keeps it; a key of `c` in A's layout
+/// that is `a`'s in B's new one goes through B and must be refused
+/// (LAYOUT_MISMATCH), never decided by A. Fails with `Cluster::reload`
+/// keeping B's connection to A across the change.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_node_that_reloads_another_layout_has_its_forwards_refused_not_decided() {
+    let (pa, pb, pc) = (port(), port(), port());
+    let group = |name: &str, p: u16| {
+        format!("[[groups]]\nname = \"{name}\"\nprimary = \"127.0.0.1:{p}\"\n\n")
+    };
+    let both = format!("{}{}", group("a", pa), group("b", pb));
+    let with_c = format!("{both}{}", group("c", pc));
+    let (file_a, file_b) = (ConfigFile::new(&with_c), ConfigFile::new(&with_c));
+    let a = Sluiced::start_on(
+        pa,
+        &["--shards", "1", "--cluster", file_a.arg(), "--group", "a"],
+    );
+    let b = Sluiced::start_on(
+        pb,
+        &[
+            "--shards",
+            "1",
+            "--resp-port",
+            "0",
+            "--cluster",
+            file_b.arg(),
+            "--group",
+            "b",
+        ],
+    );
+    let (old, new) = (Ring::new(["a", "b", "c"]), Ring::new(["a", "b"]));
+    let owners = |k: &String| {
+        (
+            old.owner(key_hash(k.as_bytes())),
+            new.owner(key_hash(k.as_bytes())),
+        )
+    };
+    let keys: Vec<String> = (0..).map(|i| format!("moved-{i}")).take(400).collect();
+    let stays = keys
+        .iter()
+        .find(|k| owners(k) == ("a", "a"))
+        .expect("a key of a");
+    let moved = keys
+        .iter()
+        .find(|k| owners(k) == ("c", "a"))
+        .expect("a key of c, then a");
+    let resp = b.resp_addr.expect("resp").port();
+    // B's connection to A opens under the shared layout and is used.
+    let said = redis_throttle(resp, stays);
+    assert!(said.starts_with("0\n"), "granted through B: {said}");
+    file_b.write(&both);
+    let out = sluice_cli(&b, &["reload"]);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let said = redis_throttle(resp, moved);
+    assert!(
+        said.contains("TRYAGAIN"),
+        "refused, not decided by A: {said}"
+    );
     assert!(said.contains("layout mismatch"), "{said}");
-    // The owner counted what it refused.
-    let (_, scrape) = http_get(cluster.nodes[2].admin_addr.expect("admin"), "/metrics");
-    let refused = "sluice_forward_errors_total{kind=\"layout_mismatch\"}";
-    assert!(metric_sample(&scrape, refused) >= 1.0, "{scrape}");
-    drop(cluster.file);
+    drop(a);
 }
 
 /// What an operator reads: `sluice role --json` names the cluster the node
