@@ -1426,6 +1426,55 @@ mod tests {
         assert!(Topology::from_toml("[[groups]]\nname='a'\nprimary='x:1'\nextra=1\n").is_err());
     }
 
+    fn spec(name: &str, port: u16) -> GroupSpec {
+        GroupSpec {
+            name: name.into(),
+            primary: format!("127.0.0.1:{port}"),
+            follower: None,
+        }
+    }
+
+    /// Whether each group of `before` is the same object in `after`.
+    fn kept(before: &Layout, after: &Layout) -> Vec<bool> {
+        before
+            .groups
+            .iter()
+            .map(|g| after.groups.iter().any(|h| Arc::ptr_eq(g, h)))
+            .collect()
+    }
+
+    /// A forwarding node's groups (and so their connections) never
+    /// outlive a change of layout hash: each group's connections name, in
+    /// HELLO, the layout the group was made in, and the owner trusts that
+    /// name. A gateway's groups are kept by name, as before.
+    #[test]
+    fn a_reload_to_another_layout_renews_a_forwarding_nodes_groups() {
+        let two = Topology {
+            groups: vec![spec("a", 1), spec("b", 2)],
+        };
+        let three = Topology {
+            groups: vec![spec("a", 1), spec("b", 2), spec("c", 3)],
+        };
+        for send_layout in [true, false] {
+            let config = ClusterConfig {
+                send_layout,
+                ..ClusterConfig::default()
+            };
+            let cluster = Cluster::new(&two, config).unwrap();
+            let first = cluster.layout();
+            cluster.reload(&three).unwrap();
+            let second = cluster.layout();
+            assert_eq!(kept(&first, &second), vec![!send_layout; 2]);
+            assert!(second
+                .groups
+                .iter()
+                .all(|g| !send_layout || g.layout_hash == three.layout_hash()));
+            // The same layout again (a SIGHUP with the file unchanged).
+            cluster.reload(&three).unwrap();
+            assert_eq!(kept(&second, &cluster.layout()), vec![true; 3]);
+        }
+    }
+
     #[test]
     fn local_fallback_enforces_the_share() {
         let mut t = LocalTable::default();
