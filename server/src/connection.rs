@@ -1105,7 +1105,16 @@ impl Connection {
             .borrow_mut()
             .cell_throttle(key, &c.policy, c.quantity, now_ns);
         match verdict {
-            Ok(v) => self.push(request_id, Local::Cell(v)),
+            // Encoded at once when it has its turn, with no `Reply` built
+            // and dropped (a forwarded CL.THROTTLE's owner answers one per
+            // op: benches/notes.md).
+            Ok(v) if self.pipe.take_turn() => {
+                message::put_cell_ok(&mut self.writer, &mut self.wbuf, request_id, &v);
+            }
+            Ok(v) => self.pipe.queue(Reply::Other {
+                request_id,
+                reply: Local::Cell(v),
+            }),
             Err(status) => self.push(request_id, error(status.into())),
         }
     }

@@ -1,7 +1,8 @@
 //! Batching and pipelining against a real `sluiced`: replies come back in
 //! request order, whichever shard decided each request.
 
-use sluice_protocol::message::{Hello, Reply, Request, Throttle};
+use sluice_protocol::cell::CellPolicy;
+use sluice_protocol::message::{Cell, Hello, Reply, Request, Throttle};
 use sluice_protocol::routing::{key_hash, shard_of};
 use sluice_protocol::{Policy, Status};
 use sluice_tests::raw::{frame, Raw};
@@ -9,6 +10,21 @@ use sluice_tests::support::Sluiced;
 
 fn policy() -> Policy {
     Policy::new(10, 1_000_000_000, 5).unwrap()
+}
+
+/// Sends `requests` as one frame and reads their replies, asserting they
+/// come in request order.
+async fn in_order(
+    addr: std::net::SocketAddr,
+    requests: &[(u32, Request<'_>)],
+) -> Vec<(u32, Reply)> {
+    let mut raw = Raw::connect(addr).await;
+    raw.send_frame(requests).await;
+    let replies = raw.replies(requests.len()).await;
+    let ids: Vec<u32> = replies.iter().map(|(id, _)| *id).collect();
+    let expected: Vec<u32> = requests.iter().map(|(id, _)| *id).collect();
+    assert_eq!(ids, expected);
+    replies
 }
 
 #[tokio::test]
@@ -44,12 +60,7 @@ async fn a_batch_is_answered_in_order_across_shards() {
             }),
         ),
     );
-    let mut raw = Raw::connect(server.addr).await;
-    raw.send_frame(&requests).await;
-    let replies = raw.replies(requests.len()).await;
-    let ids: Vec<u32> = replies.iter().map(|(id, _)| *id).collect();
-    let expected: Vec<u32> = requests.iter().map(|(id, _)| *id).collect();
-    assert_eq!(ids, expected);
+    let replies = in_order(server.addr, &requests).await;
     assert_eq!(replies[10].1, Reply::Pong);
     assert_eq!(replies[20].1.status(), Some(Status::CostExceedsBurst));
     for (id, r) in &replies {
@@ -59,6 +70,45 @@ async fn a_batch_is_answered_in_order_across_shards() {
             };
             assert!(v.allowed);
             assert_eq!(v.remaining, 4);
+        }
+    }
+}
+
+/// CELLs (CL.THROTTLE's request, what entry points forward) across
+/// shards: a shard's own keys are answered at once when their turn has
+/// come and queued behind another shard's answer when not; either way in
+/// request order, each with its own bucket's verdict.
+#[tokio::test]
+async fn a_batch_of_cells_is_answered_in_order_across_shards() {
+    let server = Sluiced::start(&["--shards", "4"]);
+    let keys: Vec<String> = (0..40).map(|i| format!("cell{i}")).collect();
+    let policy = CellPolicy::new(4, 1, 60).unwrap();
+    let mut requests: Vec<(u32, Request<'_>)> = Vec::new();
+    for (i, k) in keys.iter().enumerate() {
+        // Every fourth key asks twice its burst: limited.
+        let quantity = if i % 4 == 3 { 10 } else { 1 + (i % 3) as u64 };
+        let cell = Cell {
+            key: k.as_bytes(),
+            policy,
+            quantity,
+        };
+        requests.push((1_000 + i as u32, Request::Cell(cell)));
+    }
+    requests.insert(10, (7, Request::Ping));
+    let replies = in_order(server.addr, &requests).await;
+    assert_eq!(replies[10].1, Reply::Pong);
+    for ((_, request), (id, reply)) in requests.iter().zip(&replies) {
+        let Request::Cell(c) = request else { continue };
+        let Reply::Cell(v) = reply else {
+            panic!("{id}: {reply:?}")
+        };
+        assert_eq!(v.limit, 5, "{id}");
+        if c.quantity > 5 {
+            assert!(v.limited, "{id}");
+            assert_eq!(v.remaining, 5, "{id}");
+        } else {
+            assert!(!v.limited, "{id}");
+            assert_eq!(v.remaining, 5 - c.quantity as i64, "{id}");
         }
     }
 }

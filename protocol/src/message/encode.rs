@@ -80,15 +80,19 @@ pub fn put_cell_ok(
     request_id: u32,
     v: &crate::cell::CellVerdict,
 ) {
-    // One copy of the 40 bytes, not five capacity checks: a forwarded
-    // CL.THROTTLE's owner writes one per op.
-    let mut m = [0u8; 40];
-    m[..8].copy_from_slice(&u64::from(v.limited).to_le_bytes());
-    m[8..16].copy_from_slice(&v.limit.to_le_bytes());
-    m[16..24].copy_from_slice(&v.remaining.to_le_bytes());
-    m[24..32].copy_from_slice(&v.retry_after_ns.to_le_bytes());
-    m[32..].copy_from_slice(&v.reset_after_ns.to_le_bytes());
-    w.message(buf, op::CELL_OK, request_id, |b| b.put_slice(&m));
+    // Header and payload assembled on the stack and copied once, not a
+    // capacity check per field: a forwarded CL.THROTTLE's owner writes one
+    // per op.
+    const PAYLOAD: usize = 40;
+    let mut m = [0u8; HEADER_BYTES + PAYLOAD];
+    m[..HEADER_BYTES].copy_from_slice(&message_header(op::CELL_OK, request_id, PAYLOAD as u16));
+    let p = &mut m[HEADER_BYTES..];
+    p[..8].copy_from_slice(&u64::from(v.limited).to_le_bytes());
+    p[8..16].copy_from_slice(&v.limit.to_le_bytes());
+    p[16..24].copy_from_slice(&v.remaining.to_le_bytes());
+    p[24..32].copy_from_slice(&v.retry_after_ns.to_le_bytes());
+    p[32..].copy_from_slice(&v.reset_after_ns.to_le_bytes());
+    w.message_whole(buf, &m);
 }
 
 /// Appends a DECIDE_OK for `verdicts` (one per limit, in order,
