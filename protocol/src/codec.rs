@@ -276,6 +276,22 @@ impl FrameWriter {
         buf.extend_from_slice(m);
     }
 
+    /// [`FrameWriter::message_whole`] for a message in two parts: `head`
+    /// (a header and a fixed part) then `tail` (a key), copied straight
+    /// into the buffer, with one check of its room.
+    #[inline]
+    pub fn message_parts(&mut self, buf: &mut BytesMut, head: &[u8], tail: &[u8]) {
+        debug_assert!(
+            head.len() >= HEADER_BYTES
+                && usize::from(u16::from_le_bytes([head[2], head[3]]))
+                    == head.len() + tail.len() - HEADER_BYTES
+        );
+        self.frame_for_message(buf);
+        buf.reserve(head.len() + tail.len());
+        buf.extend_from_slice(head);
+        buf.extend_from_slice(tail);
+    }
+
     /// Opens a frame for the next message, closing the open one first once
     /// it has passed [`WRITER_FRAME_BYTES_SOFT`].
     #[inline]

@@ -435,20 +435,7 @@ impl Connection {
         self.core.sync_epoch();
         let primary = self.core.admits(now_ns);
         let reply_max = self.core.node.config.reply_bytes_max;
-        let route = self.core.node.forward.as_ref().map(|f| {
-            let view = f.view();
-            Route {
-                // A forwarding node routes each connection's keys by the
-                // layout its HELLO named (it opens new connections when its
-                // layout changes): while that is this node's too, every key
-                // it sends is this group's, and is not looked up again.
-                trusted: self.forwarded == Some(view.hash),
-                forwarded: self.forwarded.is_some(),
-                view,
-                // A follower's own keys go to its primary too.
-                decides_own: self.core.node.repl.is_primary(),
-            }
-        });
+        let route = self.route();
         self.hash_and_prefetch(frame);
         for (i, (h, payload)) in frame.messages().enumerate() {
             if self.closing || self.migrate.is_some() {
@@ -1017,12 +1004,31 @@ struct Route {
     decides_own: bool,
     /// The connection came from a forwarding node: never forward again.
     forwarded: bool,
-    /// ... of this node's layout as it is now (so its keys are this
-    /// group's: see `handle_frame`).
-    trusted: bool,
 }
 
 impl Connection {
+    /// How this frame's keys are placed, on a node of a cluster; `None`
+    /// when they are all decided here as on a lone node.
+    fn route(&self) -> Option<Route> {
+        self.core.node.forward.as_ref().and_then(|f| {
+            let view = f.view();
+            // A forwarding node routes each connection's keys by the layout
+            // its HELLO named (it opens new connections when its layout
+            // changes): while that is this node's too, every key it sends
+            // is this group's, decided here with no lookup (nor a call per
+            // request: an owner's hot path).
+            if self.forwarded == Some(view.hash) {
+                return None;
+            }
+            Some(Route {
+                forwarded: self.forwarded.is_some(),
+                view,
+                // A follower's own keys go to its primary too.
+                decides_own: self.core.node.repl.is_primary(),
+            })
+        })
+    }
+
     /// Places a keyed request on a node of a cluster: `true` when it was
     /// taken (forwarded to another node, or refused WRONG_GROUP), `false`
     /// when it is decided here as on a lone node. `hash`: the key's hash
@@ -1036,9 +1042,6 @@ impl Connection {
         request: &Request<'_>,
         hash: u128,
     ) -> bool {
-        if route.trusted {
-            return false;
-        }
         let key = match request {
             Request::Throttle(t) | Request::Peek(t) => t.key,
             Request::Decide(d) => d.key,

@@ -424,7 +424,11 @@ fn check(op: &Op) -> Result<(), Error> {
     }
 }
 
-/// `reply` as `op`'s answer, if it is of `op`'s kind.
+/// `reply` as `op`'s answer, if it is of `op`'s kind. Inlined into the
+/// batch's pass over its replies, where the caller's own answer is made
+/// from it at once (an entry node's `Kept`): the enums between are never
+/// built whole.
+#[inline]
 fn answer(op: &Op, reply: Reply) -> Answered {
     match (op, reply) {
         (Op::Throttle { peek: false, .. }, Reply::Throttle(v))

@@ -556,30 +556,21 @@ fn parse_cell(payload: &[u8]) -> Result<Cell<'_>, RequestError> {
     })
 }
 
-/// Appends a CELL. A short key's whole message (header, fixed part, key)
-/// is assembled on the stack and copied once, not a capacity check per
-/// field: an entry node writes one per forwarded CL.THROTTLE (22
-/// instructions of its 2,366 a call, benches/notes.md).
+/// Appends a CELL: header and fixed part assembled on the stack, then the
+/// key, each copied once into the buffer, with one check of its room (an
+/// entry node writes one per forwarded CL.THROTTLE; a check per field was
+/// 22 of its 2,366 instructions a call, benches/notes.md).
 fn put_cell(w: &mut FrameWriter, buf: &mut BytesMut, request_id: u32, c: &Cell<'_>) {
-    const SHORT_KEY: usize = 64;
-    let mut m = [0u8; HEADER_BYTES + CELL_FIXED_BYTES + SHORT_KEY];
+    let len = CELL_FIXED_BYTES + c.key.len();
+    let len = u16::try_from(len).expect("payload fits a u16 length");
+    let mut m = [0u8; HEADER_BYTES + CELL_FIXED_BYTES];
+    m[..HEADER_BYTES].copy_from_slice(&message_header(op::CELL, request_id, len));
     let p = &mut m[HEADER_BYTES..];
     p[..8].copy_from_slice(&c.policy.limit.to_le_bytes());
     p[8..16].copy_from_slice(&c.policy.emission_ns.to_le_bytes());
     p[16..24].copy_from_slice(&c.quantity.to_le_bytes());
     p[24..26].copy_from_slice(&(c.key.len() as u16).to_le_bytes());
-    if c.key.len() > SHORT_KEY {
-        let fixed = &p[..CELL_FIXED_BYTES];
-        return w.message(buf, op::CELL, request_id, |b| {
-            b.reserve(CELL_FIXED_BYTES + c.key.len());
-            b.put_slice(fixed);
-            b.put_slice(c.key);
-        });
-    }
-    let len = CELL_FIXED_BYTES + c.key.len();
-    p[CELL_FIXED_BYTES..len].copy_from_slice(c.key);
-    m[..HEADER_BYTES].copy_from_slice(&message_header(op::CELL, request_id, len as u16));
-    w.message_whole(buf, &m[..HEADER_BYTES + len]);
+    w.message_parts(buf, &m, c.key);
 }
 
 #[inline]
