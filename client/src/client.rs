@@ -570,6 +570,7 @@ pub fn inline_limits(limits: &[Limit]) -> Result<Limits<'static>, Error> {
     })
 }
 
+#[inline]
 pub(crate) fn check_key(key: &[u8]) -> Result<(), Error> {
     if key.is_empty() || key.len() > KEY_BYTES_MAX {
         return Err(Error::Invalid(format!(

@@ -776,11 +776,12 @@ impl Forwarder {
         let route = generation.map(|g| (g, groups));
         let errors = self.stats.errors.clone();
         let answers = cluster
-            .batch_routed_with(ops, route, self.failure, move |a: Answered| {
-                if let Err(e) = &a {
-                    errors[error_kind(e)].fetch_add(1, Ordering::Relaxed);
-                }
-                kept(a)
+            .batch_routed_with(ops, route, self.failure, move |a: Answered| match a {
+                // The verdicts in place, as each reply is read (small, so
+                // that it is inlined into the reply pass); the rest apart.
+                Ok(Answer::Cell(_, v)) => Kept::Cell(v),
+                Ok(Answer::Verdict(_, v)) => Kept::Verdict(v),
+                other => kept_other(&errors, other),
             })
             .await;
         self.count(view, groups, start.elapsed());
@@ -871,16 +872,15 @@ fn error_kind(e: &Error) -> usize {
     }
 }
 
-/// A forwarded request's answer as it is kept for its connection: a
-/// verdict straight into its place, not through an [`Outcome`] first (on
-/// a forwarding node this runs for every reply as it is read).
-#[inline]
-fn kept(answer: Answered) -> Kept {
-    match answer {
-        Ok(Answer::Cell(_, v)) => Kept::Cell(v),
-        Ok(Answer::Verdict(_, v)) => Kept::Verdict(v),
-        other => Kept::new(outcome(other)),
+/// A forwarded request's answer that is not a verdict, as it is kept for
+/// its connection; an error counted by kind.
+#[cold]
+#[inline(never)]
+fn kept_other(errors: &[AtomicU64; ERROR_KINDS.len()], answer: Answered) -> Kept {
+    if let Err(e) = &answer {
+        errors[error_kind(e)].fetch_add(1, Ordering::Relaxed);
     }
+    Kept::new(outcome(answer))
 }
 
 /// A forwarded request's answer as the outcome its connection answers.

@@ -475,6 +475,7 @@ async fn kill9_of_an_owner_under_forwarded_load_keeps_the_sync_promise() {
     // Load through a's primary and a's follower (both entry points).
     let admitted: Arc<Vec<AtomicU64>> = Arc::new(keys.iter().map(|_| AtomicU64::new(0)).collect());
     let unknown = Arc::new(AtomicU64::new(0));
+    let errors = Arc::new(AtomicU64::new(0));
     let mut load = tokio::task::JoinSet::new();
     for (w, entry) in [
         cluster.nodes[0].addr,
@@ -486,6 +487,7 @@ async fn kill9_of_an_owner_under_forwarded_load_keeps_the_sync_promise() {
     {
         let client = Client::connect_with(entry, config.clone()).await.unwrap();
         let (keys, admitted, unknown) = (keys.clone(), admitted.clone(), unknown.clone());
+        let errors = errors.clone();
         load.spawn(async move {
             let start = std::time::Instant::now();
             let mut i = w;
@@ -498,6 +500,7 @@ async fn kill9_of_an_owner_under_forwarded_load_keeps_the_sync_promise() {
                     }
                     Ok(_) => {}
                     Err(e) => {
+                        errors.fetch_add(1, Ordering::Relaxed);
                         let status = e.status();
                         if status == Some(sluice_protocol::Status::OutcomeUnknown) {
                             unknown.fetch_add(1, Ordering::Relaxed);
@@ -564,6 +567,23 @@ async fn kill9_of_an_owner_under_forwarded_load_keeps_the_sync_promise() {
         lost <= unknown,
         "lost {lost} units, unknown outcomes {unknown}"
     );
+    // Every error the load heard was a forward's, counted by its kind on
+    // the entry node that forwarded it.
+    let counted: f64 = cluster.nodes[..2]
+        .iter()
+        .map(|n| {
+            let (_, scrape) = http_get(n.admin_addr.expect("admin"), "/metrics");
+            ["unavailable", "outcome_unknown"]
+                .iter()
+                .map(|kind| {
+                    let series = format!("sluice_forward_errors_total{{kind=\"{kind}\"}}");
+                    metric_sample(&scrape, &series)
+                })
+                .sum::<f64>()
+        })
+        .sum();
+    let heard = errors.load(Ordering::Relaxed);
+    assert!(counted >= heard as f64, "counted {counted}, heard {heard}");
 }
 
 /// The Python client (clients/python, written from PROTOCOL.md alone, no

@@ -105,6 +105,15 @@ impl Cluster {
             Some(groups) => groups[i],
             None => layout.ring.group_of(key_hash(op.key())),
         };
+        if let Some(g) = known.and_then(one_group) {
+            if ops.iter().all(|op| check(op).is_ok()) {
+                // An entry point's batch, routed to one group and every op
+                // valid (the common case): straight to the group, with no
+                // per-op bookkeeping (the general path's cost an op more).
+                let group = layout.groups[g].clone();
+                return self.group_batch(&group, ops, failure, f).await;
+            }
+        }
         // Ops refused before they are sent: (position, why).
         let mut refused: Vec<(usize, Error)> = Vec::new();
         // Ops by group, in order: (ring index, positions in `ops`).
@@ -396,6 +405,7 @@ impl Cluster {
 }
 
 /// `op`'s arguments checked as the single call checks them.
+#[inline]
 fn check(op: &Op) -> Result<(), Error> {
     match op {
         Op::Throttle {
@@ -422,6 +432,12 @@ fn check(op: &Op) -> Result<(), Error> {
         } => crate::client::check_lease(key, &target.borrow(), *lease_id),
         Op::Cell { key, .. } => crate::client::check_key(key),
     }
+}
+
+/// The group every op of a routed batch is in, if there is one.
+fn one_group(groups: &[usize]) -> Option<usize> {
+    let g = *groups.first()?;
+    groups.iter().all(|&h| h == g).then_some(g)
 }
 
 /// `reply` as `op`'s answer, if it is of `op`'s kind. Inlined into the
@@ -488,6 +504,44 @@ mod tests {
                 other => panic!("a down group's answer: {other:?}"),
             })
             .collect()
+    }
+
+    /// A batch routed to one group with an invalid op among its ops: the
+    /// invalid one is refused in its place, the others go to the group.
+    #[tokio::test]
+    async fn an_invalid_op_in_a_routed_batch_is_refused_in_its_place() {
+        let cluster = Cluster::new(&down(&["a", "b"]), ClusterConfig::default()).unwrap();
+        let policy = sluice_protocol::cell::CellPolicy::new(5, 5, 60).unwrap();
+        let keys: [&[u8]; 3] = [b"k0", b"", b"k2"];
+        let ops: Vec<Op> = keys
+            .iter()
+            .map(|k| Op::Cell {
+                key: Bytes::copy_from_slice(k),
+                policy,
+                quantity: 1,
+            })
+            .collect();
+        let route = vec![1; ops.len()];
+        let answers = cluster
+            .batch_routed(
+                ops,
+                Some((cluster.generation(), &route)),
+                FailurePolicy::Error,
+            )
+            .await;
+        let second = cluster.layout().ring.name(1).to_owned();
+        assert!(
+            matches!(&answers[1], Err(Error::Invalid(_))),
+            "{:?}",
+            answers[1]
+        );
+        for i in [0, 2] {
+            assert!(
+                matches!(&answers[i], Err(Error::Unavailable { group, .. }) if *group == second),
+                "{i}: {:?}",
+                answers[i]
+            );
+        }
     }
 
     /// A route looked up under the layout in force is used as given; one
