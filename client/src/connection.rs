@@ -134,6 +134,28 @@ impl Op {
         }
     }
 
+    /// Appends this op as one request message. A CELL (the forwarded
+    /// CL.THROTTLE's op) is written with no dispatch over every request
+    /// kind.
+    #[inline]
+    fn encode(&self, w: &mut FrameWriter, buf: &mut BytesMut, request_id: u32) {
+        match self {
+            Op::Cell {
+                key,
+                policy,
+                quantity,
+            } => {
+                let cell = sluice_protocol::message::Cell {
+                    key,
+                    policy: *policy,
+                    quantity: *quantity,
+                };
+                sluice_protocol::message::put_cell(w, buf, request_id, &cell);
+            }
+            op => op.request().encode(w, buf, request_id),
+        }
+    }
+
     /// The request this op is.
     fn request(&self) -> Request<'_> {
         match self {
@@ -740,7 +762,7 @@ async fn write_loop(
                         let first = run_ids(&mut next_id, items.len() as u32);
                         for (k, &i) in items.iter().enumerate() {
                             let op = &batch.ops()[i as usize];
-                            op.request().encode(&mut w, &mut buf, first + k as u32);
+                            op.encode(&mut w, &mut buf, first + k as u32);
                         }
                         pending.runs.push_back(Run {
                             first,

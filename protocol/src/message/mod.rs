@@ -41,5 +41,6 @@ pub use encode::{
 pub use error::{Detail, LayoutError, RequestError};
 pub use reply::{DecideOk, HelloOk, LeaseOk, LimitVerdict, Reply, ShardStats, StatsOk};
 pub use request::{
-    Cell, Decide, Hello, LeaseOp, LeaseTarget, LimitSet, Limits, Mode, Request, Stats, Throttle,
+    put_cell, Cell, Decide, Hello, LeaseOp, LeaseTarget, LimitSet, Limits, Mode, Request, Stats,
+    Throttle,
 };

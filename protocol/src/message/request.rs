@@ -559,8 +559,10 @@ fn parse_cell(payload: &[u8]) -> Result<Cell<'_>, RequestError> {
 /// Appends a CELL: header and fixed part assembled on the stack, then the
 /// key, each copied once into the buffer, with one check of its room (an
 /// entry node writes one per forwarded CL.THROTTLE; a check per field was
-/// 22 of its 2,366 instructions a call, benches/notes.md).
-fn put_cell(w: &mut FrameWriter, buf: &mut BytesMut, request_id: u32, c: &Cell<'_>) {
+/// 22 of its 2,366 instructions a call, benches/notes.md). What
+/// [`Request::encode`] writes for a [`Request::Cell`]; public so that a
+/// caller with a CELL in hand skips that function's dispatch.
+pub fn put_cell(w: &mut FrameWriter, buf: &mut BytesMut, request_id: u32, c: &Cell<'_>) {
     let len = CELL_FIXED_BYTES + c.key.len();
     let len = u16::try_from(len).expect("payload fits a u16 length");
     let mut m = [0u8; HEADER_BYTES + CELL_FIXED_BYTES];
