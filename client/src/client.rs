@@ -572,12 +572,18 @@ pub fn inline_limits(limits: &[Limit]) -> Result<Limits<'static>, Error> {
 
 #[inline]
 pub(crate) fn check_key(key: &[u8]) -> Result<(), Error> {
-    if key.is_empty() || key.len() > KEY_BYTES_MAX {
+    if !key_ok(key) {
         return Err(Error::Invalid(format!(
             "a key must be 1..={KEY_BYTES_MAX} bytes"
         )));
     }
     Ok(())
+}
+
+/// Whether `key` is a key protocol v1 takes (1..=KEY_BYTES_MAX bytes).
+#[inline]
+pub(crate) fn key_ok(key: &[u8]) -> bool {
+    !key.is_empty() && key.len() <= KEY_BYTES_MAX
 }
 
 fn check_tier(name: &str) -> Result<(), Error> {

@@ -176,6 +176,7 @@ impl<P: Protocol> Pipeline<P> {
     /// the request joins its group's batch of this thread's turn (see
     /// [`Forwarder::open`]). `group`: the key's group, the ring index in
     /// the view the read routed by.
+    #[inline]
     pub fn forward_remote(
         &mut self,
         tag: P::Tag,

@@ -106,7 +106,7 @@ impl Cluster {
             None => layout.ring.group_of(key_hash(op.key())),
         };
         if let Some(g) = known.and_then(one_group) {
-            if ops.iter().all(|op| check(op).is_ok()) {
+            if ops.iter().all(valid) {
                 // An entry point's batch, routed to one group and every op
                 // valid (the common case): straight to the group, with no
                 // per-op bookkeeping (the general path's cost an op more).
@@ -431,6 +431,17 @@ fn check(op: &Op) -> Result<(), Error> {
             ..
         } => crate::client::check_lease(key, &target.borrow(), *lease_id),
         Op::Cell { key, .. } => crate::client::check_key(key),
+    }
+}
+
+/// Whether `op` passes [`check`]: a CELL's key tested in place (the
+/// forwarded CL.THROTTLE's op, checked per op of an entry point's batch),
+/// no `Result` made.
+#[inline]
+fn valid(op: &Op) -> bool {
+    match op {
+        Op::Cell { key, .. } => crate::client::key_ok(key),
+        op => check(op).is_ok(),
     }
 }
 
