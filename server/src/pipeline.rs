@@ -265,7 +265,11 @@ impl<P: Protocol> Pipeline<P> {
                 };
                 self.head_seq += 1;
                 emit(&P::answered(tag, outcome));
-                self.drain_ready(&mut emit);
+                // The next slot is mostly this batch's next request, still
+                // waiting: looked at here, with no call.
+                if matches!(self.pending.front(), Some(Slot::Ready(_))) {
+                    self.drain_ready(&mut emit);
+                }
                 return;
             }
             self.set_slot(seq, |tag| P::answered(tag, outcome));
