@@ -266,8 +266,11 @@ impl BatchReply {
             }
             Answers::Shared(all, range) => {
                 let mut outcomes = all.outcomes.lock().unwrap_or_else(|e| e.into_inner());
-                for i in range {
-                    f(all.seqs[i], outcomes[i].take());
+                // Zipped slices: one bounds check for the range, not two an
+                // answer (a forwarding node files one per forwarded op).
+                let seqs = &all.seqs[range.clone()];
+                for (&seq, kept) in seqs.iter().zip(&mut outcomes[range]) {
+                    f(seq, kept.take());
                 }
             }
         }
