@@ -346,7 +346,8 @@ where
         let n = ops.len();
         Arc::new(Batch {
             replies: Mutex::new(Slots {
-                answers: Vec::with_capacity(n),
+                dense: Vec::with_capacity(n),
+                sparse: None,
                 answered: 0,
                 failed: Vec::new(),
                 taken: false,
@@ -367,15 +368,41 @@ where
 
     /// The answers so far, by op; later replies are dropped.
     pub(crate) fn take(&self) -> Taken<T> {
+        let n = self.ops.len();
         let mut slots = self.replies.lock().unwrap_or_else(|e| e.into_inner());
         // A reply that comes after this finds no slot and is dropped.
         slots.taken = true;
-        let mut answers = std::mem::take(&mut slots.answers);
+        let dense = std::mem::take(&mut slots.dense);
+        let sparse = slots.sparse.take();
         let failed = std::mem::take(&mut slots.failed);
         let answered = slots.answered;
         drop(slots);
-        answers.resize_with(self.ops.len(), || None);
+        let all = match sparse {
+            // Every op answered, in order (one connection's replies): as
+            // they are.
+            None if dense.len() == n => Ok(dense),
+            // Every op answered, out of order (replies from several shard
+            // connections interleave): unwrapped in place.
+            Some(answers) if answered == n && answers.len() == n => {
+                Ok(answers.into_iter().map(|a| a.expect("answered")).collect())
+            }
+            None => Err(dense.into_iter().map(Some).collect()),
+            Some(answers) => Err(answers),
+        };
+        let mut answers = match all {
+            Ok(all) => {
+                return Taken {
+                    all: Some(all),
+                    answers: Vec::new(),
+                    answered,
+                    failed,
+                }
+            }
+            Err(answers) => answers,
+        };
+        answers.resize_with(n, || None);
         Taken {
+            all: None,
             answers,
             answered,
             failed,
@@ -417,7 +444,11 @@ where
 /// A batch's answers when [`Batch::take`] came.
 #[derive(Debug)]
 pub(crate) struct Taken<T> {
-    /// By op: its answer, if its reply came.
+    /// Every op's answer, by op, when every op has one; then `answers` is
+    /// empty.
+    pub(crate) all: Option<Vec<T>>,
+    /// By op, when not every op has an answer: its answer, if its reply
+    /// came.
     pub(crate) answers: Vec<Option<T>>,
     /// How many of `answers` are there.
     pub(crate) answered: usize,
@@ -429,11 +460,17 @@ pub(crate) struct Taken<T> {
 /// `None` first: replies come in request order, so the vector mostly
 /// grows at its end, and a batch's slots are written once, not twice
 /// (each pass over a batch's slots was a cache miss per op on a
-/// forwarding node: benches/notes.md).
+/// forwarding node: benches/notes.md). While every reply has come in
+/// order the answers are kept as they are (`dense`), so a batch answered
+/// in full is handed over with no pass that unwraps each one.
 #[derive(Debug)]
 struct Slots<T> {
-    /// By op index; ops past the end have no answer yet.
-    answers: Vec<Option<T>>,
+    /// While every reply so far came in order, after every earlier op's:
+    /// the answers of ops `0..dense.len()`.
+    dense: Vec<T>,
+    /// Once one came out of order, or after an op that failed (seldom):
+    /// by op index, `dense` moved in first; ops past the end have none.
+    sparse: Option<Vec<Option<T>>>,
     /// How many of `answers` are there.
     answered: usize,
     /// By op index, once one failed (seldom: made then): the error its
@@ -448,26 +485,39 @@ impl<T> Slots<T> {
     /// answers were not taken.
     #[inline]
     fn open(&self, index: usize, n: usize) -> bool {
+        let unanswered = match &self.sparse {
+            None => index >= self.dense.len(),
+            Some(answers) => answers.get(index).map_or(true, Option::is_none),
+        };
         !self.taken
             && index < n
-            && self.answers.get(index).map_or(true, Option::is_none)
+            && unanswered
             && self.failed.get(index).map_or(true, Option::is_none)
     }
 
     /// Op `index`'s answer (after [`Slots::open`]).
     #[inline]
     fn answer(&mut self, index: usize, answer: T) {
-        let len = self.answers.len();
-        if index >= len {
-            if index > len {
-                // A gap (its replies come later, or never).
-                self.answers.resize_with(index, || None);
-            }
-            self.answers.push(Some(answer));
+        if self.sparse.is_none() && index == self.dense.len() {
+            self.dense.push(answer);
         } else {
-            self.answers[index] = Some(answer);
+            self.answer_sparse(index, answer);
         }
         self.answered += 1;
+    }
+
+    /// [`Slots::answer`] out of order, or past a gap.
+    #[cold]
+    fn answer_sparse(&mut self, index: usize, answer: T) {
+        let dense = &mut self.dense;
+        let answers = self
+            .sparse
+            .get_or_insert_with(|| std::mem::take(dense).into_iter().map(Some).collect());
+        if index >= answers.len() {
+            // A gap (its replies come later, or never).
+            answers.resize_with(index + 1, || None);
+        }
+        answers[index] = Some(answer);
     }
 
     /// Op `index`'s error, of `n` ops (after [`Slots::open`]).
@@ -929,6 +979,32 @@ mod tests {
         assert_eq!(read_room(10_000), 40_000);
         assert_eq!(read_room(1 << 20), READ_ROOM_MAX, "never past the cap");
         assert_eq!(read_room(usize::MAX), READ_ROOM_MAX);
+    }
+
+    /// A batch answered in full is handed over whole, whatever the order
+    /// its replies came in (several shard connections interleave theirs).
+    #[test]
+    fn a_batch_answered_in_full_is_handed_over_whole_in_op_order() {
+        for order in [[0u32, 1, 2, 3], [1, 0, 3, 2], [3, 2, 1, 0]] {
+            let batch = Batch::new(ops(4), |op: &Op, _: Reply| op.key().to_vec());
+            for i in order {
+                batch.complete_many(&mut vec![(i, Ok(Reply::Pong))]);
+            }
+            let taken = batch.take();
+            let all = taken.all.expect("every op answered");
+            assert_eq!(all, [b"k0", b"k1", b"k2", b"k3"], "{order:?}");
+            assert!(taken.answers.is_empty());
+            assert_eq!(taken.answered, 4);
+        }
+        // One op short: by op, with a hole.
+        let batch = Batch::new(ops(3), |op: &Op, _: Reply| op.key().to_vec());
+        for i in [0, 2] {
+            batch.complete_many(&mut vec![(i, Ok(Reply::Pong))]);
+        }
+        let taken = batch.take();
+        assert!(taken.all.is_none());
+        let got: Vec<bool> = taken.answers.iter().map(Option::is_some).collect();
+        assert_eq!(got, [true, false, true]);
     }
 
     #[test]

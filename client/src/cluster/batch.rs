@@ -211,14 +211,12 @@ impl Cluster {
             stats
                 .store_total
                 .fetch_add(taken.answered as u64, Ordering::Relaxed);
-            if attempt == 0 && taken.answered == n {
-                // Every op answered at the first try: the answers as they
-                // are (collected in place, no copy).
-                return taken
-                    .answers
-                    .into_iter()
-                    .map(|a| a.expect("answered"))
-                    .collect();
+            if attempt == 0 {
+                if let Some(all) = taken.all {
+                    // Every op answered at the first try: the answers as
+                    // they are.
+                    return all;
+                }
             }
             if attempt == 0 {
                 out = (0..n).map(|_| None).collect();
@@ -278,7 +276,11 @@ impl Cluster {
         let mut failed = taken.failed;
         let mut again = Vec::new();
         let mut forgot = false;
-        for (pos, answered) in taken.answers.into_iter().enumerate() {
+        let answers = match taken.all {
+            Some(all) => all.into_iter().map(Some).collect(),
+            None => taken.answers,
+        };
+        for (pos, answered) in answers.into_iter().enumerate() {
             if let Some(answered) = answered {
                 out[at[pos]] = Some(answered);
                 continue;
