@@ -377,28 +377,18 @@ where
         let failed = std::mem::take(&mut slots.failed);
         let answered = slots.answered;
         drop(slots);
-        let all = match sparse {
+        let mut answers = match sparse {
             // Every op answered, in order (one connection's replies): as
             // they are.
-            None if dense.len() == n => Ok(dense),
+            None if dense.len() == n => return Taken::whole(dense, failed),
             // Every op answered, out of order (replies from several shard
             // connections interleave): unwrapped in place.
-            Some(answers) if answered == n && answers.len() == n => {
-                Ok(answers.into_iter().map(|a| a.expect("answered")).collect())
+            Some(answers) if answered == n => {
+                let all = answers.into_iter().map(|a| a.expect("answered"));
+                return Taken::whole(all.collect(), failed);
             }
-            None => Err(dense.into_iter().map(Some).collect()),
-            Some(answers) => Err(answers),
-        };
-        let mut answers = match all {
-            Ok(all) => {
-                return Taken {
-                    all: Some(all),
-                    answers: Vec::new(),
-                    answered,
-                    failed,
-                }
-            }
-            Err(answers) => answers,
+            None => dense.into_iter().map(Some).collect(),
+            Some(answers) => answers,
         };
         answers.resize_with(n, || None);
         Taken {
@@ -450,10 +440,22 @@ pub(crate) struct Taken<T> {
     /// By op, when not every op has an answer: its answer, if its reply
     /// came.
     pub(crate) answers: Vec<Option<T>>,
-    /// How many of `answers` are there.
+    /// How many ops have an answer.
     pub(crate) answered: usize,
     /// By op (empty if none failed): why its reply was an error.
     pub(crate) failed: Vec<Option<Error>>,
+}
+
+impl<T> Taken<T> {
+    /// Every op answered: `all`, by op.
+    fn whole(all: Vec<T>, failed: Vec<Option<Error>>) -> Taken<T> {
+        Taken {
+            answered: all.len(),
+            all: Some(all),
+            answers: Vec::new(),
+            failed,
+        }
+    }
 }
 
 /// A batch's answers, by op. Written as they come rather than made all
@@ -471,7 +473,7 @@ struct Slots<T> {
     /// Once one came out of order, or after an op that failed (seldom):
     /// by op index, `dense` moved in first; ops past the end have none.
     sparse: Option<Vec<Option<T>>>,
-    /// How many of `answers` are there.
+    /// How many ops have an answer.
     answered: usize,
     /// By op index, once one failed (seldom: made then): the error its
     /// connection gave it.

@@ -217,8 +217,6 @@ impl Cluster {
                     // they are.
                     return all;
                 }
-            }
-            if attempt == 0 {
                 out = (0..n).map(|_| None).collect();
                 at = (0..n).collect();
             }
