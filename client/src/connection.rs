@@ -13,7 +13,7 @@ use bytes::{Bytes, BytesMut};
 use sluice_protocol::codec::{FrameDecoder, FrameWriter, WRITER_FRAME_BYTES_SOFT};
 use sluice_protocol::message::{
     Decide, Hello, HelloOk, LeaseOp, LeaseTarget, LimitSet, Limits, Mode, Reply, Request, Stats,
-    Throttle,
+    Throttle, FEATURE_CELL_KEY_HASH,
 };
 use sluice_protocol::{Concurrency, Policy, Priority, PROTOCOL_VERSION};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
@@ -107,9 +107,36 @@ pub enum Op {
     /// CELL: redis-cell's CL.THROTTLE (a node forwarding for RESP).
     Cell {
         key: Bytes,
+        /// `key`'s hash ([`sluice_protocol::routing::key_hash`]), which the
+        /// forwarding node computed to route it: sent in place of the key
+        /// to an owner that takes it (HELLO_OK's
+        /// [`FEATURE_CELL_KEY_HASH`](sluice_protocol::message::FEATURE_CELL_KEY_HASH)),
+        /// so the owner does not hash the key again. [`Op::cell`] computes
+        /// it. As `[low 64 bits, high 64 bits]`: a `u128` would align
+        /// every op to 16 bytes and make it a third larger (72 to 96
+        /// bytes), which an entry node moves several times an op.
+        hash: [u64; 2],
         policy: sluice_protocol::cell::CellPolicy,
         quantity: u64,
     },
+}
+
+impl Op {
+    /// `hash` as [`Op::Cell`] keeps it.
+    #[inline]
+    pub fn hash_halves(hash: u128) -> [u64; 2] {
+        [hash as u64, (hash >> 64) as u64]
+    }
+
+    /// A CELL op of `key`, its hash computed.
+    pub fn cell(key: Bytes, policy: sluice_protocol::cell::CellPolicy, quantity: u64) -> Op {
+        Op::Cell {
+            hash: Op::hash_halves(sluice_protocol::routing::key_hash(&key)),
+            key,
+            policy,
+            quantity,
+        }
+    }
 }
 
 impl Op {
@@ -136,19 +163,33 @@ impl Op {
 
     /// Appends this op as one request message. A CELL (the forwarded
     /// CL.THROTTLE's op) is written with no dispatch over every request
-    /// kind.
+    /// kind, with its key's hash in place of the key when `hashed` (the
+    /// owner announced it takes that).
     #[inline]
-    fn encode(&self, w: &mut FrameWriter, buf: &mut BytesMut, request_id: u32) {
+    fn encode(&self, w: &mut FrameWriter, buf: &mut BytesMut, request_id: u32, hashed: bool) {
         match self {
+            Op::Cell {
+                hash,
+                policy,
+                quantity,
+                ..
+            } if hashed => {
+                let hash = u128::from(hash[0]) | u128::from(hash[1]) << 64;
+                sluice_protocol::message::put_cell_hashed(
+                    w, buf, request_id, hash, policy, *quantity,
+                );
+            }
             Op::Cell {
                 key,
                 policy,
                 quantity,
+                ..
             } => {
                 let cell = sluice_protocol::message::Cell {
                     key,
                     policy: *policy,
                     quantity: *quantity,
+                    hash: None,
                 };
                 sluice_protocol::message::put_cell(w, buf, request_id, &cell);
             }
@@ -210,10 +251,12 @@ impl Op {
                 key,
                 policy,
                 quantity,
+                ..
             } => Request::Cell(sluice_protocol::message::Cell {
                 key,
                 policy: *policy,
                 quantity: *quantity,
+                hash: None,
             }),
         }
     }
@@ -657,7 +700,8 @@ impl Conn {
         let pending: Pending = Arc::default();
         let (tx, rx) = mpsc::unbounded_channel();
         let (reader_done_tx, reader_done) = oneshot::channel();
-        tokio::spawn(write_loop(write, rx, pending.clone(), reader_done));
+        let hashed = hello.features & FEATURE_CELL_KEY_HASH != 0;
+        tokio::spawn(write_loop(write, rx, pending.clone(), reader_done, hashed));
         tokio::spawn(async move {
             read_loop(read, rbuf, decoder, pending).await;
             drop(reader_done_tx);
@@ -781,12 +825,14 @@ fn not_a_frame(rbuf: &[u8], e: &sluice_protocol::codec::DecodeError) -> Error {
 
 /// Gathers every queued call into one frame per write. Ends when every
 /// handle is gone or the reader has ended (`reader_done` resolves), and
-/// then fails whatever is still waiting.
+/// then fails whatever is still waiting. `hashed`: CELLs go with their
+/// key's hash in place of the key (HELLO_OK announced the node takes it).
 async fn write_loop(
     mut write: OwnedWriteHalf,
     mut rx: mpsc::UnboundedReceiver<Queued>,
     pending: Pending,
     mut reader_done: oneshot::Receiver<()>,
+    hashed: bool,
 ) {
     let mut calls = Vec::with_capacity(BATCH_MAX);
     let mut buf = BytesMut::with_capacity(64 << 10);
@@ -814,7 +860,7 @@ async fn write_loop(
                         let first = run_ids(&mut next_id, items.len() as u32);
                         for (k, &i) in items.iter().enumerate() {
                             let op = &batch.ops()[i as usize];
-                            op.encode(&mut w, &mut buf, first + k as u32);
+                            op.encode(&mut w, &mut buf, first + k as u32, hashed);
                         }
                         pending.runs.push_back(Run {
                             first,
@@ -1052,12 +1098,36 @@ mod tests {
         assert_eq!(failed, [None, Some(11), None, None, None]);
     }
 
+    /// A CELL op goes with its key's hash in place of the key only to a
+    /// node that announced it takes that (an older node is sent the key).
+    #[test]
+    fn a_cell_goes_by_its_hash_only_where_announced() {
+        let op = &ops(1)[0];
+        let frame = |hashed| {
+            let (mut w, mut buf) = (FrameWriter::new(), BytesMut::new());
+            op.encode(&mut w, &mut buf, 5, hashed);
+            w.finish(&mut buf);
+            let frame = FrameDecoder::default().decode(&mut buf).unwrap().unwrap();
+            let (h, p) = frame.messages().next().unwrap();
+            (h.flags, p.to_vec())
+        };
+        let (flags, p) = frame(false);
+        assert_eq!(flags, 0);
+        assert_eq!(&p[sluice_protocol::message::CELL_FIXED_BYTES..], b"k0");
+        let (flags, p) = frame(true);
+        assert_eq!(flags, sluice_protocol::message::CELL_KEY_HASH);
+        let hash = sluice_protocol::message::cell_hash_at(&p);
+        assert_eq!(hash, sluice_protocol::routing::key_hash(b"k0"));
+    }
+
     fn ops(n: usize) -> Vec<Op> {
         (0..n)
-            .map(|i| Op::Cell {
-                key: bytes::Bytes::from(format!("k{i}")),
-                policy: sluice_protocol::cell::CellPolicy::new(1, 1, 1).unwrap(),
-                quantity: 1,
+            .map(|i| {
+                Op::cell(
+                    bytes::Bytes::from(format!("k{i}")),
+                    sluice_protocol::cell::CellPolicy::new(1, 1, 1).unwrap(),
+                    1,
+                )
             })
             .collect()
     }
@@ -1098,5 +1168,16 @@ mod tests {
         let got = batch.take().failed;
         let answered: Vec<usize> = (0..10).filter(|&i| got[i].is_some()).collect();
         assert_eq!(answered, vec![0, 4, 7, 9]);
+    }
+}
+#[cfg(test)]
+mod size_probe {
+    #[test]
+    fn size_probe() {
+        eprintln!(
+            "OP SIZE {} align {}",
+            std::mem::size_of::<super::Op>(),
+            std::mem::align_of::<super::Op>()
+        );
     }
 }

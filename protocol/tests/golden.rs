@@ -20,8 +20,8 @@ use sluice_protocol::limit::sliding_counter::SlidingCounterState;
 use sluice_protocol::limit::sliding_log::SlidingLogState;
 use sluice_protocol::limit::{self, concurrency, fixed_window, Concurrency, Kind, Limit, Window};
 use sluice_protocol::message::{
-    self, Decide, DecideOk, Hello, HelloOk, LeaseOk, LeaseOp, LeaseTarget, LimitSet, LimitVerdict,
-    Limits, Mode, Reply, Request, ShardStats, Stats, StatsOk, Throttle,
+    self, Cell, Decide, DecideOk, Hello, HelloOk, LeaseOk, LeaseOp, LeaseTarget, LimitSet,
+    LimitVerdict, Limits, Mode, Reply, Request, ShardStats, Stats, StatsOk, Throttle,
 };
 use sluice_protocol::policy::{self, Policy};
 use sluice_protocol::priority::{Priority, Reserved, Reserves};
@@ -136,6 +136,7 @@ const HELLO_OK: HelloOk = HelloOk {
     routing: routing::ROUTING_XXH3_128_MULSHIFT,
     node_id: 0x0123_4567_89ab_cdef,
     epoch: 7,
+    features: 0,
 };
 
 const COST_EXCEEDS_BURST_TEXT: &str =
@@ -454,6 +455,18 @@ fn expected_frames() -> Vec<(&'static str, Vec<(u32, Msg)>)> {
                 }),
             )],
         ),
+        (
+            "cell_hashed_request",
+            vec![(
+                34,
+                Req(Request::Cell(Cell {
+                    key: b"",
+                    policy: sluice_protocol::cell::CellPolicy::new(4, 1, 3600).unwrap(),
+                    quantity: 1,
+                    hash: Some(routing::key_hash(b"user:42")),
+                })),
+            )],
+        ),
         ("role_request", vec![(30, Req(Request::Role))]),
         (
             "role_ok_reply",
@@ -569,9 +582,11 @@ fn assert_decodes_to(name: &str, bytes: &[u8], expected: &[(u32, Msg)]) {
     assert_eq!(frame.len(), expected.len(), "golden={name}: message count");
     for (i, ((h, p), (request_id, m))) in frame.messages().zip(expected).enumerate() {
         assert_eq!(h.request_id, *request_id, "golden={name} message {i}");
-        // A request's flags carry its class; a reply's are 0.
+        // A request's flags carry its class (or, on a CELL, that it
+        // carries its key's hash); a reply's are 0.
         let flags = match m {
             Msg::Request(Request::Decide(d)) => d.priority.code(),
+            Msg::Request(Request::Cell(Cell { hash: Some(_), .. })) => message::CELL_KEY_HASH,
             _ => 0,
         };
         assert_eq!(h.flags, flags, "golden={name} message {i}");

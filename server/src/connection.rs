@@ -25,7 +25,7 @@ use std::rc::Rc;
 use crate::stream::Stream;
 use bytes::BytesMut;
 use sluice_protocol::auth;
-use sluice_protocol::codec::{Frame, FrameDecoder, FrameWriter};
+use sluice_protocol::codec::{Frame, FrameDecoder, FrameWriter, MessageHeader};
 use sluice_protocol::gcra::Verdict;
 use sluice_protocol::message::{
     self, Decide, Hello, HelloOk, LeaseOk, LeaseOp, LeaseTarget, LimitVerdict, Limits, Request,
@@ -472,7 +472,7 @@ impl Connection {
                 continue;
             }
             // Matched by reference: a DECIDE is 340 bytes, not worth a copy.
-            let parsed = Request::parse(h, payload);
+            let parsed = self.parse(h, payload);
             if let (Some(route), Ok(request)) = (&route, &parsed) {
                 if self.routed(route, h.request_id, request, self.hashes[i]) {
                     continue;
@@ -516,6 +516,21 @@ impl Connection {
         }
     }
 
+    /// Parses a request. A CELL that carries its key's hash is taken
+    /// only from a forwarding node (its HELLO named this node's layout,
+    /// and HELLO_OK announced the feature): from anyone else,
+    /// BAD_REQUEST, as a flag the connection was not offered.
+    #[inline]
+    fn parse<'a>(&self, h: MessageHeader, payload: &'a [u8]) -> Result<Request<'a>, RequestError> {
+        if h.flags == message::CELL_KEY_HASH && h.op == message::op::CELL {
+            if self.forwarded.is_none() {
+                return Err(Status::BadRequest.into());
+            }
+            return Request::parse_cell_hashed(payload);
+        }
+        Request::parse(h, payload)
+    }
+
     /// First pass over a frame: hash every THROTTLE/PEEK/CELL key (a CELL
     /// is what an entry node forwards a CL.THROTTLE as) and prefetch
     /// the table slot of each key this shard owns, so the batch's cache
@@ -528,6 +543,19 @@ impl Connection {
             let key = match h.op {
                 message::op::THROTTLE | message::op::PEEK => {
                     payload.get(message::THROTTLE_FIXED_BYTES..)
+                }
+                // A forwarding node sent the key's hash: no hashing again
+                // (checked as the request is parsed).
+                message::op::CELL
+                    if h.flags == message::CELL_KEY_HASH
+                        && payload.len() == message::CELL_FIXED_BYTES + 16 =>
+                {
+                    let hash = message::cell_hash_at(payload);
+                    if shard_of(hash, self.core.node.shard_count) == self.core.id {
+                        table.prefetch(hash);
+                    }
+                    self.hashes.push(hash);
+                    continue;
                 }
                 message::op::CELL => payload.get(message::CELL_FIXED_BYTES..),
                 _ => None,
@@ -958,6 +986,14 @@ impl Connection {
             routing: ROUTING_XXH3_128_MULSHIFT,
             node_id: self.core.node.node_id,
             epoch: self.core.node.epoch(),
+            // A forwarding node's connection may send a CELL with its
+            // key's hash in place of the key (the one sender this node
+            // trusts to have hashed it; PROTOCOL.md, "CELL").
+            features: if self.forwarded.is_some() {
+                message::FEATURE_CELL_KEY_HASH
+            } else {
+                0
+            },
         }
     }
 
@@ -1049,7 +1085,12 @@ impl Connection {
             Request::Cell(c) => c.key,
             _ => return false,
         };
-        let hash = if hash != 0 { hash } else { key_hash(key) };
+        let hash = match request {
+            // (Taken only from a forwarding node, never forwarded again.)
+            Request::Cell(message::Cell { hash: Some(h), .. }) => *h,
+            _ if hash != 0 => hash,
+            _ => key_hash(key),
+        };
         let group = route.view.group_of(hash);
         let own = route.view.is_own(group);
         if route.forwarded {
@@ -1077,7 +1118,7 @@ impl Connection {
         if own && route.decides_own {
             return false;
         }
-        let (tag, op) = remote_op(request_id, request, key);
+        let (tag, op) = remote_op(request_id, request, key, hash);
         let forward = self.core.node.forward.as_ref();
         let forward = forward.expect("a route needs --cluster");
         self.pipe
@@ -1088,7 +1129,12 @@ impl Connection {
     /// CELL: a CL.THROTTLE another node forwarded (or a v1 client sent),
     /// decided on the key's shard with redis-cell's arithmetic.
     fn cell(&mut self, request_id: u32, c: &message::Cell<'_>, hash: u128, now_ns: u64) {
-        let key = if hash != 0 { hash } else { key_hash(c.key) };
+        // (The first pass read a hashed CELL's hash, or hashed the key.)
+        let key = match c.hash {
+            _ if hash != 0 => hash,
+            Some(h) => h,
+            None => key_hash(c.key),
+        };
         let shard = shard_of(key, self.core.node.shard_count);
         if shard != self.core.id {
             let tag = Tag {
@@ -1137,7 +1183,7 @@ impl Connection {
 /// A keyed request as the forwarder sends it to another node, and what
 /// its slot remembers.
 #[inline(never)]
-fn remote_op(request_id: u32, request: &Request<'_>, key: &[u8]) -> (Tag, RemoteOp) {
+fn remote_op(request_id: u32, request: &Request<'_>, key: &[u8], hash: u128) -> (Tag, RemoteOp) {
     let key = bytes::Bytes::copy_from_slice(key);
     let mut tag = Tag {
         request_id,
@@ -1175,6 +1221,7 @@ fn remote_op(request_id: u32, request: &Request<'_>, key: &[u8]) -> (Tag, Remote
         }
         Request::Cell(c) => RemoteOp::Cell {
             key,
+            hash: RemoteOp::hash_halves(hash),
             policy: c.policy,
             quantity: c.quantity,
         },

@@ -345,6 +345,90 @@ fn redis_throttle(port: u16, key: &str) -> String {
     String::from_utf8_lossy(&out.stdout).into_owned()
 }
 
+/// A CELL may carry its key's hash in place of the key, which is what a
+/// forwarding node sends so that the owner need not hash the key again
+/// (PROTOCOL.md, "CELL"). It is taken only on a connection whose HELLO
+/// named the node's layout (HELLO_OK announces it), where it spends the
+/// key's own bucket, on whichever shard owns it; from a gateway it is
+/// BAD_REQUEST. (Shown failing with the owner's first pass reading the
+/// hash's halves swapped: the RESP call then found the key's bucket full.)
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_cell_by_its_keys_hash_is_taken_only_from_a_forwarding_node() {
+    use sluice_protocol::cell::CellPolicy;
+    use sluice_protocol::message::{Cell, Hello, Reply, Request, FEATURE_CELL_KEY_HASH};
+    use sluice_protocol::Status;
+    use sluice_tests::raw::Raw;
+    let p = port();
+    let file = ConfigFile::new(&format!(
+        "[[groups]]\nname = \"a\"\nprimary = \"127.0.0.1:{p}\"\n"
+    ));
+    let a = Sluiced::start_on(
+        p,
+        &[
+            "--shards",
+            "2",
+            "--resp-port",
+            "0",
+            "--cluster",
+            file.arg(),
+            "--group",
+            "a",
+        ],
+    );
+    let hello = |layout| {
+        Request::Hello(Hello {
+            version_min: 1,
+            version_max: 1,
+            shard: None,
+            token: b"",
+            epoch: 0,
+            layout,
+        })
+    };
+    // Burst 4, one an hour: redis_throttle's limit.
+    let policy = CellPolicy::new(4, 1, 3600).unwrap();
+    let key = "hashed-key";
+    let hashed = |quantity| {
+        Request::Cell(Cell {
+            key: &[],
+            policy,
+            quantity,
+            hash: Some(key_hash(key.as_bytes())),
+        })
+    };
+    let features = |r: &Reply| match r {
+        Reply::HelloOk(ok) => ok.features,
+        other => panic!("{other:?}"),
+    };
+    let mut gateway = Raw::connect(a.addr).await;
+    gateway
+        .send_frame(&[
+            (1, hello(0)),
+            (2, Request::Cluster { key: b"" }),
+            (3, hashed(1)),
+        ])
+        .await;
+    let said = gateway.replies(3).await;
+    assert_eq!(features(&said[0].1), 0);
+    let Reply::Cluster(cluster) = &said[1].1 else {
+        panic!("{:?}", said[1])
+    };
+    assert_eq!(said[2].1.status(), Some(Status::BadRequest), "{said:?}");
+    let mut forwarder = Raw::connect(a.addr).await;
+    forwarder
+        .send_frame(&[(1, hello(cluster.layout)), (2, hashed(2))])
+        .await;
+    let said = forwarder.replies(2).await;
+    assert_eq!(features(&said[0].1), FEATURE_CELL_KEY_HASH);
+    let Reply::Cell(v) = &said[1].1 else {
+        panic!("{:?}", said[1])
+    };
+    assert_eq!((v.limited, v.limit, v.remaining), (false, 5, 3));
+    // The key's own bucket: a CL.THROTTLE of the key finds 2 spent.
+    let said = redis_throttle(a.resp_addr.expect("resp").port(), key);
+    assert!(said.starts_with("0\n5\n2\n"), "{said}");
+}
+
 /// An owner decides a forwarding node's keys without looking each up in
 /// the ring while the layout that node's HELLO named is its own. That is
 /// sound only if a connection's keys are routed by the layout it named:

@@ -91,6 +91,7 @@ async fn a_batch_of_cells_is_answered_in_order_across_shards() {
             key: k.as_bytes(),
             policy,
             quantity,
+            hash: None,
         };
         requests.push((1_000 + i as u32, Request::Cell(cell)));
     }

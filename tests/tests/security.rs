@@ -1201,6 +1201,7 @@ async fn a_follower_bounds_what_a_primary_claims() {
                         routing: sluice_protocol::routing::ROUTING_XXH3_128_MULSHIFT,
                         node_id: 7,
                         epoch,
+                        features: 0,
                     },
                 )
             }));

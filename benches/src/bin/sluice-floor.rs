@@ -237,6 +237,7 @@ fn answer(
                 routing: ROUTING_XXH3_128_MULSHIFT,
                 node_id: 1,
                 epoch: 0,
+                features: 0,
             };
             put_hello_ok(writer, wbuf, request_id, &ok);
         }

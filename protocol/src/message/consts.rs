@@ -23,6 +23,11 @@ pub const VERDICT_RECORD_BYTES: usize = 48;
 /// counters. Replies announce their record size, so a later server may
 /// append counters and older clients skip them.
 pub const STATS_RECORD_BYTES: usize = 56;
+/// HELLO_OK `features` bit: this connection may send CELL with the
+/// [`CELL_KEY_HASH`](crate::message::CELL_KEY_HASH) flag (the key's hash
+/// in place of the key). Set for a forwarding node's connection, whose
+/// HELLO named the layout this node has.
+pub const FEATURE_CELL_KEY_HASH: u8 = 0x01;
 /// DECIDE_OK's `denied_index` when no limit denied.
 pub const DENIED_NONE: u8 = 0xff;
 

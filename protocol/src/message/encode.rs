@@ -19,7 +19,7 @@ pub fn put_hello_ok(w: &mut FrameWriter, buf: &mut BytesMut, request_id: u32, h:
         b.put_u16_le(h.shard_count);
         b.put_u16_le(h.shard.unwrap_or(SHARD_ANY));
         b.put_u8(h.routing);
-        b.put_u8(0);
+        b.put_u8(h.features);
         b.put_u64_le(h.node_id);
         b.put_u64_le(h.epoch);
     });
@@ -265,6 +265,7 @@ mod tests {
             routing: 1,
             node_id: 7,
             epoch: 3,
+            features: 0,
         };
         let mut buf = BytesMut::new();
         let mut w = FrameWriter::new();

@@ -30,9 +30,9 @@ mod test_util;
 
 pub use cluster::{put_cluster_ok, ClusterOk, GroupInfo, CLUSTER_TEXT_BYTES_MAX, GROUP_NONE};
 pub use consts::{
-    CELL_FIXED_BYTES, DENIED_NONE, ERROR_TEXT_BYTES_MAX, KEY_BYTES_MAX, LIMITS_MAX,
-    LIMIT_RECORD_BYTES, SHARD_ANY, STATS_RECORDS_MAX, STATS_RECORD_BYTES, THROTTLE_FIXED_BYTES,
-    TIER_BYTES_MAX, TOKEN_BYTES_MAX, VERDICT_RECORD_BYTES,
+    CELL_FIXED_BYTES, DENIED_NONE, ERROR_TEXT_BYTES_MAX, FEATURE_CELL_KEY_HASH, KEY_BYTES_MAX,
+    LIMITS_MAX, LIMIT_RECORD_BYTES, SHARD_ANY, STATS_RECORDS_MAX, STATS_RECORD_BYTES,
+    THROTTLE_FIXED_BYTES, TIER_BYTES_MAX, TOKEN_BYTES_MAX, VERDICT_RECORD_BYTES,
 };
 pub use encode::{
     put_cell_ok, put_challenge_ok, put_decide_ok, put_error, put_hello_ok, put_lease_ok, put_pong,
@@ -41,6 +41,6 @@ pub use encode::{
 pub use error::{Detail, LayoutError, RequestError};
 pub use reply::{DecideOk, HelloOk, LeaseOk, LimitVerdict, Reply, ShardStats, StatsOk};
 pub use request::{
-    put_cell, Cell, Decide, Hello, LeaseOp, LeaseTarget, LimitSet, Limits, Mode, Request, Stats,
-    Throttle,
+    cell_hash_at, put_cell, put_cell_hashed, Cell, Decide, Hello, LeaseOp, LeaseTarget, LimitSet,
+    Limits, Mode, Request, Stats, Throttle, CELL_KEY_HASH,
 };

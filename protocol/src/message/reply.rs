@@ -28,6 +28,10 @@ pub struct HelloOk {
     pub node_id: u64,
     /// The node's replication epoch.
     pub epoch: u64,
+    /// What this connection may use beyond version 1's base (byte 7, 0
+    /// from a server that knows no features): bits
+    /// [`FEATURE_CELL_KEY_HASH`](crate::message::FEATURE_CELL_KEY_HASH).
+    pub features: u8,
 }
 
 /// One limit's verdict in a DECIDE_OK, RELEASE_OK or RENEW_OK.
@@ -212,6 +216,7 @@ impl Reply {
                     shard_count: u16_at(p, 2),
                     shard: (shard != SHARD_ANY).then_some(shard),
                     routing: p[6],
+                    features: p[7],
                     node_id: u64_at(p, 8),
                     epoch: u64_at(p, 16),
                 }))

@@ -50,13 +50,25 @@ pub struct Hello<'a> {
 /// redis-cell's arithmetic, `cell::throttle`, on the same bucket).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct Cell<'a> {
-    /// The bucket's name; 1..=KEY_BYTES_MAX bytes.
+    /// The bucket's name; 1..=KEY_BYTES_MAX bytes. Empty in a CELL that
+    /// carries the key's hash instead (`hash`).
     pub key: &'a [u8],
     /// The limit, validated ([`CellPolicy::from_parts`]).
     pub policy: CellPolicy,
     /// Units to spend; 0 peeks.
     pub quantity: u64,
+    /// The key's hash ([`crate::routing::key_hash`]) in place of the key:
+    /// a CELL with the [`CELL_KEY_HASH`] flag, which a forwarding node
+    /// sends to an owner whose HELLO_OK announced
+    /// [`FEATURE_CELL_KEY_HASH`](crate::message::FEATURE_CELL_KEY_HASH)
+    /// (the owner decides by the hash and need not hash the key again).
+    /// `None`: the key is in `key`.
+    pub hash: Option<u128>,
 }
+
+/// CELL's header flag: the payload carries the key's 16-byte hash
+/// (XXH3-128, little-endian) where the key would be, and `key_len` is 16.
+pub const CELL_KEY_HASH: u8 = 0x01;
 
 /// THROTTLE and PEEK: spend (or ask about) `cost` units of `key`'s bucket.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -439,6 +451,9 @@ impl<'a> Request<'a> {
         header: MessageHeader,
         payload: &'a [u8],
     ) -> Result<Request<'a>, RequestError> {
+        if header.op == op::CELL && header.flags == CELL_KEY_HASH {
+            return Request::parse_cell_hashed(payload);
+        }
         let priority = match (
             header.flags & !PRIORITY_BITS,
             Priority::from_code(header.flags),
@@ -452,6 +467,25 @@ impl<'a> Request<'a> {
             op::DECIDE => Ok(Request::Decide(parse_decide(payload, priority)?)),
             _ => Err(Status::BadRequest.into()),
         }
+    }
+
+    /// A CELL that carries its key's hash ([`CELL_KEY_HASH`]): what
+    /// [`Request::parse`] makes of a CELL with that flag, for a caller
+    /// that checked the flag itself (an owner's hot path; `parse` reaches
+    /// it through its cold branch for flagged requests).
+    #[inline]
+    pub fn parse_cell_hashed(payload: &'a [u8]) -> Result<Request<'a>, RequestError> {
+        if payload.len() != CELL_FIXED_BYTES + 16 || u16_at(payload, 24) != 16 {
+            return Err(Status::BadRequest.into());
+        }
+        let policy = CellPolicy::from_parts(u64_at(payload, 0) as i64, u64_at(payload, 8))
+            .map_err(|_| RequestError::from(Status::InvalidPolicy))?;
+        Ok(Request::Cell(Cell {
+            key: &[],
+            policy,
+            quantity: u64_at(payload, 16),
+            hash: Some(cell_hash_at(payload)),
+        }))
     }
 
     /// Appends this request as one message.
@@ -553,7 +587,17 @@ fn parse_cell(payload: &[u8]) -> Result<Cell<'_>, RequestError> {
         key: &payload[CELL_FIXED_BYTES..],
         policy,
         quantity: u64_at(payload, 16),
+        hash: None,
     })
+}
+
+/// The key hash of a CELL payload that carries one ([`CELL_KEY_HASH`]);
+/// the caller checked its length.
+#[inline]
+pub fn cell_hash_at(payload: &[u8]) -> u128 {
+    let mut b = [0u8; 16];
+    b.copy_from_slice(&payload[CELL_FIXED_BYTES..CELL_FIXED_BYTES + 16]);
+    u128::from_le_bytes(b)
 }
 
 /// Appends a CELL: header and fixed part assembled on the stack, then the
@@ -563,6 +607,9 @@ fn parse_cell(payload: &[u8]) -> Result<Cell<'_>, RequestError> {
 /// [`Request::encode`] writes for a [`Request::Cell`]; public so that a
 /// caller with a CELL in hand skips that function's dispatch.
 pub fn put_cell(w: &mut FrameWriter, buf: &mut BytesMut, request_id: u32, c: &Cell<'_>) {
+    if let Some(hash) = c.hash {
+        return put_cell_hashed(w, buf, request_id, hash, &c.policy, c.quantity);
+    }
     let len = CELL_FIXED_BYTES + c.key.len();
     let len = u16::try_from(len).expect("payload fits a u16 length");
     let mut m = [0u8; HEADER_BYTES + CELL_FIXED_BYTES];
@@ -573,6 +620,30 @@ pub fn put_cell(w: &mut FrameWriter, buf: &mut BytesMut, request_id: u32, c: &Ce
     p[16..24].copy_from_slice(&c.quantity.to_le_bytes());
     p[24..26].copy_from_slice(&(c.key.len() as u16).to_le_bytes());
     w.message_parts(buf, &m, c.key);
+}
+
+/// Appends a CELL that carries its key's hash in place of the key
+/// ([`CELL_KEY_HASH`]): fixed size, assembled on the stack and copied
+/// once. What [`put_cell`] writes for a [`Cell`] with a `hash`.
+pub fn put_cell_hashed(
+    w: &mut FrameWriter,
+    buf: &mut BytesMut,
+    request_id: u32,
+    hash: u128,
+    policy: &CellPolicy,
+    quantity: u64,
+) {
+    const LEN: usize = CELL_FIXED_BYTES + 16;
+    let mut m = [0u8; HEADER_BYTES + LEN];
+    m[..HEADER_BYTES].copy_from_slice(&message_header(op::CELL, request_id, LEN as u16));
+    m[1] = CELL_KEY_HASH;
+    let p = &mut m[HEADER_BYTES..];
+    p[..8].copy_from_slice(&policy.limit.to_le_bytes());
+    p[8..16].copy_from_slice(&policy.emission_ns.to_le_bytes());
+    p[16..24].copy_from_slice(&quantity.to_le_bytes());
+    p[24..26].copy_from_slice(&16u16.to_le_bytes());
+    p[26..].copy_from_slice(&hash.to_le_bytes());
+    w.message_whole(buf, &m);
 }
 
 #[inline]
@@ -986,6 +1057,7 @@ mod tests {
                 key: &key,
                 policy: CellPolicy::new(14, 30, 60).unwrap(),
                 quantity: 2,
+                hash: None,
             };
             // Field by field, as the wire format reads.
             let mut want = BytesMut::new();
@@ -1008,6 +1080,59 @@ mod tests {
                 // (An empty key is encodable, and refused when read.)
                 assert_round_trips(Request::Cell(c));
             }
+        }
+    }
+
+    #[test]
+    fn a_cell_with_its_keys_hash_is_fixed_size_and_round_trips() {
+        let hash = crate::routing::key_hash(b"user:42");
+        let c = Cell {
+            key: &[],
+            policy: CellPolicy::new(14, 30, 60).unwrap(),
+            quantity: 2,
+            hash: Some(hash),
+        };
+        let mut want = BytesMut::new();
+        want.put_u32_le((8 + CELL_FIXED_BYTES + 16) as u32);
+        want.put_u8(op::CELL);
+        want.put_u8(CELL_KEY_HASH);
+        want.put_u16_le((CELL_FIXED_BYTES + 16) as u16);
+        want.put_u32_le(9);
+        want.put_i64_le(c.policy.limit);
+        want.put_u64_le(c.policy.emission_ns);
+        want.put_u64_le(2);
+        want.put_u16_le(16);
+        want.put_slice(&hash.to_le_bytes());
+        let mut w = FrameWriter::new();
+        let mut got = BytesMut::new();
+        Request::Cell(c).encode(&mut w, &mut got, 9);
+        w.finish(&mut got);
+        assert_eq!(got, want);
+        assert_round_trips(Request::Cell(c));
+        // Its layout checked: 16 bytes of hash, `key_len` 16, no other
+        // flag (a priority class is no CELL's).
+        let payload = &want[12..];
+        let hdr = |flags| MessageHeader {
+            op: op::CELL,
+            flags,
+            request_id: 9,
+        };
+        for bad in [&payload[..payload.len() - 1], &[payload, b"x"].concat()[..]] {
+            let e = Request::parse(hdr(CELL_KEY_HASH), bad).unwrap_err();
+            assert_eq!(e.status, Status::BadRequest);
+        }
+        let mut len15 = payload.to_vec();
+        len15[24] = 15;
+        let e = Request::parse(hdr(CELL_KEY_HASH), &len15).unwrap_err();
+        assert_eq!(e.status, Status::BadRequest);
+        for flags in [0x02, CELL_KEY_HASH | 0x02] {
+            let e = Request::parse(hdr(flags), payload).unwrap_err();
+            assert_eq!(e.status, Status::BadRequest, "flags {flags:#x}");
+        }
+        // Without the flag the same bytes are a CELL of a 16-byte key.
+        match Request::parse(hdr(0), payload).unwrap() {
+            Request::Cell(k) => assert_eq!((k.key, k.hash), (&hash.to_le_bytes()[..], None)),
+            other => panic!("{other:?}"),
         }
     }
 
@@ -1044,6 +1169,7 @@ mod tests {
                 key: b"user:42",
                 policy: CellPolicy::new(14, 30, 60).unwrap(),
                 quantity: 2,
+                hash: None,
             }),
             Request::Cluster { key: b"user:42" },
             Request::Cluster { key: b"" },

@@ -469,6 +469,7 @@ impl Session {
                 let key = keys.as_ref().expect("gathered when parsed").slice(range);
                 let op = RemoteOp::Cell {
                     key,
+                    hash: RemoteOp::hash_halves(a.key),
                     policy: a.policy,
                     quantity: a.quantity,
                 };
