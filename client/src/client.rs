@@ -132,6 +132,13 @@ impl Client {
         self.inner.hello
     }
 
+    /// Whether the node takes a CELL by its key's hash on this client's
+    /// connections (HELLO_OK's CELL_KEY_HASH: a node of this version asked
+    /// with a layout, as a forwarding node asks).
+    pub fn takes_cells_by_hash(&self) -> bool {
+        self.inner.hello.features & sluice_protocol::message::FEATURE_CELL_KEY_HASH != 0
+    }
+
     /// Round trip to the node (on the first connection).
     pub async fn ping(&self) -> Result<Duration, Error> {
         let start = Instant::now();
@@ -422,7 +429,16 @@ impl Client {
     /// The slot whose connection serves `key`: its shard's when shard-aware.
     fn slot_of(&self, key: &[u8]) -> usize {
         if self.inner.slots.len() > 1 {
-            usize::from(shard_of(key_hash(key), self.inner.hello.shard_count))
+            self.slot_of_hash(key_hash(key))
+        } else {
+            0
+        }
+    }
+
+    /// [`Client::slot_of`] the key of routing hash `hash`.
+    fn slot_of_hash(&self, hash: u128) -> usize {
+        if self.inner.slots.len() > 1 {
+            usize::from(shard_of(hash, self.inner.hello.shard_count))
         } else {
             0
         }
@@ -443,7 +459,7 @@ impl Client {
             let of: Vec<usize> = batch
                 .ops()
                 .iter()
-                .map(|op| self.slot_of(op.key()))
+                .map(|op| self.slot_of_hash(op.route_hash()))
                 .collect();
             let mut counts = vec![0usize; slots];
             for &s in &of {

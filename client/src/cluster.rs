@@ -357,6 +357,12 @@ struct Group {
     /// Woken when a primary is installed, so that a search waiting on a
     /// member that does not answer ends as soon as a stall watch found one.
     installed: tokio::sync::Notify,
+    /// Whether the primary last installed takes a CELL by its key's hash
+    /// ([`Op::CellByHash`](crate::Op::CellByHash)): false until one is
+    /// found. Shared with whoever builds ops for the group
+    /// ([`Cluster::cell_by_hash_flags`]), and with other clients' groups of
+    /// the same name ([`Cluster::share_cell_by_hash_flags`]).
+    cells_by_hash: Mutex<Arc<AtomicBool>>,
 }
 
 impl Group {
@@ -454,6 +460,44 @@ impl Cluster {
     #[cfg(feature = "toml")]
     pub fn reload_file(&self, path: &std::path::Path) -> Result<(), Error> {
         self.reload(&Topology::load(path)?)
+    }
+
+    /// By ring index of the layout in force (made at the
+    /// [`Cluster::generation`] returned with them): whether each group's
+    /// primary, as last found, takes a CELL by its key's hash
+    /// ([`Op::CellByHash`](crate::Op::CellByHash)). Kept current as
+    /// primaries change; false while a group has none. A forwarding node
+    /// reads them as it builds each op.
+    pub fn cell_by_hash_flags(&self) -> (u64, Vec<Arc<AtomicBool>>) {
+        let layout = self.layout();
+        let flags = layout
+            .groups
+            .iter()
+            .map(|g| g.cells_by_hash.lock().expect("not poisoned").clone())
+            .collect();
+        (layout.generation, flags)
+    }
+
+    /// Makes this client's groups write [`Cluster::cell_by_hash_flags`]
+    /// into `from`'s groups of the same name: a forwarding node's
+    /// per-thread clients, which make the connections, keep current the
+    /// flags its view (made from `from`) reads. Call again after a reload
+    /// (that makes groups anew).
+    pub fn share_cell_by_hash_flags(&self, from: &Cluster) {
+        let (ours, theirs) = (self.layout(), from.layout());
+        for g in &ours.groups {
+            if let Some(t) = theirs.groups.iter().find(|t| t.spec.name == g.spec.name) {
+                let shared = t.cells_by_hash.lock().expect("not poisoned").clone();
+                let mut mine = g.cells_by_hash.lock().expect("not poisoned");
+                if !Arc::ptr_eq(&mine, &shared) {
+                    // What this client found so far is not lost.
+                    if mine.load(Ordering::Relaxed) {
+                        shared.store(true, Ordering::Relaxed);
+                    }
+                    *mine = shared;
+                }
+            }
+        }
     }
 
     fn layout(&self) -> Arc<Layout> {
@@ -912,6 +956,11 @@ impl Cluster {
             }
             let moved = primary.is_some() || known > 0 || epoch > known;
             *primary = Some((addr.clone(), client.clone()));
+            group
+                .cells_by_hash
+                .lock()
+                .expect("not poisoned")
+                .store(client.takes_cells_by_hash(), Ordering::Relaxed);
             group.epoch.store(epoch, Ordering::Relaxed);
             *group.failed_at.lock().expect("not poisoned") = None;
             if moved {
@@ -1127,6 +1176,7 @@ fn layout(topology: &Topology, keep: &HashMap<String, Arc<Group>>, generation: u
                     last_error: Mutex::new(None),
                     watching: AtomicBool::new(false),
                     installed: tokio::sync::Notify::new(),
+                    cells_by_hash: Mutex::default(),
                 })
             })
         })
@@ -1473,6 +1523,48 @@ mod tests {
             cluster.reload(&three).unwrap();
             assert_eq!(kept(&second, &cluster.layout()), vec![true; 3]);
         }
+    }
+
+    /// A forwarding node's view reads the flags of its main client, while
+    /// its per-thread clients make the connections: what a thread's client
+    /// finds must show in the main one's flags, before and after a reload
+    /// that makes its groups anew. (Without the sharing, the view read
+    /// false for ever and every forwarded CL.THROTTLE carried its key.)
+    #[test]
+    fn a_threads_finds_show_in_the_flags_its_view_reads() {
+        let two = Topology {
+            groups: vec![spec("a", 1), spec("b", 2)],
+        };
+        let three = Topology {
+            groups: vec![spec("a", 1), spec("b", 2), spec("c", 3)],
+        };
+        let config = ClusterConfig {
+            send_layout: true,
+            ..ClusterConfig::default()
+        };
+        let main = Cluster::new(&two, config.clone()).unwrap();
+        let thread = Cluster::new(&two, config).unwrap();
+        let found = |c: &Cluster, g: usize| {
+            let flag = c.layout().groups[g].cells_by_hash.lock().unwrap().clone();
+            flag.store(true, Ordering::Relaxed);
+        };
+        let flags = |c: &Cluster| -> Vec<bool> {
+            let (_, flags) = c.cell_by_hash_flags();
+            flags.iter().map(|f| f.load(Ordering::Relaxed)).collect()
+        };
+        // What the thread found before it shared is kept.
+        found(&thread, 0);
+        thread.share_cell_by_hash_flags(&main);
+        assert_eq!(flags(&main), [true, false]);
+        found(&thread, 1);
+        assert_eq!(flags(&main), [true, true]);
+        // A reload to another layout makes every group anew, in both.
+        main.reload(&three).unwrap();
+        thread.reload(&three).unwrap();
+        assert_eq!(flags(&main), [false, false, false]);
+        thread.share_cell_by_hash_flags(&main);
+        found(&thread, 2);
+        assert_eq!(flags(&main), [false, false, true]);
     }
 
     #[test]

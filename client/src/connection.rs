@@ -13,7 +13,7 @@ use bytes::{Bytes, BytesMut};
 use sluice_protocol::codec::{FrameDecoder, FrameWriter, WRITER_FRAME_BYTES_SOFT};
 use sluice_protocol::message::{
     Decide, Hello, HelloOk, LeaseOp, LeaseTarget, LimitSet, Limits, Mode, Reply, Request, Stats,
-    Throttle, FEATURE_CELL_KEY_HASH,
+    Throttle,
 };
 use sluice_protocol::{Concurrency, Policy, Priority, PROTOCOL_VERSION};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
@@ -107,14 +107,21 @@ pub enum Op {
     /// CELL: redis-cell's CL.THROTTLE (a node forwarding for RESP).
     Cell {
         key: Bytes,
-        /// `key`'s hash ([`sluice_protocol::routing::key_hash`]), which the
-        /// forwarding node computed to route it: sent in place of the key
-        /// to an owner that takes it (HELLO_OK's
-        /// [`FEATURE_CELL_KEY_HASH`](sluice_protocol::message::FEATURE_CELL_KEY_HASH)),
-        /// so the owner does not hash the key again. [`Op::cell`] computes
-        /// it. As `[low 64 bits, high 64 bits]`: a `u128` would align
-        /// every op to 16 bytes and make it a third larger (72 to 96
-        /// bytes), which an entry node moves several times an op.
+        policy: sluice_protocol::cell::CellPolicy,
+        quantity: u64,
+    },
+    /// CELL of a key known by its routing hash
+    /// ([`sluice_protocol::routing::key_hash`]), sent in place of the key
+    /// (the CELL_KEY_HASH flag): what a forwarding node sends a group whose
+    /// primary announced it takes that (HELLO_OK's
+    /// [`FEATURE_CELL_KEY_HASH`](sluice_protocol::message::FEATURE_CELL_KEY_HASH),
+    /// [`Cluster::cell_by_hash_flags`](crate::Cluster::cell_by_hash_flags)),
+    /// so that the owner need not hash the key again and the forwarding
+    /// node need not keep it. A node that does not take it (an older one)
+    /// answers BAD_REQUEST: nothing is spent. `hash` is `[low 64 bits,
+    /// high 64 bits]` ([`Op::hash_halves`]): a `u128` would align every op
+    /// to 16 bytes and make it larger.
+    CellByHash {
         hash: [u64; 2],
         policy: sluice_protocol::cell::CellPolicy,
         quantity: u64,
@@ -122,31 +129,41 @@ pub enum Op {
 }
 
 impl Op {
-    /// `hash` as [`Op::Cell`] keeps it.
+    /// `hash` as [`Op::CellByHash`] keeps it.
     #[inline]
     pub fn hash_halves(hash: u128) -> [u64; 2] {
         [hash as u64, (hash >> 64) as u64]
     }
 
-    /// A CELL op of `key`, its hash computed.
+    /// A CELL op of `key`.
     pub fn cell(key: Bytes, policy: sluice_protocol::cell::CellPolicy, quantity: u64) -> Op {
         Op::Cell {
-            hash: Op::hash_halves(sluice_protocol::routing::key_hash(&key)),
             key,
             policy,
             quantity,
         }
     }
+
+    /// The routing hash of the key decided (what [`Op::CellByHash`]
+    /// carries; the others' key hashed).
+    pub fn route_hash(&self) -> u128 {
+        match self {
+            Op::CellByHash { hash, .. } => u128::from(hash[0]) | u128::from(hash[1]) << 64,
+            op => sluice_protocol::routing::key_hash(op.key()),
+        }
+    }
 }
 
 impl Op {
-    /// The key decided.
+    /// The key decided; empty for [`Op::CellByHash`] (see
+    /// [`Op::route_hash`]).
     pub fn key(&self) -> &[u8] {
         match self {
             Op::Throttle { key, .. }
             | Op::Decide { key, .. }
             | Op::Lease { key, .. }
             | Op::Cell { key, .. } => key,
+            Op::CellByHash { .. } => &[],
         }
     }
 
@@ -157,23 +174,21 @@ impl Op {
             Op::Throttle { peek, .. } => !peek,
             Op::Decide { mode, .. } => *mode != Mode::Probe,
             Op::Lease { .. } => true,
-            Op::Cell { quantity, .. } => *quantity > 0,
+            Op::Cell { quantity, .. } | Op::CellByHash { quantity, .. } => *quantity > 0,
         }
     }
 
     /// Appends this op as one request message. A CELL (the forwarded
     /// CL.THROTTLE's op) is written with no dispatch over every request
-    /// kind, with its key's hash in place of the key when `hashed` (the
-    /// owner announced it takes that).
+    /// kind.
     #[inline]
-    fn encode(&self, w: &mut FrameWriter, buf: &mut BytesMut, request_id: u32, hashed: bool) {
+    fn encode(&self, w: &mut FrameWriter, buf: &mut BytesMut, request_id: u32) {
         match self {
-            Op::Cell {
+            Op::CellByHash {
                 hash,
                 policy,
                 quantity,
-                ..
-            } if hashed => {
+            } => {
                 let hash = u128::from(hash[0]) | u128::from(hash[1]) << 64;
                 sluice_protocol::message::put_cell_hashed(
                     w, buf, request_id, hash, policy, *quantity,
@@ -183,7 +198,6 @@ impl Op {
                 key,
                 policy,
                 quantity,
-                ..
             } => {
                 let cell = sluice_protocol::message::Cell {
                     key,
@@ -251,12 +265,21 @@ impl Op {
                 key,
                 policy,
                 quantity,
-                ..
             } => Request::Cell(sluice_protocol::message::Cell {
                 key,
                 policy: *policy,
                 quantity: *quantity,
                 hash: None,
+            }),
+            Op::CellByHash {
+                hash,
+                policy,
+                quantity,
+            } => Request::Cell(sluice_protocol::message::Cell {
+                key: &[],
+                policy: *policy,
+                quantity: *quantity,
+                hash: Some(u128::from(hash[0]) | u128::from(hash[1]) << 64),
             }),
         }
     }
@@ -700,8 +723,7 @@ impl Conn {
         let pending: Pending = Arc::default();
         let (tx, rx) = mpsc::unbounded_channel();
         let (reader_done_tx, reader_done) = oneshot::channel();
-        let hashed = hello.features & FEATURE_CELL_KEY_HASH != 0;
-        tokio::spawn(write_loop(write, rx, pending.clone(), reader_done, hashed));
+        tokio::spawn(write_loop(write, rx, pending.clone(), reader_done));
         tokio::spawn(async move {
             read_loop(read, rbuf, decoder, pending).await;
             drop(reader_done_tx);
@@ -825,14 +847,12 @@ fn not_a_frame(rbuf: &[u8], e: &sluice_protocol::codec::DecodeError) -> Error {
 
 /// Gathers every queued call into one frame per write. Ends when every
 /// handle is gone or the reader has ended (`reader_done` resolves), and
-/// then fails whatever is still waiting. `hashed`: CELLs go with their
-/// key's hash in place of the key (HELLO_OK announced the node takes it).
+/// then fails whatever is still waiting.
 async fn write_loop(
     mut write: OwnedWriteHalf,
     mut rx: mpsc::UnboundedReceiver<Queued>,
     pending: Pending,
     mut reader_done: oneshot::Receiver<()>,
-    hashed: bool,
 ) {
     let mut calls = Vec::with_capacity(BATCH_MAX);
     let mut buf = BytesMut::with_capacity(64 << 10);
@@ -858,9 +878,11 @@ async fn write_loop(
                     Queued::Batch { batch, items } if items.is_empty() => drop(batch),
                     Queued::Batch { batch, items } => {
                         let first = run_ids(&mut next_id, items.len() as u32);
+                        // (One call through the batch's `dyn Sink` for its
+                        // ops, not one an op.)
+                        let ops = batch.ops();
                         for (k, &i) in items.iter().enumerate() {
-                            let op = &batch.ops()[i as usize];
-                            op.encode(&mut w, &mut buf, first + k as u32, hashed);
+                            ops[i as usize].encode(&mut w, &mut buf, first + k as u32);
                         }
                         pending.runs.push_back(Run {
                             first,
@@ -1098,26 +1120,38 @@ mod tests {
         assert_eq!(failed, [None, Some(11), None, None, None]);
     }
 
-    /// A CELL op goes with its key's hash in place of the key only to a
-    /// node that announced it takes that (an older node is sent the key).
+    /// A CELL op goes with its key; a CELL by hash with the hash in place
+    /// of the key, flagged so.
     #[test]
-    fn a_cell_goes_by_its_hash_only_where_announced() {
-        let op = &ops(1)[0];
-        let frame = |hashed| {
+    fn a_cell_by_hash_goes_with_the_hash_in_place_of_the_key() {
+        let frame = |op: &Op| {
             let (mut w, mut buf) = (FrameWriter::new(), BytesMut::new());
-            op.encode(&mut w, &mut buf, 5, hashed);
+            op.encode(&mut w, &mut buf, 5);
             w.finish(&mut buf);
             let frame = FrameDecoder::default().decode(&mut buf).unwrap().unwrap();
             let (h, p) = frame.messages().next().unwrap();
             (h.flags, p.to_vec())
         };
-        let (flags, p) = frame(false);
+        let keyed = &ops(1)[0];
+        let (flags, p) = frame(keyed);
         assert_eq!(flags, 0);
         assert_eq!(&p[sluice_protocol::message::CELL_FIXED_BYTES..], b"k0");
-        let (flags, p) = frame(true);
+        let hash = sluice_protocol::routing::key_hash(b"k0");
+        let by_hash = Op::CellByHash {
+            hash: Op::hash_halves(hash),
+            policy: sluice_protocol::cell::CellPolicy::new(1, 1, 1).unwrap(),
+            quantity: 1,
+        };
+        assert_eq!((by_hash.route_hash(), keyed.route_hash()), (hash, hash));
+        let (flags, p) = frame(&by_hash);
         assert_eq!(flags, sluice_protocol::message::CELL_KEY_HASH);
-        let hash = sluice_protocol::message::cell_hash_at(&p);
-        assert_eq!(hash, sluice_protocol::routing::key_hash(b"k0"));
+        assert_eq!(sluice_protocol::message::cell_hash_at(&p), hash);
+        // The same bytes as the request it is.
+        let (mut w, mut buf) = (FrameWriter::new(), BytesMut::new());
+        by_hash.request().encode(&mut w, &mut buf, 5);
+        w.finish(&mut buf);
+        let frame2 = FrameDecoder::default().decode(&mut buf).unwrap().unwrap();
+        assert_eq!(frame2.messages().next().unwrap().1, &p[..]);
     }
 
     fn ops(n: usize) -> Vec<Op> {

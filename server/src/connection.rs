@@ -1118,7 +1118,7 @@ impl Connection {
         if own && route.decides_own {
             return false;
         }
-        let (tag, op) = remote_op(request_id, request, key, hash);
+        let (tag, op) = remote_op(request_id, request, key);
         let forward = self.core.node.forward.as_ref();
         let forward = forward.expect("a route needs --cluster");
         self.pipe
@@ -1183,7 +1183,7 @@ impl Connection {
 /// A keyed request as the forwarder sends it to another node, and what
 /// its slot remembers.
 #[inline(never)]
-fn remote_op(request_id: u32, request: &Request<'_>, key: &[u8], hash: u128) -> (Tag, RemoteOp) {
+fn remote_op(request_id: u32, request: &Request<'_>, key: &[u8]) -> (Tag, RemoteOp) {
     let key = bytes::Bytes::copy_from_slice(key);
     let mut tag = Tag {
         request_id,
@@ -1221,7 +1221,6 @@ fn remote_op(request_id: u32, request: &Request<'_>, key: &[u8], hash: u128) -> 
         }
         Request::Cell(c) => RemoteOp::Cell {
             key,
-            hash: RemoteOp::hash_halves(hash),
             policy: c.policy,
             quantity: c.quantity,
         },

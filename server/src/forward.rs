@@ -223,6 +223,10 @@ pub struct View {
     generation: u64,
     /// The groups (for CLUSTER_OK).
     topology: Topology,
+    /// By ring index: whether the group's primary takes a CELL by its
+    /// key's hash (the cluster client's flags, kept current as primaries
+    /// change).
+    cells_by_hash: Vec<Arc<std::sync::atomic::AtomicBool>>,
 }
 
 impl View {
@@ -236,6 +240,16 @@ impl View {
     #[inline]
     pub fn is_own(&self, group: usize) -> bool {
         Some(group) == self.own
+    }
+
+    /// Whether group `group`'s primary, as last found, takes a CELL by its
+    /// key's hash ([`RemoteOp::CellByHash`]): a forwarded CL.THROTTLE for
+    /// it is sent so, and its key not kept.
+    #[inline]
+    pub fn takes_cells_by_hash(&self, group: usize) -> bool {
+        self.cells_by_hash
+            .get(group)
+            .is_some_and(|f| f.load(std::sync::atomic::Ordering::Relaxed))
     }
 
     /// The name of the group that owns `key`.
@@ -714,6 +728,7 @@ impl Forwarder {
                         if let Err(e) = cluster.reload(&self.cluster.topology().0) {
                             tracing::warn!(error = %e, "a thread's cluster client kept its layout");
                         }
+                        cluster.share_cell_by_hash_flags(&self.cluster);
                         *seen = generation;
                     }
                     let same = (view.generation == generation).then(|| cluster.generation());
@@ -723,6 +738,8 @@ impl Forwarder {
             let (topology, _) = self.cluster.topology();
             let cluster = Cluster::new(&topology, self.base.clone())
                 .expect("the layout in force was validated when it was taken");
+            // Its finds are what the view's flags read.
+            cluster.share_cell_by_hash_flags(&self.cluster);
             self.locals
                 .lock()
                 .expect("not poisoned")
@@ -766,7 +783,7 @@ impl Forwarder {
             None => {
                 looked_up = ops
                     .iter()
-                    .map(|op| view.group_of(key_hash(op.key())))
+                    .map(|op| view.group_of(op.route_hash()))
                     .collect();
                 &looked_up
             }
@@ -1000,12 +1017,21 @@ fn make_view(cluster: &Cluster, group: &str) -> View {
     let generation = cluster.generation();
     let (topology, hash) = cluster.topology();
     let ring = Ring::new(topology.groups.iter().map(|g| g.name.as_str()));
+    // Flags of another layout (a reload between the reads) are dropped:
+    // every group is then sent keys until the next view.
+    let (at, flags) = cluster.cell_by_hash_flags();
+    let cells_by_hash = if at == generation && flags.len() == ring.group_count() {
+        flags
+    } else {
+        Vec::new()
+    };
     View {
         own: ring.index_of(group),
         ring,
         hash,
         generation,
         topology,
+        cells_by_hash,
     }
 }
 
@@ -1184,6 +1210,7 @@ mod tests {
             hash: 1,
             generation: 1,
             topology,
+            cells_by_hash: Vec::new(),
         })
     }
 

@@ -22,7 +22,6 @@ use std::time::Instant;
 
 use sluice_protocol::cell::CellVerdict;
 use sluice_protocol::message::{DecideOk, LeaseOk, LimitSet, Limits, Mode, Reply};
-use sluice_protocol::routing::key_hash;
 use sluice_protocol::{Limit, Priority, Verdict};
 
 use super::{forget, not_applied, unavailable, Cluster, FailurePolicy, Group, Source};
@@ -103,7 +102,7 @@ impl Cluster {
         };
         let group_of = |i: usize, op: &Op| match known {
             Some(groups) => groups[i],
-            None => layout.ring.group_of(key_hash(op.key())),
+            None => layout.ring.group_of(op.route_hash()),
         };
         if let Some(g) = known.and_then(one_group) {
             if ops.iter().all(valid) {
@@ -394,7 +393,7 @@ impl Cluster {
                 )?;
                 Ok(Answer::Decide(v.source, v.decision))
             }
-            Op::Cell { policy, .. } => {
+            Op::Cell { policy, .. } | Op::CellByHash { policy, .. } => {
                 let (source, v) = self.cell_unavailable(group, *policy, failure, unknown)?;
                 Ok(Answer::Cell(source, v))
             }
@@ -431,6 +430,9 @@ fn check(op: &Op) -> Result<(), Error> {
             ..
         } => crate::client::check_lease(key, &target.borrow(), *lease_id),
         Op::Cell { key, .. } => crate::client::check_key(key),
+        // (Its policy is valid by its type; its key was checked by whoever
+        // hashed it.)
+        Op::CellByHash { .. } => Ok(()),
     }
 }
 
@@ -441,6 +443,7 @@ fn check(op: &Op) -> Result<(), Error> {
 fn valid(op: &Op) -> bool {
     match op {
         Op::Cell { key, .. } => crate::client::key_ok(key),
+        Op::CellByHash { .. } => true,
         op => check(op).is_ok(),
     }
 }
@@ -461,7 +464,9 @@ fn answer(op: &Op, reply: Reply) -> Answered {
     // variants own nothing, and the drop (a call that reads the variant
     // again) was 17 instructions of a forwarding node's op.
     let verdict = match (op, &reply) {
-        (Op::Cell { .. }, Reply::Cell(v)) => Some(Ok(Answer::Cell(Source::Store, *v))),
+        (Op::Cell { .. } | Op::CellByHash { .. }, Reply::Cell(v)) => {
+            Some(Ok(Answer::Cell(Source::Store, *v)))
+        }
         (Op::Throttle { peek: false, .. }, Reply::Throttle(v))
         | (Op::Throttle { peek: true, .. }, Reply::Peek(v)) => {
             Some(Ok(Answer::Verdict(Source::Store, *v)))
@@ -507,6 +512,7 @@ mod tests {
     use super::*;
     use crate::{ClusterConfig, Topology};
     use bytes::Bytes;
+    use sluice_protocol::routing::key_hash;
     use sluice_protocol::Policy;
 
     /// Groups whose primaries refuse every connection (port 1): each op's

@@ -142,8 +142,9 @@ const KEYS_CHUNK_BYTES: usize = 4096;
 #[derive(Clone, Debug)]
 struct Ahead {
     /// With `--cluster`, for a key this node does not decide: the key, for
-    /// the forwarder, and its group (a ring index of the read's view).
-    remote: Option<(std::ops::Range<usize>, usize)>,
+    /// the forwarder (none when its group takes the key's hash), and its
+    /// group (a ring index of the read's view).
+    remote: Option<(Option<std::ops::Range<usize>>, usize)>,
     /// Its offset in the read buffer: where parsing resumes if the
     /// connection's reply bound stops it before its decision.
     at: usize,
@@ -173,13 +174,20 @@ impl Ahead {
             (group, *decides_own && view.is_own(group))
         });
         let remote = match group {
+            // An owner that takes the key's hash in place of the key: the
+            // key is not kept (no copy, no slice of the keys' buffer).
+            Some((group, false))
+                if route.is_some_and(|(view, _)| view.takes_cells_by_hash(group)) =>
+            {
+                Some((None, group))
+            }
             Some((group, false)) => {
                 if keys.capacity() - keys.len() < t.key.len() {
                     keys.reserve(KEYS_CHUNK_BYTES.max(t.key.len()));
                 }
                 let start = keys.len();
                 keys.extend_from_slice(t.key);
-                Some((start..keys.len(), group))
+                Some((Some(start..keys.len()), group))
             }
             _ => None,
         };
@@ -466,12 +474,17 @@ impl Session {
                 break;
             }
             if let Some((range, group)) = a.remote.take() {
-                let key = keys.as_ref().expect("gathered when parsed").slice(range);
-                let op = RemoteOp::Cell {
-                    key,
-                    hash: RemoteOp::hash_halves(a.key),
-                    policy: a.policy,
-                    quantity: a.quantity,
+                let op = match range {
+                    Some(range) => RemoteOp::Cell {
+                        key: keys.as_ref().expect("gathered when parsed").slice(range),
+                        policy: a.policy,
+                        quantity: a.quantity,
+                    },
+                    None => RemoteOp::CellByHash {
+                        hash: RemoteOp::hash_halves(a.key),
+                        policy: a.policy,
+                        quantity: a.quantity,
+                    },
                 };
                 let view = view.expect("a remote key was routed by a view");
                 let forward = self.core.node.forward.as_ref();
