@@ -48,8 +48,10 @@ impl Protocol for Resp {
 
     // Inlined into the pass that files a forwarded batch's answers: the
     // owner's verdict goes into the RESP reply with no 72-byte outcome
-    // passed between (benches/notes.md, stop 59).
-    #[inline]
+    // passed between (benches/notes.md, stop 59). `always`: with `inline`
+    // alone the compiler stopped inlining it after unrelated changes (a
+    // call of 24 instructions an op, stop 60).
+    #[inline(always)]
     fn answered((): (), outcome: Outcome) -> Reply {
         match outcome {
             Outcome::Cell(verdict) => Reply::Cell(verdict),
