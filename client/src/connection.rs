@@ -12,8 +12,8 @@ use std::time::Duration;
 use bytes::{Bytes, BytesMut};
 use sluice_protocol::codec::{FrameDecoder, FrameWriter, WRITER_FRAME_BYTES_SOFT};
 use sluice_protocol::message::{
-    Decide, Hello, HelloOk, LeaseOp, LeaseTarget, LimitSet, Limits, Mode, Reply, Request, Stats,
-    Throttle,
+    parse_cell_ok, Decide, Hello, HelloOk, LeaseOp, LeaseTarget, LimitSet, Limits, Mode, Reply,
+    Request, Stats, Throttle,
 };
 use sluice_protocol::{Concurrency, Policy, Priority, PROTOCOL_VERSION};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
@@ -371,9 +371,37 @@ pub(crate) trait Sink: Send + Sync + std::fmt::Debug {
     /// The ops, in the batch's order.
     fn ops(&self) -> &[Op];
 
-    /// Gives ops their replies, `(index, reply)`, drained from `replies`
+    /// Gives ops their replies, `(index, reply)`, drained from `staged`
     /// (the first reply given an op counts).
-    fn complete_many(&self, replies: &mut Vec<(u32, Result<Reply, Error>)>);
+    fn complete_many(&self, staged: &mut Staged);
+}
+
+/// Replies read for one run of a batch, given to it a few at a time
+/// (STAGED_MAX). A CELL_OK (the reply to a forwarded CL.THROTTLE) is kept
+/// apart as its verdict: 48 bytes with its index, where a `Result<Reply,
+/// Error>` is 88, and no `Reply` is matched and wrapped on its way.
+#[derive(Debug, Default)]
+pub(crate) struct Staged {
+    /// By op index: any reply (or the error it was).
+    pub(crate) replies: Vec<(u32, Result<Reply, Error>)>,
+    /// By op index: a CELL_OK's verdict.
+    pub(crate) cells: Vec<(u32, sluice_protocol::cell::CellVerdict)>,
+}
+
+impl Staged {
+    /// `replies`, none of them staged as a verdict.
+    #[cfg(test)]
+    fn of(replies: Vec<(u32, Result<Reply, Error>)>) -> Staged {
+        Staged {
+            replies,
+            cells: Vec::new(),
+        }
+    }
+
+    /// How many replies are staged.
+    fn len(&self) -> usize {
+        self.replies.len() + self.cells.len()
+    }
 }
 
 /// Ops sent together, whose replies are gathered in place: one
@@ -475,11 +503,19 @@ where
         &self.ops
     }
 
-    fn complete_many(&self, replies: &mut Vec<(u32, Result<Reply, Error>)>) {
+    fn complete_many(&self, staged: &mut Staged) {
         let n = self.ops.len();
         let mut slots = self.replies.lock().unwrap_or_else(|e| e.into_inner());
         let mut filled = 0;
-        for (index, reply) in replies.drain(..) {
+        for (index, v) in staged.cells.drain(..) {
+            let index = index as usize;
+            if !slots.open(index, n) {
+                continue;
+            }
+            filled += 1;
+            slots.answer(index, (self.answer)(&self.ops[index], Reply::Cell(v)));
+        }
+        for (index, reply) in staged.replies.drain(..) {
             let index = index as usize;
             if !slots.open(index, n) {
                 continue;
@@ -646,16 +682,17 @@ impl Waiting {
         })
     }
 
-    /// Gives `replies` to the batch of the run whose first id is `first`,
+    /// Gives `staged` to the batch of the run whose first id is `first`,
     /// under one lock; a run all answered goes.
-    fn answer(&mut self, first: u32, replies: &mut Vec<(u32, Result<Reply, Error>)>) {
+    fn answer(&mut self, first: u32, staged: &mut Staged) {
         let Some(at) = self.runs.iter().position(|r| r.first == first) else {
-            replies.clear();
+            staged.replies.clear();
+            staged.cells.clear();
             return;
         };
-        let n = replies.len();
+        let n = staged.len();
         let run = &mut self.runs[at];
-        run.batch.complete_many(replies);
+        run.batch.complete_many(staged);
         run.left = run.left.saturating_sub(n);
         if run.left == 0 {
             self.runs.remove(at);
@@ -912,7 +949,10 @@ async fn read_loop(
     pending: Pending,
 ) {
     let mut fatal: Option<(u16, String)> = None;
-    let mut replies: Vec<(u32, Result<Reply, Error>)> = Vec::with_capacity(STAGED_MAX);
+    let mut replies = Staged {
+        replies: Vec::with_capacity(STAGED_MAX),
+        cells: Vec::with_capacity(STAGED_MAX),
+    };
     // The largest frame read so far.
     let mut biggest = 0;
     'read: loop {
@@ -929,6 +969,20 @@ async fn read_loop(
             // a time (STAGED_MAX).
             let mut staged: Option<u32> = None;
             for (h, p) in frame.messages() {
+                if h.op == sluice_protocol::message::op::CELL_OK {
+                    // A forwarded CL.THROTTLE's (most replies an entry node
+                    // reads): staged as its verdict.
+                    let at =
+                        parse_cell_ok(p).and_then(|v| Some((pending.run_of(h.request_id)?, v)));
+                    if let Some(((first, index), v)) = at {
+                        if staged != Some(first) || replies.len() == STAGED_MAX {
+                            flush(&mut pending, &mut staged, &mut replies);
+                            staged = Some(first);
+                        }
+                        replies.cells.push((index, v));
+                        continue;
+                    }
+                }
                 let Some(reply) = Reply::parse(h, p) else {
                     flush(&mut pending, &mut staged, &mut replies);
                     break 'read fatal = Some((0, format!("unreadable reply op {:#04x}", h.op)));
@@ -948,7 +1002,7 @@ async fn read_loop(
                         flush(&mut pending, &mut staged, &mut replies);
                         staged = Some(first);
                     }
-                    replies.push((index, reply));
+                    replies.replies.push((index, reply));
                 } else if let Some(tx) = pending.one.remove(&h.request_id) {
                     let _ = tx.send(reply);
                 }
@@ -991,11 +1045,7 @@ fn run_ids(id: &mut u32, n: u32) -> u32 {
 
 /// Gives the replies staged for the run whose first id is `staged` to its
 /// batch.
-fn flush(
-    pending: &mut Waiting,
-    staged: &mut Option<u32>,
-    replies: &mut Vec<(u32, Result<Reply, Error>)>,
-) {
+fn flush(pending: &mut Waiting, staged: &mut Option<u32>, replies: &mut Staged) {
     if let Some(first) = staged.take() {
         pending.answer(first, replies);
     }
@@ -1014,8 +1064,11 @@ fn fail_all(pending: &Pending, err: impl Fn() -> Error) {
 
 /// Ops `items` of `batch` answered `err()`.
 pub(crate) fn fail_items(batch: &dyn Sink, items: &[u32], err: impl Fn() -> Error) {
-    let mut replies: Vec<_> = items.iter().map(|&i| (i, Err(err()))).collect();
-    batch.complete_many(&mut replies);
+    let mut staged = Staged {
+        replies: items.iter().map(|&i| (i, Err(err()))).collect(),
+        cells: Vec::new(),
+    };
+    batch.complete_many(&mut staged);
 }
 
 #[cfg(test)]
@@ -1058,7 +1111,7 @@ mod tests {
         for order in [[0u32, 1, 2, 3], [1, 0, 3, 2], [3, 2, 1, 0]] {
             let batch = Batch::new(ops(4), |op: &Op, _: Reply| op.key().to_vec());
             for i in order {
-                batch.complete_many(&mut vec![(i, Ok(Reply::Pong))]);
+                batch.complete_many(&mut Staged::of(vec![(i, Ok(Reply::Pong))]));
             }
             let taken = batch.take();
             let all = taken.all.expect("every op answered");
@@ -1069,12 +1122,124 @@ mod tests {
         // One op short: by op, with a hole.
         let batch = Batch::new(ops(3), |op: &Op, _: Reply| op.key().to_vec());
         for i in [0, 2] {
-            batch.complete_many(&mut vec![(i, Ok(Reply::Pong))]);
+            batch.complete_many(&mut Staged::of(vec![(i, Ok(Reply::Pong))]));
         }
         let taken = batch.take();
         assert!(taken.all.is_none());
         let got: Vec<bool> = taken.answers.iter().map(Option::is_some).collect();
         assert_eq!(got, [true, false, true]);
+    }
+
+    /// The read loop stages a CELL_OK as its verdict, beside the other
+    /// replies of its run; each op gets its own, whatever came between
+    /// (an error, another kind of reply), and a CELL_OK that is not a
+    /// valid one ends the connection as any unreadable reply does.
+    #[tokio::test]
+    async fn cell_oks_are_staged_as_verdicts_beside_the_other_replies() {
+        use sluice_protocol::cell::CellVerdict;
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let client = TcpStream::connect(listener.local_addr().unwrap());
+        let (client, server) = tokio::join!(client, listener.accept());
+        let (read, _write) = client.unwrap().into_split();
+        let (mut server, _) = server.unwrap();
+        let verdict = |remaining| CellVerdict {
+            limited: false,
+            limit: 5,
+            remaining,
+            retry_after_ns: -1,
+            reset_after_ns: 0,
+        };
+        let batch = Batch::new(ops(5), |_: &Op, reply: Reply| match reply {
+            Reply::Cell(v) => Some(v.remaining),
+            _ => None,
+        });
+        let pending: Pending = Arc::default();
+        pending.lock().unwrap().runs.push_back(Run {
+            first: 1,
+            batch: batch.clone() as Arc<dyn Sink>,
+            items: (0..5).collect(),
+            left: 5,
+        });
+        let done = batch.done.notified();
+        tokio::spawn(read_loop(
+            read,
+            BytesMut::new(),
+            FrameDecoder::default(),
+            pending,
+        ));
+        let (mut w, mut buf) = (FrameWriter::new(), BytesMut::new());
+        use sluice_protocol::message::{put_cell_ok, put_error, put_pong};
+        put_cell_ok(&mut w, &mut buf, 1, &verdict(4));
+        put_error(
+            &mut w,
+            &mut buf,
+            2,
+            sluice_protocol::Status::NotPrimary,
+            "moved",
+        );
+        put_cell_ok(&mut w, &mut buf, 3, &verdict(2));
+        put_pong(&mut w, &mut buf, 4);
+        put_cell_ok(&mut w, &mut buf, 5, &verdict(1));
+        w.finish(&mut buf);
+        server.write_all(&buf).await.unwrap();
+        tokio::time::timeout(Duration::from_secs(10), done)
+            .await
+            .expect("answered");
+        let taken = batch.take();
+        let answers: Vec<Option<Option<i64>>> = match taken.all {
+            Some(all) => all.into_iter().map(Some).collect(),
+            None => taken.answers,
+        };
+        assert_eq!(
+            answers,
+            [
+                Some(Some(4)),
+                None,
+                Some(Some(2)),
+                Some(None),
+                Some(Some(1))
+            ]
+        );
+        assert!(
+            matches!(taken.failed.get(1), Some(Some(e)) if e.status() == Some(sluice_protocol::Status::NotPrimary))
+        );
+        // A CELL_OK whose reserved bytes are not zero is unreadable: the
+        // connection's waiting ops fail.
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let client = TcpStream::connect(listener.local_addr().unwrap());
+        let (client, server) = tokio::join!(client, listener.accept());
+        let (read, _write) = client.unwrap().into_split();
+        let (mut server, _) = server.unwrap();
+        let batch = Batch::new(ops(1), |_: &Op, _: Reply| ());
+        let pending: Pending = Arc::default();
+        pending.lock().unwrap().runs.push_back(Run {
+            first: 1,
+            batch: batch.clone() as Arc<dyn Sink>,
+            items: vec![0],
+            left: 1,
+        });
+        let done = batch.done.notified();
+        tokio::spawn(read_loop(
+            read,
+            BytesMut::new(),
+            FrameDecoder::default(),
+            pending,
+        ));
+        let (mut w, mut buf) = (FrameWriter::new(), BytesMut::new());
+        put_cell_ok(&mut w, &mut buf, 1, &verdict(4));
+        w.finish(&mut buf);
+        let bad = buf.len() - 40 + 3;
+        buf[bad] = 1;
+        server.write_all(&buf).await.unwrap();
+        tokio::time::timeout(Duration::from_secs(10), done)
+            .await
+            .expect("failed");
+        let taken = batch.take();
+        assert!(
+            matches!(taken.failed.first(), Some(Some(Error::Protocol(_)))),
+            "{:?}",
+            taken.failed
+        );
     }
 
     #[test]
@@ -1090,7 +1255,7 @@ mod tests {
             Reply::Throttle(v) => (op.key().to_vec(), v.remaining),
             _ => unreachable!(),
         });
-        let give = |index: u32, reply| batch.complete_many(&mut vec![(index, reply)]);
+        let give = |index: u32, reply| batch.complete_many(&mut Staged::of(vec![(index, reply)]));
         give(0, remaining(10));
         give(2, remaining(12)); // past the end: the gap waits
         give(1, Err(Error::server(11, String::new()))); // the gap failed
@@ -1191,11 +1356,11 @@ mod tests {
         let reply = || Err(Error::Disconnected);
         // The second run answered first (the first is then at index 1:
         // found by its first id, not by where it stood).
-        w.answer(13, &mut vec![(0, reply())]);
+        w.answer(13, &mut Staged::of(vec![(0, reply())]));
         assert_eq!(w.runs.len(), 1);
-        w.answer(10, &mut vec![(4, reply()), (7, reply())]);
+        w.answer(10, &mut Staged::of(vec![(4, reply()), (7, reply())]));
         assert_eq!(w.runs.len(), 1);
-        w.answer(10, &mut vec![(9, reply())]);
+        w.answer(10, &mut Staged::of(vec![(9, reply())]));
         assert!(w.runs.is_empty(), "all four answered");
         assert_eq!(w.run_of(11), None);
         // Each op's reply landed once, in its slot.

@@ -39,7 +39,9 @@ pub use encode::{
     put_reload_ok, put_stats, put_verdict,
 };
 pub use error::{Detail, LayoutError, RequestError};
-pub use reply::{DecideOk, HelloOk, LeaseOk, LimitVerdict, Reply, ShardStats, StatsOk};
+pub use reply::{
+    parse_cell_ok, DecideOk, HelloOk, LeaseOk, LimitVerdict, Reply, ShardStats, StatsOk,
+};
 pub use request::{
     cell_hash_at, put_cell, put_cell_hashed, Cell, Decide, Hello, LeaseOp, LeaseTarget, LimitSet,
     Limits, Mode, Request, Stats, Throttle, CELL_KEY_HASH,

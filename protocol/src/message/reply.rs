@@ -239,15 +239,7 @@ impl Reply {
                     proof: proof.try_into().ok()?,
                 })
             }
-            op::CELL_OK if p.len() == CELL_OK_BYTES && p[1..8] == [0; 7] && p[0] <= 1 => {
-                Some(Reply::Cell(crate::cell::CellVerdict {
-                    limited: p[0] == 1,
-                    limit: u64_at(p, 8) as i64,
-                    remaining: u64_at(p, 16) as i64,
-                    retry_after_ns: u64_at(p, 24) as i64,
-                    reset_after_ns: u64_at(p, 32) as i64,
-                }))
-            }
+            op::CELL_OK => parse_cell_ok(p).map(Reply::Cell),
             crate::replication::op::ROLE_OK => {
                 crate::replication::RoleOk::parse(p).map(|r| Reply::Role(Box::new(r)))
             }
@@ -266,6 +258,20 @@ impl Reply {
             _ => None,
         }
     }
+}
+
+/// A CELL_OK payload's verdict; `None` if it is not a valid one. What
+/// [`Reply::parse`] makes of a CELL_OK, for a reader that looks at the op
+/// itself (a forwarding node reads one per forwarded CL.THROTTLE).
+#[inline]
+pub fn parse_cell_ok(p: &[u8]) -> Option<crate::cell::CellVerdict> {
+    (p.len() == CELL_OK_BYTES && p[1..8] == [0; 7] && p[0] <= 1).then(|| crate::cell::CellVerdict {
+        limited: p[0] == 1,
+        limit: u64_at(p, 8) as i64,
+        remaining: u64_at(p, 16) as i64,
+        retry_after_ns: u64_at(p, 24) as i64,
+        reset_after_ns: u64_at(p, 32) as i64,
+    })
 }
 
 fn parse_verdict(p: &[u8]) -> Verdict {
