@@ -1130,6 +1130,28 @@ mod tests {
         assert_eq!(got, [true, false, true]);
     }
 
+    /// Runs a read loop whose one run is `batch`'s `n` ops (request ids
+    /// 1 ..= n), over a socket that `frame` is then written to; the
+    /// socket's other end, kept open.
+    async fn read_loop_given(batch: Arc<dyn Sink>, n: u32, frame: &[u8]) -> TcpStream {
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let client = TcpStream::connect(listener.local_addr().unwrap());
+        let (client, server) = tokio::join!(client, listener.accept());
+        let (read, _write) = client.unwrap().into_split();
+        let (mut server, _) = server.unwrap();
+        let pending: Pending = Arc::default();
+        pending.lock().unwrap().runs.push_back(Run {
+            first: 1,
+            batch,
+            items: (0..n).collect(),
+            left: n as usize,
+        });
+        let decoder = FrameDecoder::default();
+        tokio::spawn(read_loop(read, BytesMut::new(), decoder, pending));
+        server.write_all(frame).await.unwrap();
+        server
+    }
+
     /// The read loop stages a CELL_OK as its verdict, beside the other
     /// replies of its run; each op gets its own, whatever came between
     /// (an error, another kind of reply), and a CELL_OK that is not a
@@ -1137,11 +1159,8 @@ mod tests {
     #[tokio::test]
     async fn cell_oks_are_staged_as_verdicts_beside_the_other_replies() {
         use sluice_protocol::cell::CellVerdict;
-        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
-        let client = TcpStream::connect(listener.local_addr().unwrap());
-        let (client, server) = tokio::join!(client, listener.accept());
-        let (read, _write) = client.unwrap().into_split();
-        let (mut server, _) = server.unwrap();
+        use sluice_protocol::message::{put_cell_ok, put_error, put_pong};
+        use sluice_protocol::Status;
         let verdict = |remaining| CellVerdict {
             limited: false,
             limit: 5,
@@ -1153,87 +1172,43 @@ mod tests {
             Reply::Cell(v) => Some(v.remaining),
             _ => None,
         });
-        let pending: Pending = Arc::default();
-        pending.lock().unwrap().runs.push_back(Run {
-            first: 1,
-            batch: batch.clone() as Arc<dyn Sink>,
-            items: (0..5).collect(),
-            left: 5,
-        });
-        let done = batch.done.notified();
-        tokio::spawn(read_loop(
-            read,
-            BytesMut::new(),
-            FrameDecoder::default(),
-            pending,
-        ));
         let (mut w, mut buf) = (FrameWriter::new(), BytesMut::new());
-        use sluice_protocol::message::{put_cell_ok, put_error, put_pong};
         put_cell_ok(&mut w, &mut buf, 1, &verdict(4));
-        put_error(
-            &mut w,
-            &mut buf,
-            2,
-            sluice_protocol::Status::NotPrimary,
-            "moved",
-        );
+        put_error(&mut w, &mut buf, 2, Status::NotPrimary, "moved");
         put_cell_ok(&mut w, &mut buf, 3, &verdict(2));
         put_pong(&mut w, &mut buf, 4);
         put_cell_ok(&mut w, &mut buf, 5, &verdict(1));
         w.finish(&mut buf);
-        server.write_all(&buf).await.unwrap();
-        tokio::time::timeout(Duration::from_secs(10), done)
-            .await
-            .expect("answered");
+        let done = batch.done.notified();
+        let _server = read_loop_given(batch.clone(), 5, &buf).await;
+        let ten = Duration::from_secs(10);
+        tokio::time::timeout(ten, done).await.expect("answered");
         let taken = batch.take();
         let answers: Vec<Option<Option<i64>>> = match taken.all {
             Some(all) => all.into_iter().map(Some).collect(),
             None => taken.answers,
         };
-        assert_eq!(
-            answers,
-            [
-                Some(Some(4)),
-                None,
-                Some(Some(2)),
-                Some(None),
-                Some(Some(1))
-            ]
-        );
-        assert!(
-            matches!(taken.failed.get(1), Some(Some(e)) if e.status() == Some(sluice_protocol::Status::NotPrimary))
-        );
+        let want = [
+            Some(Some(4)),
+            None,
+            Some(Some(2)),
+            Some(None),
+            Some(Some(1)),
+        ];
+        assert_eq!(answers, want);
+        let failed = taken.failed.get(1).and_then(|e| e.as_ref()?.status());
+        assert_eq!(failed, Some(Status::NotPrimary));
         // A CELL_OK whose reserved bytes are not zero is unreadable: the
         // connection's waiting ops fail.
-        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
-        let client = TcpStream::connect(listener.local_addr().unwrap());
-        let (client, server) = tokio::join!(client, listener.accept());
-        let (read, _write) = client.unwrap().into_split();
-        let (mut server, _) = server.unwrap();
         let batch = Batch::new(ops(1), |_: &Op, _: Reply| ());
-        let pending: Pending = Arc::default();
-        pending.lock().unwrap().runs.push_back(Run {
-            first: 1,
-            batch: batch.clone() as Arc<dyn Sink>,
-            items: vec![0],
-            left: 1,
-        });
-        let done = batch.done.notified();
-        tokio::spawn(read_loop(
-            read,
-            BytesMut::new(),
-            FrameDecoder::default(),
-            pending,
-        ));
         let (mut w, mut buf) = (FrameWriter::new(), BytesMut::new());
         put_cell_ok(&mut w, &mut buf, 1, &verdict(4));
         w.finish(&mut buf);
         let bad = buf.len() - 40 + 3;
         buf[bad] = 1;
-        server.write_all(&buf).await.unwrap();
-        tokio::time::timeout(Duration::from_secs(10), done)
-            .await
-            .expect("failed");
+        let done = batch.done.notified();
+        let _server = read_loop_given(batch.clone(), 1, &buf).await;
+        tokio::time::timeout(ten, done).await.expect("failed");
         let taken = batch.take();
         assert!(
             matches!(taken.failed.first(), Some(Some(Error::Protocol(_)))),
