@@ -212,11 +212,11 @@ impl Client {
         quantity: u64,
     ) -> Result<sluice_protocol::cell::CellVerdict, Error> {
         check_key(key)?;
-        let call = Call::Op(Op::cell(
-            bytes::Bytes::copy_from_slice(key),
+        let call = Call::Op(Op::Cell {
+            key: bytes::Bytes::copy_from_slice(key),
             policy,
             quantity,
-        ));
+        });
         match self.call(self.slot_of(key), call).await? {
             Reply::Cell(v) => Ok(v),
             other => Err(unexpected(&other)),

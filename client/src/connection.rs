@@ -135,20 +135,17 @@ impl Op {
         [hash as u64, (hash >> 64) as u64]
     }
 
-    /// A CELL op of `key`.
-    pub fn cell(key: Bytes, policy: sluice_protocol::cell::CellPolicy, quantity: u64) -> Op {
-        Op::Cell {
-            key,
-            policy,
-            quantity,
-        }
+    /// What [`Op::hash_halves`] made `halves` of.
+    #[inline]
+    fn hash_whole(halves: [u64; 2]) -> u128 {
+        u128::from(halves[0]) | u128::from(halves[1]) << 64
     }
 
     /// The routing hash of the key decided (what [`Op::CellByHash`]
     /// carries; the others' key hashed).
     pub fn route_hash(&self) -> u128 {
         match self {
-            Op::CellByHash { hash, .. } => u128::from(hash[0]) | u128::from(hash[1]) << 64,
+            Op::CellByHash { hash, .. } => Op::hash_whole(*hash),
             op => sluice_protocol::routing::key_hash(op.key()),
         }
     }
@@ -189,7 +186,7 @@ impl Op {
                 policy,
                 quantity,
             } => {
-                let hash = u128::from(hash[0]) | u128::from(hash[1]) << 64;
+                let hash = Op::hash_whole(*hash);
                 sluice_protocol::message::put_cell_hashed(
                     w, buf, request_id, hash, policy, *quantity,
                 );
@@ -279,7 +276,7 @@ impl Op {
                 key: &[],
                 policy: *policy,
                 quantity: *quantity,
-                hash: Some(u128::from(hash[0]) | u128::from(hash[1]) << 64),
+                hash: Some(Op::hash_whole(*hash)),
             }),
         }
     }
@@ -1296,12 +1293,10 @@ mod tests {
 
     fn ops(n: usize) -> Vec<Op> {
         (0..n)
-            .map(|i| {
-                Op::cell(
-                    bytes::Bytes::from(format!("k{i}")),
-                    sluice_protocol::cell::CellPolicy::new(1, 1, 1).unwrap(),
-                    1,
-                )
+            .map(|i| Op::Cell {
+                key: bytes::Bytes::from(format!("k{i}")),
+                policy: sluice_protocol::cell::CellPolicy::new(1, 1, 1).unwrap(),
+                quantity: 1,
             })
             .collect()
     }

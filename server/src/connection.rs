@@ -540,27 +540,21 @@ impl Connection {
         self.hashes.clear();
         let table = self.core.table.borrow();
         for (h, payload) in frame.messages() {
-            let key = match h.op {
-                message::op::THROTTLE | message::op::PEEK => {
-                    payload.get(message::THROTTLE_FIXED_BYTES..)
-                }
+            let hash = match h.op {
+                message::op::THROTTLE | message::op::PEEK => payload
+                    .get(message::THROTTLE_FIXED_BYTES..)
+                    .map_or(0, key_hash),
                 // A forwarding node sent the key's hash: no hashing again
-                // (checked as the request is parsed).
+                // (whether it may is checked as the request is parsed).
                 message::op::CELL
                     if h.flags == message::CELL_KEY_HASH
                         && payload.len() == message::CELL_FIXED_BYTES + 16 =>
                 {
-                    let hash = message::cell_hash_at(payload);
-                    if shard_of(hash, self.core.node.shard_count) == self.core.id {
-                        table.prefetch(hash);
-                    }
-                    self.hashes.push(hash);
-                    continue;
+                    message::cell_hash_at(payload)
                 }
-                message::op::CELL => payload.get(message::CELL_FIXED_BYTES..),
-                _ => None,
+                message::op::CELL => payload.get(message::CELL_FIXED_BYTES..).map_or(0, key_hash),
+                _ => 0,
             };
-            let hash = key.map_or(0, key_hash);
             if hash != 0 && shard_of(hash, self.core.node.shard_count) == self.core.id {
                 table.prefetch(hash);
             }

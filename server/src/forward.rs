@@ -1218,11 +1218,11 @@ mod tests {
         let (reply_to, rx) = crate::inbox::inbox();
         let mut items = RemoteItems::with_capacity(seqs.len());
         for &seq in seqs {
-            let op = RemoteOp::cell(
-                bytes::Bytes::from(format!("k{seq}")),
-                sluice_protocol::cell::CellPolicy::new(4, 5, 60).unwrap(),
-                1,
-            );
+            let op = RemoteOp::Cell {
+                key: bytes::Bytes::from(format!("k{seq}")),
+                policy: sluice_protocol::cell::CellPolicy::new(4, 5, 60).unwrap(),
+                quantity: 1,
+            };
             items.push(seq, op, view, 1);
         }
         (RemoteBatch { reply_to, items }, rx)

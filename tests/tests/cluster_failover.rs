@@ -369,21 +369,19 @@ async fn a_batch_spans_groups_exactly_and_a_group_down_gets_the_policy_op_by_op(
     // A bad op is refused in its place; the others are answered.
     let mut ops: Vec<Op> = keys[..2]
         .iter()
-        .map(|k| {
-            Op::cell(
-                bytes::Bytes::copy_from_slice(k.as_bytes()),
-                sluice_protocol::cell::CellPolicy::new(5, 5, 60).unwrap(),
-                0,
-            )
+        .map(|k| Op::Cell {
+            key: bytes::Bytes::copy_from_slice(k.as_bytes()),
+            policy: sluice_protocol::cell::CellPolicy::new(5, 5, 60).unwrap(),
+            quantity: 0,
         })
         .collect();
     ops.insert(
         1,
-        Op::cell(
-            vec![b'x'; 5_000].into(),
-            sluice_protocol::cell::CellPolicy::new(5, 5, 60).unwrap(),
-            1,
-        ),
+        Op::Cell {
+            key: vec![b'x'; 5_000].into(),
+            policy: sluice_protocol::cell::CellPolicy::new(5, 5, 60).unwrap(),
+            quantity: 1,
+        },
     );
     let answers = cluster.batch(ops, FailurePolicy::Error).await;
     assert!(

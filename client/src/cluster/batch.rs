@@ -558,11 +558,11 @@ mod tests {
             cost: 1,
             peek,
         };
-        let cell_op = Op::cell(
-            Bytes::from_static(b"k"),
-            sluice_protocol::cell::CellPolicy::new(5, 5, 60).unwrap(),
-            1,
-        );
+        let cell_op = Op::Cell {
+            key: Bytes::from_static(b"k"),
+            policy: sluice_protocol::cell::CellPolicy::new(5, 5, 60).unwrap(),
+            quantity: 1,
+        };
         assert!(matches!(
             answer(&cell_op, Reply::Cell(cell)),
             Ok(Answer::Cell(Source::Store, v)) if v == cell
@@ -597,7 +597,11 @@ mod tests {
         let keys: [&[u8]; 3] = [b"k0", b"", b"k2"];
         let ops: Vec<Op> = keys
             .iter()
-            .map(|k| Op::cell(Bytes::copy_from_slice(k), policy, 1))
+            .map(|k| Op::Cell {
+                key: Bytes::copy_from_slice(k),
+                policy,
+                quantity: 1,
+            })
             .collect();
         let route = vec![1; ops.len()];
         let answers = cluster

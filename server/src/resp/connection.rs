@@ -171,19 +171,18 @@ impl Ahead {
         keys: &mut BytesMut,
     ) -> Ahead {
         let key = key_hash(t.key);
+        // (group, decided here, its owner takes the key's hash in place of
+        // the key)
         let group = route.map(|(view, decides_own)| {
             let group = view.group_of(key);
-            (group, *decides_own && view.is_own(group))
+            let own = *decides_own && view.is_own(group);
+            (group, own, !own && view.takes_cells_by_hash(group))
         });
         let remote = match group {
-            // An owner that takes the key's hash in place of the key: the
-            // key is not kept (no copy, no slice of the keys' buffer).
-            Some((group, false))
-                if route.is_some_and(|(view, _)| view.takes_cells_by_hash(group)) =>
-            {
-                Some((None, group))
-            }
-            Some((group, false)) => {
+            // The key is not kept then: no copy, no slice of the keys'
+            // buffer.
+            Some((group, false, true)) => Some((None, group)),
+            Some((group, false, false)) => {
                 if keys.capacity() - keys.len() < t.key.len() {
                     keys.reserve(KEYS_CHUNK_BYTES.max(t.key.len()));
                 }
