@@ -452,15 +452,11 @@ impl Client {
     pub(crate) async fn send_batch(&self, batch: &Arc<dyn Sink>) {
         let slots = self.inner.slots.len();
         let items: Vec<Vec<u32>> = if slots == 1 {
-            vec![(0..batch.ops().len() as u32).collect()]
+            vec![(0..batch.op_count() as u32).collect()]
         } else {
             // Each slot's list sized once: grown from empty, they were a
             // forwarding node's most frequent reallocation.
-            let of: Vec<usize> = batch
-                .ops()
-                .iter()
-                .map(|op| self.slot_of_hash(op.route_hash()))
-                .collect();
+            let of: Vec<usize> = batch.shards(self.inner.hello.shard_count);
             let mut counts = vec![0usize; slots];
             for &s in &of {
                 counts[s] += 1;

@@ -15,6 +15,7 @@ use sluice_protocol::message::{
     parse_cell_ok, Decide, Hello, HelloOk, LeaseOp, LeaseTarget, LimitSet, Limits, Mode, Reply,
     Request, Stats, Throttle,
 };
+use sluice_protocol::routing::shard_of;
 use sluice_protocol::{Concurrency, Policy, Priority, PROTOCOL_VERSION};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::tcp::{OwnedReadHalf, OwnedWriteHalf};
@@ -126,6 +127,92 @@ pub enum Op {
         policy: sluice_protocol::cell::CellPolicy,
         quantity: u64,
     },
+}
+
+/// A CELL of a key known by its routing hash, as [`Op::CellByHash`] is,
+/// on its own: what [`Cluster::cells_by_hash_with`](crate::Cluster::cells_by_hash_with)
+/// sends (a forwarding node's CL.THROTTLEs). 40 bytes with nothing to
+/// drop, where an [`Op`] is 72 and dropped one by one: every pass over a
+/// batch's ops on a forwarding node at load is a cache miss an op
+/// (benches/notes.md).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct CellByHash {
+    /// `[low 64 bits, high 64 bits]` of the key's routing hash
+    /// ([`Op::hash_halves`]).
+    pub hash: [u64; 2],
+    /// The limit.
+    pub policy: sluice_protocol::cell::CellPolicy,
+    /// Units spent (0: a look).
+    pub quantity: u64,
+}
+
+impl From<CellByHash> for Op {
+    fn from(c: CellByHash) -> Op {
+        Op::CellByHash {
+            hash: c.hash,
+            policy: c.policy,
+            quantity: c.quantity,
+        }
+    }
+}
+
+/// An op of a [`Batch`]: what its connections encode, and what the
+/// cluster client needs of it when it is not answered at once.
+pub(crate) trait BatchOp: Clone + Send + Sync + std::fmt::Debug + 'static {
+    /// Appends it as one request message.
+    fn encode(&self, w: &mut FrameWriter, buf: &mut BytesMut, request_id: u32);
+    /// The routing hash of its key.
+    fn route_hash(&self) -> u128;
+    /// Whether it spends (an unanswered spend is outcome-unknown).
+    fn spends(&self) -> bool;
+    /// As an [`Op`] (the seldom paths: its group could not answer).
+    fn to_op(&self) -> Op;
+}
+
+impl BatchOp for Op {
+    #[inline]
+    fn encode(&self, w: &mut FrameWriter, buf: &mut BytesMut, request_id: u32) {
+        Op::encode(self, w, buf, request_id);
+    }
+
+    fn route_hash(&self) -> u128 {
+        Op::route_hash(self)
+    }
+
+    fn spends(&self) -> bool {
+        Op::spends(self)
+    }
+
+    fn to_op(&self) -> Op {
+        self.clone()
+    }
+}
+
+impl BatchOp for CellByHash {
+    #[inline]
+    fn encode(&self, w: &mut FrameWriter, buf: &mut BytesMut, request_id: u32) {
+        let hash = Op::hash_whole(self.hash);
+        sluice_protocol::message::put_cell_hashed(
+            w,
+            buf,
+            request_id,
+            hash,
+            &self.policy,
+            self.quantity,
+        );
+    }
+
+    fn route_hash(&self) -> u128 {
+        Op::hash_whole(self.hash)
+    }
+
+    fn spends(&self) -> bool {
+        self.quantity > 0
+    }
+
+    fn to_op(&self) -> Op {
+        Op::from(*self)
+    }
 }
 
 impl Op {
@@ -365,8 +452,16 @@ impl Call {
 /// A batch as its connections see it: the ops they encode, and where the
 /// replies they read go.
 pub(crate) trait Sink: Send + Sync + std::fmt::Debug {
-    /// The ops, in the batch's order.
-    fn ops(&self) -> &[Op];
+    /// How many ops it has.
+    fn op_count(&self) -> usize;
+
+    /// Appends ops `items` as request messages, op `items[k]` under
+    /// request id `first + k` (one call through the `dyn Sink` for a
+    /// run, not one an op).
+    fn encode_items(&self, items: &[u32], w: &mut FrameWriter, buf: &mut BytesMut, first: u32);
+
+    /// Each op's shard on a node of `shard_count` shards, in order.
+    fn shards(&self, shard_count: u16) -> Vec<usize>;
 
     /// Gives ops their replies, `(index, reply)`, drained from `staged`
     /// (the first reply given an op counts).
@@ -407,9 +502,9 @@ impl Staged {
 /// so the batch's answers are written once: replies kept as they came
 /// and turned into answers afterwards were one more pass over the batch,
 /// a cache miss per op on a forwarding node (benches/notes.md).
-pub(crate) struct Batch<T, F> {
+pub(crate) struct Batch<O, T, F> {
     /// In the caller's order.
-    pub(crate) ops: Vec<Op>,
+    pub(crate) ops: Vec<O>,
     /// An op's answer from its reply.
     answer: F,
     /// By op: its answer, or why it has none.
@@ -420,7 +515,7 @@ pub(crate) struct Batch<T, F> {
     done: tokio::sync::Notify,
 }
 
-impl<T, F> std::fmt::Debug for Batch<T, F> {
+impl<O, T, F> std::fmt::Debug for Batch<O, T, F> {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("Batch")
             .field("ops", &self.ops.len())
@@ -429,11 +524,11 @@ impl<T, F> std::fmt::Debug for Batch<T, F> {
     }
 }
 
-impl<T, F> Batch<T, F>
+impl<O, T, F> Batch<O, T, F>
 where
-    F: Fn(&Op, Reply) -> T,
+    F: Fn(&O, Reply) -> T,
 {
-    pub(crate) fn new(ops: Vec<Op>, answer: F) -> Arc<Batch<T, F>> {
+    pub(crate) fn new(ops: Vec<O>, answer: F) -> Arc<Batch<O, T, F>> {
         let n = ops.len();
         Arc::new(Batch {
             replies: Mutex::new(Slots {
@@ -491,13 +586,25 @@ where
     }
 }
 
-impl<T, F> Sink for Batch<T, F>
+impl<O, T, F> Sink for Batch<O, T, F>
 where
+    O: BatchOp,
     T: Send,
-    F: Fn(&Op, Reply) -> T + Send + Sync,
+    F: Fn(&O, Reply) -> T + Send + Sync,
 {
-    fn ops(&self) -> &[Op] {
-        &self.ops
+    fn op_count(&self) -> usize {
+        self.ops.len()
+    }
+
+    fn encode_items(&self, items: &[u32], w: &mut FrameWriter, buf: &mut BytesMut, first: u32) {
+        for (k, &i) in items.iter().enumerate() {
+            self.ops[i as usize].encode(w, buf, first + k as u32);
+        }
+    }
+
+    fn shards(&self, shard_count: u16) -> Vec<usize> {
+        let of = |op: &O| shard_of(op.route_hash(), shard_count);
+        self.ops.iter().map(|op| usize::from(of(op))).collect()
     }
 
     fn complete_many(&self, staged: &mut Staged) {
@@ -912,12 +1019,7 @@ async fn write_loop(
                     Queued::Batch { batch, items } if items.is_empty() => drop(batch),
                     Queued::Batch { batch, items } => {
                         let first = run_ids(&mut next_id, items.len() as u32);
-                        // (One call through the batch's `dyn Sink` for its
-                        // ops, not one an op.)
-                        let ops = batch.ops();
-                        for (k, &i) in items.iter().enumerate() {
-                            ops[i as usize].encode(&mut w, &mut buf, first + k as u32);
-                        }
+                        batch.encode_items(&items, &mut w, &mut buf, first);
                         pending.runs.push_back(Run {
                             first,
                             batch,

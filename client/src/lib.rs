@@ -50,7 +50,7 @@ pub use cluster::{
     Answer, Cluster, ClusterConfig, ClusterVerdict, FailurePolicy, Source, Topology,
     STALL_AFTER_MS_DEFAULT,
 };
-pub use connection::{Op, OwnedLimits, OwnedTarget};
+pub use connection::{CellByHash, Op, OwnedLimits, OwnedTarget};
 pub use error::{Action, Error};
 pub use sluice_protocol::message::{
     DecideOk, LeaseOk, LeaseTarget, LimitSet, LimitVerdict, Limits, Mode, ShardStats, StatsOk,

@@ -67,7 +67,7 @@ const FORWARD_CONNECT_TIMEOUT_MS: u64 = 1_000;
 /// A request to be decided by another node, owned until it is sent: the
 /// cluster client's [`Op`](sluice_client::Op), sent in a batch.
 pub use sluice_client::Op as RemoteOp;
-pub use sluice_client::{OwnedLimits, OwnedTarget};
+pub use sluice_client::{CellByHash, OwnedLimits, OwnedTarget};
 
 /// One read's forwarded requests, answered as one [`BatchReply`].
 #[derive(Debug)]
@@ -85,7 +85,7 @@ pub struct RemoteBatch {
 pub struct RemoteItems {
     seqs: Vec<u64>,
     /// The ops (public: the tests of the pipeline read them).
-    pub ops: Vec<RemoteOp>,
+    pub ops: RemoteOps,
     groups: Vec<usize>,
     /// The view `groups` index, `None` when the items came under two
     /// views (a layout changed mid-read): then they are looked up again.
@@ -98,7 +98,7 @@ impl RemoteItems {
     pub fn with_capacity(n: usize) -> RemoteItems {
         RemoteItems {
             seqs: Vec::with_capacity(n),
-            ops: Vec::with_capacity(n),
+            ops: RemoteOps::Cells(Vec::with_capacity(n)),
             groups: Vec::with_capacity(n),
             view: None,
             mixed: false,
@@ -164,6 +164,104 @@ impl RemoteItems {
             None => self.view = Some(view.clone()),
             Some(v) if !Arc::ptr_eq(v, view) => self.mixed = true,
             Some(_) => {}
+        }
+    }
+}
+
+/// A batch's ops. While every one is a CELL by its key's hash (a
+/// forwarding node's CL.THROTTLEs, the bulk of what it forwards) they are
+/// kept as [`CellByHash`]: 40 bytes, valid by their type, sent and
+/// answered with no look at their kind and dropped with no pass over
+/// them ([`Cluster::cells_by_hash_with`]), where each pass over a batch's
+/// 72-byte ops at load was a cache miss an op (benches/notes.md). The
+/// first op of another kind turns them into ops.
+#[derive(Debug)]
+pub enum RemoteOps {
+    /// CELLs by their keys' hash, each its [`RemoteOp::CellByHash`].
+    Cells(Vec<CellByHash>),
+    /// Ops of any kind.
+    Ops(Vec<RemoteOp>),
+}
+
+impl Default for RemoteOps {
+    fn default() -> RemoteOps {
+        RemoteOps::Cells(Vec::new())
+    }
+}
+
+impl RemoteOps {
+    /// How many.
+    pub fn len(&self) -> usize {
+        match self {
+            RemoteOps::Cells(cells) => cells.len(),
+            RemoteOps::Ops(ops) => ops.len(),
+        }
+    }
+
+    /// Whether there are none.
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+
+    /// Adds `op` after these.
+    #[inline]
+    fn push(&mut self, op: RemoteOp) {
+        match (self, op) {
+            (
+                RemoteOps::Cells(cells),
+                RemoteOp::CellByHash {
+                    hash,
+                    policy,
+                    quantity,
+                },
+            ) => cells.push(CellByHash {
+                hash,
+                policy,
+                quantity,
+            }),
+            (RemoteOps::Ops(ops), op) => ops.push(op),
+            (this, op) => this.make_ops().push(op),
+        }
+    }
+
+    /// These as ops of any kind (a first op of another kind came).
+    #[cold]
+    fn make_ops(&mut self) -> &mut Vec<RemoteOp> {
+        if let RemoteOps::Cells(cells) = self {
+            let mut ops = Vec::with_capacity(cells.capacity().max(cells.len() + 1));
+            ops.extend(cells.iter().map(|&c| RemoteOp::from(c)));
+            *self = RemoteOps::Ops(ops);
+        }
+        match self {
+            RemoteOps::Ops(ops) => ops,
+            RemoteOps::Cells(_) => unreachable!("made ops above"),
+        }
+    }
+
+    /// These as ops of any kind.
+    pub fn into_ops(self) -> Vec<RemoteOp> {
+        match self {
+            RemoteOps::Cells(cells) => cells.into_iter().map(RemoteOp::from).collect(),
+            RemoteOps::Ops(ops) => ops,
+        }
+    }
+
+    /// Adds `other`'s after these.
+    fn extend(&mut self, other: RemoteOps) {
+        match (self, other) {
+            (RemoteOps::Cells(cells), RemoteOps::Cells(more)) => cells.extend(more),
+            (RemoteOps::Ops(ops), RemoteOps::Cells(more)) => {
+                ops.extend(more.into_iter().map(RemoteOp::from));
+            }
+            (this, RemoteOps::Ops(more)) => this.make_ops().extend(more),
+        }
+    }
+
+    /// Those from `at` on, taken off these.
+    fn split_off(&mut self, at: usize) -> RemoteOps {
+        match self {
+            RemoteOps::Cells(cells) => RemoteOps::Cells(cells.split_off(at)),
+            RemoteOps::Ops(ops) => RemoteOps::Ops(ops.split_off(at)),
         }
     }
 }
@@ -683,9 +781,14 @@ impl Forwarder {
             view,
             mixed,
         } = all;
-        let outcomes = match view {
-            Some(view) if !mixed => self.forward(&view, ops, Some(&groups)).await,
-            _ => self.forward(&self.view(), ops, None).await,
+        let one_group = groups.first().filter(|&&g| groups.iter().all(|&h| h == g));
+        let outcomes = match (view, ops) {
+            (Some(view), RemoteOps::Cells(cells)) if !mixed && one_group.is_some() => {
+                let group = *one_group.expect("checked");
+                self.forward_cells(&view, cells, (group, &groups)).await
+            }
+            (Some(view), ops) if !mixed => self.forward(&view, ops.into_ops(), Some(&groups)).await,
+            (_, ops) => self.forward(&self.view(), ops.into_ops(), None).await,
         };
         let answers = SharedAnswers::new(seqs, outcomes);
         let mut at = 0;
@@ -791,18 +894,45 @@ impl Forwarder {
         let (cluster, generation) = self.cluster_here(view);
         let start = Instant::now();
         let route = generation.map(|g| (g, groups));
-        let errors = self.stats.errors.clone();
         let answers = cluster
-            .batch_routed_with(ops, route, self.failure, move |a: Answered| match a {
-                // The verdicts in place, as each reply is read (small, so
-                // that it is inlined into the reply pass); the rest apart.
-                Ok(Answer::Cell(_, v)) => Kept::Cell(v),
-                Ok(Answer::Verdict(_, v)) => Kept::Verdict(v),
-                other => kept_other(&errors, other),
-            })
+            .batch_routed_with(ops, route, self.failure, self.keep())
             .await;
         self.count(view, groups, start.elapsed());
         answers
+    }
+
+    /// [`Forwarder::forward`] of CELLs by their keys' hash, all of group
+    /// `group` in `view` (`groups`: each one's, for the counts).
+    async fn forward_cells(
+        &self,
+        view: &View,
+        cells: Vec<CellByHash>,
+        (group, groups): (usize, &[usize]),
+    ) -> Vec<Kept> {
+        let (cluster, generation) = self.cluster_here(view);
+        let Some(generation) = generation else {
+            // The client's layout is not the view's: routed again.
+            let ops = cells.into_iter().map(RemoteOp::from).collect();
+            return self.forward(view, ops, None).await;
+        };
+        let start = Instant::now();
+        let answers = cluster
+            .cells_by_hash_with(cells, (generation, group), self.failure, self.keep())
+            .await;
+        self.count(view, groups, start.elapsed());
+        answers
+    }
+
+    /// A forward's answer as its connection keeps it, made as each reply
+    /// is read: the verdicts in place (small, so that it is inlined into
+    /// the reply pass), the rest apart.
+    fn keep(&self) -> impl Fn(Answered) -> Kept + Clone + Send + Sync + 'static {
+        let errors = self.stats.errors.clone();
+        move |a: Answered| match a {
+            Ok(Answer::Cell(_, v)) => Kept::Cell(v),
+            Ok(Answer::Verdict(_, v)) => Kept::Verdict(v),
+            other => kept_other(&errors, other),
+        }
     }
 
     /// Counts a batch's forwarded requests (to `groups`, ring indices of
@@ -1275,7 +1405,12 @@ mod tests {
         for &(seq, group) in reqs {
             open.note(view, group);
             let (one, _) = batch(&[seq], view);
-            items.push(seq, one.items.ops.into_iter().next().unwrap(), view, group);
+            items.push(
+                seq,
+                one.items.ops.into_ops().into_iter().next().unwrap(),
+                view,
+                group,
+            );
         }
         turn.close(open, items, reply_to);
         rx
@@ -1330,7 +1465,12 @@ mod tests {
         let mut items = RemoteItems::with_capacity(2);
         for seq in [11, 12] {
             let (one, _) = batch(&[seq], &v);
-            items.push(seq, one.items.ops.into_iter().next().unwrap(), &v, 1);
+            items.push(
+                seq,
+                one.items.ops.into_ops().into_iter().next().unwrap(),
+                &v,
+                1,
+            );
         }
         turn.close(OpenRead::alone(&v, 1), items, reply_to);
         assert_eq!(turn.units[0].items.seqs, [1, 2, 3]);
@@ -1340,6 +1480,47 @@ mod tests {
             turn.batches[1].items.one_group(),
             Some((Arc::as_ptr(&v), 1))
         );
+    }
+
+    /// A batch's ops stay CELLs by hash while every one is; the first of
+    /// another kind (here a CELL with its key: an owner of an older
+    /// version) turns them into ops, in order; merging and splitting keep
+    /// the order too.
+    #[test]
+    fn a_batchs_cells_by_hash_turn_into_ops_in_order_when_another_kind_comes() {
+        let policy = sluice_protocol::cell::CellPolicy::new(4, 5, 60).unwrap();
+        let by_hash = |h: u64| RemoteOp::CellByHash {
+            hash: [h, 0],
+            policy,
+            quantity: 1,
+        };
+        let hash_of = |op: &RemoteOp| match op {
+            RemoteOp::CellByHash { hash, .. } => hash[0],
+            RemoteOp::Cell { .. } => 0,
+            other => panic!("{other:?}"),
+        };
+        let mut ops = RemoteOps::default();
+        ops.push(by_hash(1));
+        ops.push(by_hash(2));
+        assert!(matches!(&ops, RemoteOps::Cells(c) if c.len() == 2));
+        let mut more = RemoteOps::default();
+        more.push(by_hash(3));
+        ops.extend(more);
+        assert!(matches!(&ops, RemoteOps::Cells(c) if c.len() == 3));
+        ops.push(RemoteOp::Cell {
+            key: bytes::Bytes::from_static(b"k"),
+            policy,
+            quantity: 1,
+        });
+        assert!(matches!(&ops, RemoteOps::Ops(o) if o.len() == 4));
+        let mut tail = RemoteOps::default();
+        tail.push(by_hash(5));
+        ops.extend(tail);
+        let split = ops.split_off(3);
+        let seen: Vec<u64> = ops.into_ops().iter().map(hash_of).collect();
+        assert_eq!(seen, [1, 2, 3]);
+        let seen: Vec<u64> = split.into_ops().iter().map(hash_of).collect();
+        assert_eq!(seen, [0, 5]);
     }
 
     /// A turn's batches go as one, in order, each keeping its own
@@ -1352,7 +1533,8 @@ mod tests {
         let (all, answer_to) = merge(vec![one, two]);
         assert!(!all.mixed);
         assert!(Arc::ptr_eq(all.view.as_ref().unwrap(), &v));
-        let keys: Vec<&[u8]> = all.ops.iter().map(|op| op.key()).collect();
+        let ops = all.ops.into_ops();
+        let keys: Vec<&[u8]> = ops.iter().map(|op| op.key()).collect();
         assert_eq!(keys, [&b"k7"[..], b"k8", b"k3"]);
         assert_eq!(all.groups, [1, 1, 1]);
         assert_eq!(all.seqs, [7, 8, 3], "each keeps its connection's numbers");

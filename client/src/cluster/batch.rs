@@ -26,7 +26,7 @@ use sluice_protocol::{Limit, Priority, Verdict};
 
 use super::{forget, not_applied, unavailable, Cluster, FailurePolicy, Group, Source};
 use crate::client::unexpected;
-use crate::connection::{Batch, Op, Sink, Taken};
+use crate::connection::{Batch, BatchOp, CellByHash, Op, Sink, Taken};
 use crate::{Client, Error};
 
 /// An op's answer ([`Cluster::batch`]), by the op's kind.
@@ -86,13 +86,7 @@ impl Cluster {
         F: Fn(Answered) -> T + Clone + Send + Sync + 'static,
     {
         let n = ops.len();
-        self.inner
-            .stats
-            .calls_total
-            .fetch_add(n as u64, Ordering::Relaxed);
-        for _ in 0..n {
-            crate::metrics::call();
-        }
+        self.count_calls(n);
         let layout = self.layout();
         let known = match route {
             Some((generation, groups)) if generation == layout.generation && groups.len() == n => {
@@ -171,11 +165,18 @@ impl Cluster {
             .collect()
     }
 
-    /// [`Cluster::batch`] of ops that all belong to `group`.
-    async fn group_batch<T, F>(
+    /// [`Cluster::batch_routed_with`] of CELLs by their keys' hash that
+    /// all belong to one group: `route` is `(generation, group)`, the
+    /// group's ring index in this client's layout of [`Cluster::generation`]
+    /// `generation` (under another layout they are routed again, op by
+    /// op). What a forwarding node sends for its CL.THROTTLEs: a batch of
+    /// [`CellByHash`] is valid by its type, encoded with no dispatch over
+    /// op kinds, answered with no look at its op, and dropped with no pass
+    /// over its ops (benches/notes.md, stop 61).
+    pub async fn cells_by_hash_with<T, F>(
         &self,
-        group: &Arc<Group>,
-        ops: Vec<Op>,
+        cells: Vec<CellByHash>,
+        route: (u64, usize),
         failure: FailurePolicy,
         f: F,
     ) -> Vec<T>
@@ -183,13 +184,53 @@ impl Cluster {
         T: Send + 'static,
         F: Fn(Answered) -> T + Clone + Send + Sync + 'static,
     {
+        let layout = self.layout();
+        let (generation, g) = route;
+        let Some(group) = layout
+            .groups
+            .get(g)
+            .filter(|_| generation == layout.generation)
+        else {
+            let ops = cells.into_iter().map(Op::from).collect();
+            return self.batch_routed_with(ops, None, failure, f).await;
+        };
+        let group = group.clone();
+        drop(layout);
+        self.count_calls(cells.len());
+        self.group_batch(&group, cells, failure, f).await
+    }
+
+    /// Counts `n` calls made.
+    fn count_calls(&self, n: usize) {
+        self.inner
+            .stats
+            .calls_total
+            .fetch_add(n as u64, Ordering::Relaxed);
+        for _ in 0..n {
+            crate::metrics::call();
+        }
+    }
+
+    /// [`Cluster::batch`] of ops that all belong to `group`.
+    async fn group_batch<O, T, F>(
+        &self,
+        group: &Arc<Group>,
+        ops: Vec<O>,
+        failure: FailurePolicy,
+        f: F,
+    ) -> Vec<T>
+    where
+        O: Answers,
+        T: Send + 'static,
+        F: Fn(Answered) -> T + Clone + Send + Sync + 'static,
+    {
         let n = ops.len();
         // An op's answer from its reply, made as the reply is read.
         let made = {
             let f = f.clone();
-            move |op: &Op, reply: Reply| {
+            move |op: &O, reply: Reply| {
                 crate::metrics::verdict(Source::Store);
-                f(answer(op, reply))
+                f(op.answer(reply))
             }
         };
         // Made only when an op is not answered at the first try: a batch
@@ -227,7 +268,7 @@ impl Cluster {
                 &mut out,
                 (failure, &f),
             );
-            let ops: Vec<Op> = again.iter().map(|&p| batch.ops[p].clone()).collect();
+            let ops: Vec<O> = again.iter().map(|&p| batch.ops[p].clone()).collect();
             at = again.iter().map(|&p| at[p]).collect();
             batch = Batch::new(ops, made.clone());
             if at.is_empty() {
@@ -241,12 +282,8 @@ impl Cluster {
         }
         // Never sent, or refused twice: not applied.
         for (pos, &i) in at.iter().enumerate() {
-            out[i] = Some(f(self.op_unavailable(
-                group,
-                &batch.ops[pos],
-                failure,
-                false,
-            )));
+            let op = batch.ops[pos].to_op();
+            out[i] = Some(f(self.op_unavailable(group, &op, failure, false)));
         }
         out.into_iter()
             .map(|a| a.expect("every op answered"))
@@ -258,16 +295,17 @@ impl Cluster {
     /// is final answers its op; a spend sent and unanswered is
     /// outcome-unknown (the failure policy's answer); the others, surely
     /// not applied, are returned, to be sent again.
-    fn settle<T, F>(
+    fn settle<O, T, F>(
         &self,
         group: &Arc<Group>,
         node: &Arc<str>,
         taken: Taken<T>,
-        (ops, at): (&[Op], &[usize]),
+        (ops, at): (&[O], &[usize]),
         out: &mut [Option<T>],
         (failure, f): (FailurePolicy, &F),
     ) -> Vec<usize>
     where
+        O: BatchOp,
         F: Fn(Answered) -> T,
     {
         let mut failed = taken.failed;
@@ -303,7 +341,8 @@ impl Cluster {
                 crate::metrics::outcome_unknown();
                 let stats = &self.inner.stats;
                 stats.unknown_total.fetch_add(1, Ordering::Relaxed);
-                out[at[pos]] = Some(f(self.op_unavailable(group, op, failure, true)));
+                let op = op.to_op();
+                out[at[pos]] = Some(f(self.op_unavailable(group, &op, failure, true)));
             } else {
                 again.push(pos);
             }
@@ -454,6 +493,30 @@ fn one_group(groups: &[usize]) -> Option<usize> {
     groups.iter().all(|&h| h == g).then_some(g)
 }
 
+/// An op of the batch path: its answer from its reply.
+pub(crate) trait Answers: BatchOp {
+    /// `reply` as this op's answer, if it is of this op's kind.
+    fn answer(&self, reply: Reply) -> Answered;
+}
+
+impl Answers for Op {
+    #[inline]
+    fn answer(&self, reply: Reply) -> Answered {
+        answer(self, reply)
+    }
+}
+
+impl Answers for CellByHash {
+    /// A CELL's answer is CELL_OK, whatever the op: no look at it.
+    #[inline]
+    fn answer(&self, reply: Reply) -> Answered {
+        match reply {
+            Reply::Cell(v) => Ok(Answer::Cell(Source::Store, v)),
+            other => Err(unexpected(&other)),
+        }
+    }
+}
+
 /// `reply` as `op`'s answer, if it is of `op`'s kind. Inlined into the
 /// batch's pass over its replies, where the caller's own answer is made
 /// from it at once (an entry node's `Kept`): the enums between are never
@@ -586,6 +649,78 @@ mod tests {
                 "{op:?}"
             );
         }
+    }
+
+    /// A CELL by its key's hash takes a CELL_OK as its answer with no look
+    /// at the op, and any other reply as a protocol error.
+    #[test]
+    fn a_cell_by_hash_takes_only_a_cell_ok() {
+        let v = sluice_protocol::cell::CellVerdict {
+            limited: true,
+            limit: 6,
+            remaining: 0,
+            retry_after_ns: 5,
+            reset_after_ns: 7,
+        };
+        let cell = CellByHash {
+            hash: Op::hash_halves(key_hash(b"k")),
+            policy: sluice_protocol::cell::CellPolicy::new(5, 5, 60).unwrap(),
+            quantity: 1,
+        };
+        assert!(matches!(
+            cell.answer(Reply::Cell(v)),
+            Ok(Answer::Cell(Source::Store, got)) if got == v
+        ));
+        assert!(matches!(cell.answer(Reply::Pong), Err(Error::Protocol(_))));
+        assert!(
+            matches!(cell.to_op(), Op::CellByHash { hash, quantity: 1, .. } if hash == cell.hash)
+        );
+        assert!(
+            cell.spends()
+                && !CellByHash {
+                    quantity: 0,
+                    ..cell
+                }
+                .spends()
+        );
+    }
+
+    /// CELLs by hash go to the group their route names under the layout in
+    /// force; under a stale one each is routed by its own hash.
+    #[tokio::test]
+    async fn cells_by_hash_go_to_the_routes_group_or_are_routed_again() {
+        let cluster = Cluster::new(&down(&["a", "b", "c"]), ClusterConfig::default()).unwrap();
+        let policy = sluice_protocol::cell::CellPolicy::new(5, 5, 60).unwrap();
+        let hashes: Vec<u128> = (0..12)
+            .map(|i| key_hash(format!("k{i}").as_bytes()))
+            .collect();
+        let cells: Vec<CellByHash> = hashes
+            .iter()
+            .map(|&h| CellByHash {
+                hash: Op::hash_halves(h),
+                policy,
+                quantity: 1,
+            })
+            .collect();
+        let layout = cluster.layout();
+        let by_hash: Vec<String> = hashes
+            .iter()
+            .map(|&h| layout.ring.name(layout.ring.group_of(h)).to_owned())
+            .collect();
+        let distinct: std::collections::HashSet<&String> = by_hash.iter().collect();
+        assert!(distinct.len() > 1, "the keys span groups: {by_hash:?}");
+        let named = layout.ring.name(2).to_owned();
+        let generation = cluster.generation();
+        drop(layout);
+        let id = std::convert::identity;
+        let fresh = cluster
+            .cells_by_hash_with(cells.clone(), (generation, 2), FailurePolicy::Error, id)
+            .await;
+        assert_eq!(routed_to(&fresh), vec![named; cells.len()]);
+        let stale = cluster
+            .cells_by_hash_with(cells, (generation + 1, 2), FailurePolicy::Error, id)
+            .await;
+        assert_eq!(routed_to(&stale), by_hash);
     }
 
     /// A batch routed to one group with an invalid op among its ops: the
