@@ -524,9 +524,30 @@ impl<O, T, F> std::fmt::Debug for Batch<O, T, F> {
     }
 }
 
+/// How a [`Batch`] makes an op's answer from its reply: any function of
+/// the op and its reply does; a CELL_OK's verdict may be taken apart (a
+/// forwarding node's most frequent reply), with no [`Reply`] made for it.
+pub(crate) trait MakeAnswer<O, T> {
+    /// Op `op`'s answer from `reply`.
+    fn reply(&self, op: &O, reply: Reply) -> T;
+
+    /// Op `op`'s answer from a CELL_OK of verdict `v`.
+    #[inline]
+    fn cell(&self, op: &O, v: sluice_protocol::cell::CellVerdict) -> T {
+        self.reply(op, Reply::Cell(v))
+    }
+}
+
+impl<O, T, F: Fn(&O, Reply) -> T> MakeAnswer<O, T> for F {
+    #[inline]
+    fn reply(&self, op: &O, reply: Reply) -> T {
+        self(op, reply)
+    }
+}
+
 impl<O, T, F> Batch<O, T, F>
 where
-    F: Fn(&O, Reply) -> T,
+    F: MakeAnswer<O, T>,
 {
     pub(crate) fn new(ops: Vec<O>, answer: F) -> Arc<Batch<O, T, F>> {
         let n = ops.len();
@@ -590,7 +611,7 @@ impl<O, T, F> Sink for Batch<O, T, F>
 where
     O: BatchOp,
     T: Send,
-    F: Fn(&O, Reply) -> T + Send + Sync,
+    F: MakeAnswer<O, T> + Send + Sync,
 {
     fn op_count(&self) -> usize {
         self.ops.len()
@@ -617,7 +638,7 @@ where
                 continue;
             }
             filled += 1;
-            slots.answer(index, (self.answer)(&self.ops[index], Reply::Cell(v)));
+            slots.answer(index, self.answer.cell(&self.ops[index], v));
         }
         for (index, reply) in staged.replies.drain(..) {
             let index = index as usize;
@@ -626,7 +647,7 @@ where
             }
             filled += 1;
             match reply {
-                Ok(reply) => slots.answer(index, (self.answer)(&self.ops[index], reply)),
+                Ok(reply) => slots.answer(index, self.answer.reply(&self.ops[index], reply)),
                 Err(e) => slots.fail(index, n, e),
             }
         }

@@ -118,10 +118,10 @@ impl RemoteItems {
 
     /// Adds request `seq`, whose key is of group `group` in `view`.
     #[inline]
-    pub fn push(&mut self, seq: u64, op: RemoteOp, view: &Arc<View>, group: usize) {
+    pub fn push(&mut self, seq: u64, op: impl IntoRemote, view: &Arc<View>, group: usize) {
         self.note_view(view);
         self.seqs.push(seq);
-        self.ops.push(op);
+        op.push_onto(&mut self.ops);
         self.groups.push(group);
     }
 
@@ -262,6 +262,31 @@ impl RemoteOps {
         match self {
             RemoteOps::Cells(cells) => RemoteOps::Cells(cells.split_off(at)),
             RemoteOps::Ops(ops) => RemoteOps::Ops(ops.split_off(at)),
+        }
+    }
+}
+
+/// What a read forwards: an op, or a CELL by its key's hash (a forwarded
+/// CL.THROTTLE), which goes in as it is, with no [`RemoteOp`] made and
+/// dropped on the way.
+pub trait IntoRemote {
+    /// Adds this after `ops`.
+    fn push_onto(self, ops: &mut RemoteOps);
+}
+
+impl IntoRemote for RemoteOp {
+    #[inline]
+    fn push_onto(self, ops: &mut RemoteOps) {
+        ops.push(self);
+    }
+}
+
+impl IntoRemote for CellByHash {
+    #[inline]
+    fn push_onto(self, ops: &mut RemoteOps) {
+        match ops {
+            RemoteOps::Cells(cells) => cells.push(self),
+            ops => ops.make_ops().push(RemoteOp::from(self)),
         }
     }
 }

@@ -21,7 +21,7 @@
 use std::collections::VecDeque;
 use std::fmt::Debug;
 
-use crate::forward::{Forwarder, OpenRead, RemoteItems, RemoteOp, View};
+use crate::forward::{Forwarder, IntoRemote, OpenRead, RemoteItems, View};
 use crate::inbox::{self, Receiver, Sender};
 use crate::mailbox::ShardMsg;
 use crate::node::Node;
@@ -180,7 +180,7 @@ impl<P: Protocol> Pipeline<P> {
     pub fn forward_remote(
         &mut self,
         tag: P::Tag,
-        op: RemoteOp,
+        op: impl IntoRemote,
         route: (&std::sync::Arc<View>, usize),
         forwarder: &Forwarder,
     ) {

@@ -26,7 +26,7 @@ use sluice_protocol::{Limit, Priority, Verdict};
 
 use super::{forget, not_applied, unavailable, Cluster, FailurePolicy, Group, Source};
 use crate::client::unexpected;
-use crate::connection::{Batch, BatchOp, CellByHash, Op, Sink, Taken};
+use crate::connection::{Batch, BatchOp, CellByHash, MakeAnswer, Op, Sink, Taken};
 use crate::{Client, Error};
 
 /// An op's answer ([`Cluster::batch`]), by the op's kind.
@@ -226,13 +226,7 @@ impl Cluster {
     {
         let n = ops.len();
         // An op's answer from its reply, made as the reply is read.
-        let made = {
-            let f = f.clone();
-            move |op: &O, reply: Reply| {
-                crate::metrics::verdict(Source::Store);
-                f(op.answer(reply))
-            }
-        };
+        let made = Made(f.clone());
         // Made only when an op is not answered at the first try: a batch
         // answered in full (the common case) never fills them.
         let mut out: Vec<Option<T>> = Vec::new();
@@ -497,6 +491,30 @@ fn one_group(groups: &[usize]) -> Option<usize> {
 pub(crate) trait Answers: BatchOp {
     /// `reply` as this op's answer, if it is of this op's kind.
     fn answer(&self, reply: Reply) -> Answered;
+
+    /// A CELL_OK of verdict `v` as this op's answer.
+    #[inline]
+    fn answer_cell(&self, v: CellVerdict) -> Answered {
+        self.answer(Reply::Cell(v))
+    }
+}
+
+/// A batch's answers as the caller makes them (`f`), from the store.
+#[derive(Clone)]
+struct Made<F>(F);
+
+impl<O: Answers, T, F: Fn(Answered) -> T> MakeAnswer<O, T> for Made<F> {
+    #[inline]
+    fn reply(&self, op: &O, reply: Reply) -> T {
+        crate::metrics::verdict(Source::Store);
+        (self.0)(op.answer(reply))
+    }
+
+    #[inline]
+    fn cell(&self, op: &O, v: CellVerdict) -> T {
+        crate::metrics::verdict(Source::Store);
+        (self.0)(op.answer_cell(v))
+    }
 }
 
 impl Answers for Op {
@@ -514,6 +532,11 @@ impl Answers for CellByHash {
             Reply::Cell(v) => Ok(Answer::Cell(Source::Store, v)),
             other => Err(unexpected(&other)),
         }
+    }
+
+    #[inline]
+    fn answer_cell(&self, v: CellVerdict) -> Answered {
+        Ok(Answer::Cell(Source::Store, v))
     }
 }
 

@@ -30,7 +30,7 @@ use sluice_protocol::{Clock, Status};
 use super::command::{self, Command, CommandProbe, Field, Reply};
 use super::parser::{Args, Parser};
 use crate::coordinator::{self, constant_time_eq, Handler, ReplyShare, READ_CHUNK_BYTES};
-use crate::forward::RemoteOp;
+use crate::forward::{CellByHash, RemoteOp};
 use crate::mailbox::AdoptResp;
 use crate::node::ShardCore;
 use crate::pipeline::{Pipeline, Protocol};
@@ -475,22 +475,27 @@ impl Session {
                 break;
             }
             if let Some((range, group)) = a.remote.take() {
-                let op = match range {
-                    Some(range) => RemoteOp::Cell {
-                        key: keys.as_ref().expect("gathered when parsed").slice(range),
-                        policy: a.policy,
-                        quantity: a.quantity,
-                    },
-                    None => RemoteOp::CellByHash {
-                        hash: RemoteOp::hash_halves(a.key),
-                        policy: a.policy,
-                        quantity: a.quantity,
-                    },
-                };
                 let view = view.expect("a remote key was routed by a view");
                 let forward = self.core.node.forward.as_ref();
                 let forward = forward.expect("a remote key was routed by a view");
-                self.pipe.forward_remote((), op, (view, group), forward);
+                match range {
+                    Some(range) => {
+                        let op = RemoteOp::Cell {
+                            key: keys.as_ref().expect("gathered when parsed").slice(range),
+                            policy: a.policy,
+                            quantity: a.quantity,
+                        };
+                        self.pipe.forward_remote((), op, (view, group), forward);
+                    }
+                    None => {
+                        let cell = CellByHash {
+                            hash: RemoteOp::hash_halves(a.key),
+                            policy: a.policy,
+                            quantity: a.quantity,
+                        };
+                        self.pipe.forward_remote((), cell, (view, group), forward);
+                    }
+                }
                 continue;
             }
             self.throttle(a.key, &a.policy, a.quantity, now_ns);
