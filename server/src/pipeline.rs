@@ -41,6 +41,12 @@ pub trait Protocol {
     /// About how many bytes `reply` takes, held and encoded: what a reply
     /// waiting in order counts against the connection's reply bound.
     fn weight(reply: &Self::Reply) -> usize;
+    /// Disposes of `reply` once it is encoded (a protocol whose verdict
+    /// owns nothing forgets it, with no call to its drop).
+    #[inline]
+    fn encoded(reply: Self::Reply) {
+        drop(reply);
+    }
 }
 
 /// One request's place in the reply order.
@@ -264,7 +270,9 @@ impl<P: Protocol> Pipeline<P> {
                     panic!("reply for sequence {seq} arrived twice");
                 };
                 self.head_seq += 1;
-                emit(&P::answered(tag, outcome));
+                let reply = P::answered(tag, outcome);
+                emit(&reply);
+                P::encoded(reply);
                 // The next slot is mostly this batch's next request, still
                 // waiting: looked at here, with no call.
                 if matches!(self.pending.front(), Some(Slot::Ready(_))) {

@@ -221,14 +221,18 @@ impl Kept {
         }
     }
 
-    /// The outcome kept, leaving [`Kept::Taken`].
+    /// The outcome kept. A verdict is copied out and left in place (it
+    /// owns nothing: no write to the answers' memory an answer); anything
+    /// else is moved out, leaving [`Kept::Taken`].
     #[inline]
     fn take(&mut self) -> Outcome {
-        match std::mem::replace(self, Kept::Taken) {
-            Kept::Cell(v) => Outcome::Cell(v),
-            Kept::Verdict(v) => Outcome::Verdict(v),
-            Kept::Other(o) => *o,
-            Kept::Taken => unreachable!("each answer is taken once"),
+        match self {
+            Kept::Cell(v) => Outcome::Cell(*v),
+            Kept::Verdict(v) => Outcome::Verdict(*v),
+            other => match std::mem::replace(other, Kept::Taken) {
+                Kept::Other(o) => *o,
+                _ => unreachable!("each answer is taken once"),
+            },
         }
     }
 }
