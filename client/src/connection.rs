@@ -131,7 +131,7 @@ pub enum Op {
 
 /// A CELL of a key known by its routing hash, as [`Op::CellByHash`] is,
 /// on its own: what [`Cluster::cells_by_hash_with`](crate::Cluster::cells_by_hash_with)
-/// sends (a forwarding node's CL.THROTTLEs). 40 bytes with nothing to
+/// sends (a forwarding node's CL.THROTTLEs). 48 bytes with nothing to
 /// drop, where an [`Op`] is 72 and dropped one by one: every pass over a
 /// batch's ops on a forwarding node at load is a cache miss an op
 /// (benches/notes.md).
@@ -800,11 +800,17 @@ struct Waiting {
 impl Waiting {
     /// The run that request id `id` belongs to (its first id), and the
     /// op's index in its batch.
+    #[inline]
     fn run_of(&self, id: u32) -> Option<(u32, u32)> {
-        self.runs.iter().find_map(|run| {
+        // Mostly the oldest run's: looked at first, with no iterator.
+        let at = |run: &Run| {
             let k = id.wrapping_sub(run.first) as usize;
             (k < run.items.len()).then(|| (run.first, run.items[k]))
-        })
+        };
+        match self.runs.front().and_then(at) {
+            Some(found) => Some(found),
+            None => self.runs.iter().skip(1).find_map(at),
+        }
     }
 
     /// Gives `staged` to the batch of the run whose first id is `first`,
@@ -1461,15 +1467,14 @@ mod tests {
         let answered: Vec<usize> = (0..10).filter(|&i| got[i].is_some()).collect();
         assert_eq!(answered, vec![0, 4, 7, 9]);
     }
-}
-#[cfg(test)]
-mod size_probe {
+
+    /// A forwarding node's batch of CELLs by hash is 48 bytes an op with
+    /// nothing to drop: what spares it the passes an `Op` batch costs
+    /// (benches/notes.md, stop 61).
     #[test]
-    fn size_probe() {
-        eprintln!(
-            "OP SIZE {} align {}",
-            std::mem::size_of::<super::Op>(),
-            std::mem::align_of::<super::Op>()
-        );
+    fn a_cell_by_hash_is_small_and_owns_nothing() {
+        assert_eq!(std::mem::size_of::<CellByHash>(), 48);
+        assert!(!std::mem::needs_drop::<CellByHash>());
+        assert!(std::mem::needs_drop::<Op>(), "an op may own its key");
     }
 }

@@ -170,7 +170,7 @@ impl RemoteItems {
 
 /// A batch's ops. While every one is a CELL by its key's hash (a
 /// forwarding node's CL.THROTTLEs, the bulk of what it forwards) they are
-/// kept as [`CellByHash`]: 40 bytes, valid by their type, sent and
+/// kept as [`CellByHash`]: 48 bytes, valid by their type, sent and
 /// answered with no look at their kind and dropped with no pass over
 /// them ([`Cluster::cells_by_hash_with`]), where each pass over a batch's
 /// 72-byte ops at load was a cache miss an op (benches/notes.md). The
