@@ -799,6 +799,12 @@ impl Forwarder {
     /// request (benches/notes.md).
     async fn run_unit(&self, all: RemoteItems, answer_to: Vec<AnswerTo>) {
         self.stats.batches.fetch_add(1, Ordering::Relaxed);
+        // CELLs by hash of one group under one view (a turn's unit): sent
+        // as they are.
+        let cells_of = match all.ops {
+            RemoteOps::Cells(_) => all.one_group().map(|(_, group)| group),
+            RemoteOps::Ops(_) => None,
+        };
         let RemoteItems {
             seqs,
             ops,
@@ -806,14 +812,14 @@ impl Forwarder {
             view,
             mixed,
         } = all;
-        let one_group = groups.first().filter(|&&g| groups.iter().all(|&h| h == g));
-        let outcomes = match (view, ops) {
-            (Some(view), RemoteOps::Cells(cells)) if !mixed && one_group.is_some() => {
-                let group = *one_group.expect("checked");
+        let outcomes = match (view, ops, cells_of) {
+            (Some(view), RemoteOps::Cells(cells), Some(group)) => {
                 self.forward_cells(&view, cells, (group, &groups)).await
             }
-            (Some(view), ops) if !mixed => self.forward(&view, ops.into_ops(), Some(&groups)).await,
-            (_, ops) => self.forward(&self.view(), ops.into_ops(), None).await,
+            (Some(view), ops, _) if !mixed => {
+                self.forward(&view, ops.into_ops(), Some(&groups)).await
+            }
+            (_, ops, _) => self.forward(&self.view(), ops.into_ops(), None).await,
         };
         let answers = SharedAnswers::new(seqs, outcomes);
         let mut at = 0;
